@@ -1,0 +1,1 @@
+//! Runnable programs for idem; see the `[[example]]` targets.

@@ -1,0 +1,248 @@
+//! Validate: turn the parsed [`Args`] into a [`Recipe`] the expansion can trust.
+
+use proc_macro2::Span;
+use syn::{Expr, Ident, LitStr, Path};
+
+use crate::attr::{Args, Ctxt};
+
+/// The longest window accepted, in seconds (366 days), as in `idem_runtime::parse_window`.
+const MAX_WINDOW_SECS: u64 = 366 * 24 * 3600;
+
+/// A dotted argument path from `key`, `ignore` or `task`, with every segment spanned at the
+/// string literal it came from, so rustc's errors about it land on the attribute.
+pub struct ArgPath {
+    pub text: String,
+    pub segments: Vec<Ident>,
+    pub span: Span,
+}
+
+/// What to do with a stale lease.
+pub enum Stale {
+    Takeover,
+    Hold,
+    Reconcile(Path),
+}
+
+/// A validated `#[idempotent]` attribute.
+pub struct Recipe {
+    pub keys: Vec<ArgPath>,
+    pub window_secs: Option<u64>,
+    pub ignore: Vec<ArgPath>,
+    pub stale: Stale,
+    pub tenant_scope: bool,
+    pub task: Option<ArgPath>,
+    pub inherent: Option<LitStr>,
+    pub name: Option<LitStr>,
+    pub idem: Option<Expr>,
+    pub caller: Option<Expr>,
+    pub krate: Path,
+}
+
+const NEEDS_RECIPE: &str = "`#[idempotent]` needs a key recipe: `key = \"order_id\"` names the arguments that \
+                            make two calls the same operation; a naturally idempotent tool (an absolute write by \
+                            id) says why instead: `inherent = \"sets the status by id\"`";
+
+pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
+    let inherent = args.inherent.get().cloned();
+    if let Some(reason) = &inherent {
+        if reason.value().trim().is_empty() {
+            cx.error(reason.span(), "`inherent` needs a written reason why repeating this tool is harmless");
+        }
+        let ledger_options = [
+            ("key", args.key.span()),
+            ("window", args.window.span()),
+            ("ignore", args.ignore.span()),
+            ("stale", args.stale.span()),
+            ("reconcile", args.reconcile.span()),
+            ("scope", args.scope.span()),
+            ("task", args.task.span()),
+        ];
+        for (option, span) in ledger_options {
+            if let Some(span) = span {
+                cx.error(
+                    span,
+                    format!("`{option}` has no effect on an `inherent` tool, which uses no ledger; remove one of them"),
+                );
+            }
+        }
+    } else if args.key.get().is_none() {
+        cx.error(Span::call_site(), NEEDS_RECIPE);
+    }
+    let keys = args.key.get().map(|lit| key_list(cx, lit)).unwrap_or_default();
+    let ignore = args.ignore.get().map(|lit| path_list(cx, lit, "ignore")).unwrap_or_default();
+    for ignored in &ignore {
+        if ignored.segments.len() > 1 {
+            cx.error(ignored.span, format!("`ignore` takes top-level argument names; `{}` is a path", ignored.text));
+        }
+        if keys.iter().any(|key| key.segments[0] == ignored.segments[0]) {
+            cx.error(
+                ignored.span,
+                format!("`{}` is part of the key and cannot be ignored; remove it from `ignore`", ignored.text),
+            );
+        }
+    }
+    let window_secs = args.window.get().and_then(|lit| window(cx, lit));
+    let stale = stale(cx, &args);
+    let tenant_scope = match args.scope.get() {
+        None => false,
+        Some(lit) => match lit.value().as_str() {
+            "caller" => false,
+            "tenant" => true,
+            other => {
+                cx.error(
+                    lit.span(),
+                    format!(
+                        "unknown scope `{other}`; use `\"caller\"` (tenant and subject, the default) or \
+                         `\"tenant\"`, and `task = \"argument\"` to narrow to a task id"
+                    ),
+                );
+                false
+            }
+        },
+    };
+    let task = args.task.get().and_then(|lit| {
+        let mut paths = path_list(cx, lit, "task");
+        if paths.len() > 1 {
+            cx.error(lit.span(), "`task` names one argument that carries the task or conversation id");
+        }
+        paths.pop()
+    });
+    if tenant_scope && let Some(task) = &task {
+        cx.error(task.span, "`task` narrows the caller's scope and cannot combine with `scope = \"tenant\"`");
+    }
+    let krate = args.krate.get().cloned().unwrap_or_else(|| syn::parse_quote!(::idem_runtime));
+    Recipe {
+        keys,
+        window_secs,
+        ignore,
+        stale,
+        tenant_scope,
+        task,
+        inherent,
+        name: args.name.get().cloned(),
+        idem: args.idem.get().cloned(),
+        caller: args.caller.get().cloned(),
+        krate,
+    }
+}
+
+fn key_list(cx: &mut Ctxt, lit: &LitStr) -> Vec<ArgPath> {
+    if lit.value().trim().is_empty() {
+        cx.error(
+            lit.span(),
+            "the key is empty; name the arguments that make two calls the same operation, e.g. \
+             `key = \"order_id\"` or `key = \"card, amount_cents\"`",
+        );
+        return Vec::new();
+    }
+    path_list(cx, lit, "key")
+}
+
+/// Parses `"a, b.c"` into paths, reporting empty entries, non-identifiers and duplicates.
+fn path_list(cx: &mut Ctxt, lit: &LitStr, option: &str) -> Vec<ArgPath> {
+    let span = lit.span();
+    let mut paths: Vec<ArgPath> = Vec::new();
+    for entry in lit.value().split(',') {
+        let text = entry.trim();
+        if text.is_empty() {
+            cx.error(span, format!("`{option}` has an empty name; separate argument names with single commas"));
+            continue;
+        }
+        let mut segments = Vec::new();
+        for segment in text.split('.') {
+            match syn::parse_str::<Ident>(segment.trim()) {
+                Ok(ident) if segment.trim() == segment => segments.push(Ident::new(&ident.to_string(), span)),
+                _ => {
+                    cx.error(
+                        span,
+                        format!(
+                            "`{text}` in `{option}` is not an argument name or a dotted path of field names \
+                             (like `customer.id`)"
+                        ),
+                    );
+                    segments.clear();
+                    break;
+                }
+            }
+        }
+        if segments.is_empty() {
+            continue;
+        }
+        if paths.iter().any(|path| path.text == text) {
+            cx.error(span, format!("`{text}` appears twice in `{option}`; name each argument once"));
+            continue;
+        }
+        paths.push(ArgPath { text: text.to_owned(), segments, span });
+    }
+    paths
+}
+
+fn window(cx: &mut Ctxt, lit: &LitStr) -> Option<u64> {
+    let text = lit.value();
+    let accepted = "write a positive whole number followed by one unit: `s` seconds, `m` minutes, `h` hours or \
+                    `d` days (e.g. \"30s\", \"15m\", \"24h\", \"7d\")";
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let unit_secs = match unit {
+        "s" => Some(1),
+        "m" => Some(60),
+        "h" => Some(3600),
+        "d" => Some(86_400),
+        _ => None,
+    };
+    let (Some(unit_secs), Ok(count)) = (unit_secs, digits.parse::<u64>()) else {
+        cx.error(lit.span(), format!("malformed window `{text}`; {accepted}"));
+        return None;
+    };
+    if count == 0 {
+        cx.error(
+            lit.span(),
+            format!(
+                "a zero window makes every repeat a new operation; {accepted}, or remove `window` to keep \
+                     records for the ledger's retention"
+            ),
+        );
+        return None;
+    }
+    match count.checked_mul(unit_secs) {
+        Some(secs) if secs <= MAX_WINDOW_SECS => Some(secs),
+        _ => {
+            cx.error(lit.span(), format!("window `{text}` is longer than 366 days; {accepted}"));
+            None
+        }
+    }
+}
+
+fn stale(cx: &mut Ctxt, args: &Args) -> Stale {
+    let reconcile = args.reconcile.get().cloned();
+    let Some(lit) = args.stale.get() else {
+        return reconcile.map_or(Stale::Hold, Stale::Reconcile);
+    };
+    match (lit.value().as_str(), reconcile) {
+        ("hold", None) => Stale::Hold,
+        ("takeover", None) => Stale::Takeover,
+        ("reconcile", Some(path)) => Stale::Reconcile(path),
+        ("reconcile", None) => {
+            cx.error(
+                lit.span(),
+                "`stale = \"reconcile\"` needs the function that asks the downstream: `reconcile = path::to::fn`",
+            );
+            Stale::Hold
+        }
+        ("hold" | "takeover", Some(path)) => {
+            let span = args.reconcile.span().unwrap_or_else(|| syn::spanned::Spanned::span(&path));
+            cx.error(span, "`reconcile` is only used with `stale = \"reconcile\"`; remove one of them");
+            Stale::Hold
+        }
+        (other, _) => {
+            cx.error(
+                lit.span(),
+                format!(
+                    "unknown stale-lease policy `{other}`; use `\"takeover\"` (the downstream dedupes by the \
+                     forwarded key), `\"hold\"` (report unknown until resolved) or `reconcile = path::to::fn`"
+                ),
+            );
+            Stale::Hold
+        }
+    }
+}

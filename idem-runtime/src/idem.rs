@@ -1,0 +1,605 @@
+//! The orchestration: derive, claim, run, record, replay.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::canonical::CanonicalError;
+use crate::clock::{Clock, SystemClock};
+use crate::key::{Fingerprint, Key, Ref, RefError};
+use crate::ledger::{Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, StatusReport, Token, Won};
+use crate::recipe::{Recipe, ScopeRule};
+use crate::rejection::{ErrorClass, IdempotentError, Rejection};
+use crate::scope::{Caller, Scope};
+
+/// How long a record lives when its recipe sets no window.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How long a claim is held without renewal; a running handler renews it every third of this.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The largest stored result accepted by default.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
+
+tokio::task_local! {
+    static OPERATION: Operation;
+    static CALLER: Caller;
+}
+
+/// The operation a handler is running as: read it with [`current_operation`] and forward
+/// [`Operation::key`] to the system that owns the side effect (an `Idempotency-Key` header, a
+/// processor's reference field). Only that system can close the window between the effect and
+/// the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operation {
+    key: Key,
+    tool: &'static str,
+    attempt: Won,
+}
+
+impl Operation {
+    /// The operation's key: forward `key().to_string()` (64 hex digits) downstream.
+    #[must_use]
+    pub const fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The short ref callers are given.
+    #[must_use]
+    pub fn reference(&self) -> Ref {
+        self.key.reference()
+    }
+
+    /// The tool's name.
+    #[must_use]
+    pub const fn tool(&self) -> &'static str {
+        self.tool
+    }
+
+    /// Whether this run took over a dead holder's claim: the downstream may already have seen
+    /// this key, and must dedupe by it.
+    #[must_use]
+    pub fn is_takeover(&self) -> bool {
+        self.attempt != Won::Fresh
+    }
+}
+
+/// The operation the current handler runs as, or `None` outside an idempotent handler.
+///
+/// Task-local: a task the handler spawns does not inherit it; pass the key along instead.
+#[must_use]
+pub fn current_operation() -> Option<Operation> {
+    OPERATION.try_with(Clone::clone).ok()
+}
+
+/// Runs `future` with `caller` as the authenticated caller of every idempotent call inside it
+/// that is not given one explicitly. Transports (the MCP adapter, your middleware) call this.
+pub async fn with_caller<F: Future>(caller: Caller, future: F) -> F::Output {
+    CALLER.scope(caller, future).await
+}
+
+/// Gives `#[idempotent]` methods their [`Idem`] handle: implement it for your server type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not give `#[idempotent]` methods an `Idem` handle",
+    label = "the receiver of this `#[idempotent]` method",
+    note = "implement `idem_runtime::HasIdem` for `{Self}` (return the `Idem` it holds), or name one with \
+            `#[idempotent(idem = self.idem, ...)]`"
+)]
+pub trait HasIdem {
+    /// The handle this value's idempotent methods run under.
+    fn idem(&self) -> &Idem;
+}
+
+impl HasIdem for Idem {
+    fn idem(&self) -> &Idem {
+        self
+    }
+}
+
+static INSTALLED: std::sync::RwLock<Option<Idem>> = std::sync::RwLock::new(None);
+
+/// A handler's result as idem served it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served<T> {
+    /// The result: fresh, or decoded from the stored bytes.
+    pub value: T,
+    /// Whether it was replayed from the ledger rather than produced by this call.
+    pub replayed: bool,
+    /// The operation's ref.
+    pub reference: Ref,
+}
+
+/// What a reconcile function found when asked about a stale operation.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Reconciled<T, E> {
+    /// The downstream did it; this is its result, stored and returned as if the handler had run.
+    Happened(Result<T, E>),
+    /// The downstream never saw it: run the handler now.
+    NothingHappened,
+    /// The downstream cannot tell: the operation stays unknown.
+    StillUnknown,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Stored<T, E> {
+    Ok(T),
+    Err(E),
+}
+
+/// The handle that runs handlers under recipes: a ledger, a clock and the limits. Cheap to clone.
+#[derive(Clone)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    lease: Duration,
+    retention: Duration,
+    max_result_bytes: usize,
+    local_caller: Option<Caller>,
+}
+
+impl std::fmt::Debug for Idem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idem")
+            .field("lease", &self.inner.lease)
+            .field("retention", &self.inner.retention)
+            .field("max_result_bytes", &self.inner.max_result_bytes)
+            .field("local_caller", &self.inner.local_caller)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Idem {
+    /// A handle on `ledger` with the system clock and the default lease, retention and limits.
+    #[must_use]
+    pub fn new(ledger: impl Ledger) -> Self {
+        Self::from_shared(Arc::new(ledger))
+    }
+
+    /// A handle on a shared ledger (chosen at run time).
+    #[must_use]
+    pub fn from_shared(ledger: Arc<dyn Ledger>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                ledger,
+                clock: Arc::new(SystemClock),
+                lease: DEFAULT_LEASE,
+                retention: DEFAULT_RETENTION,
+                max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+                local_caller: None,
+            }),
+        }
+    }
+
+    fn configure(mut self, change: impl FnOnce(&mut Inner)) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => change(inner),
+            None => {
+                let old = &self.inner;
+                let mut inner = Inner {
+                    ledger: Arc::clone(&old.ledger),
+                    clock: Arc::clone(&old.clock),
+                    lease: old.lease,
+                    retention: old.retention,
+                    max_result_bytes: old.max_result_bytes,
+                    local_caller: old.local_caller.clone(),
+                };
+                change(&mut inner);
+                self.inner = Arc::new(inner);
+            }
+        }
+        self
+    }
+
+    /// Uses `clock` instead of the system clock (tests step it over a window edge).
+    #[must_use]
+    pub fn with_clock(self, clock: impl Clock) -> Self {
+        self.configure(|inner| inner.clock = Arc::new(clock))
+    }
+
+    /// How long a claim is held before a repeat may treat its holder as dead (default 30 s).
+    /// A running handler renews it every third of this, so it bounds detection of a crash, not
+    /// the handler's running time.
+    #[must_use]
+    pub fn with_lease(self, lease: Duration) -> Self {
+        self.configure(|inner| inner.lease = lease.max(Duration::from_millis(3)))
+    }
+
+    /// How long records of recipes without a window live (default 24 h).
+    #[must_use]
+    pub fn with_retention(self, retention: Duration) -> Self {
+        self.configure(|inner| inner.retention = retention)
+    }
+
+    /// The largest result stored for replay (default 1 MiB). A larger result is returned to its
+    /// caller but recorded as "outcome unknown", so repeats are told to check rather than run.
+    #[must_use]
+    pub fn with_max_result_bytes(self, max: usize) -> Self {
+        self.configure(|inner| inner.max_result_bytes = max)
+    }
+
+    /// The caller to use when none is given and none is in scope ([`with_caller`]): the
+    /// configured identity of a local, single-user transport such as stdio.
+    #[must_use]
+    pub fn with_local_caller(self, caller: Caller) -> Self {
+        self.configure(|inner| inner.local_caller = Some(caller))
+    }
+
+    /// Makes this the process-wide handle that `#[idempotent]` free functions run under
+    /// (methods use [`HasIdem`]). Replaces any handle installed before.
+    pub fn install(&self) {
+        let mut installed = INSTALLED.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *installed = Some(self.clone());
+    }
+
+    /// The handle installed with [`Idem::install`], if any.
+    #[must_use]
+    pub fn installed() -> Option<Self> {
+        INSTALLED.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The ledger.
+    #[must_use]
+    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+        &self.inner.ledger
+    }
+
+    /// Now, by this handle's clock.
+    #[must_use]
+    pub fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Runs `handler` as the operation `recipe` derives from `caller` and `arguments`, at most
+    /// once per key, and answers repeats from the ledger. `caller` falls back to the one in
+    /// scope ([`with_caller`]) and then to the local caller; with none, the call is refused.
+    ///
+    /// `arguments` must be a JSON object of the tool's arguments by name.
+    ///
+    /// # Errors
+    /// The handler's own error, or `E::from_rejection` of why it did not run.
+    pub async fn call<T, E, F, Fut>(
+        &self,
+        recipe: &Recipe,
+        caller: Option<&Caller>,
+        arguments: &Value,
+        handler: F,
+    ) -> Result<Served<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: IdempotentError,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.call_reconciling(recipe, caller, arguments, |_| async { Reconciled::StillUnknown }, handler).await
+    }
+
+    /// [`Idem::call`] for a recipe with the `reconcile` stale policy: when a claim finds a dead
+    /// holder's lease, `reconcile` asks the downstream what happened (by the operation's key)
+    /// before anything runs again.
+    ///
+    /// # Errors
+    /// As [`Idem::call`].
+    pub async fn call_reconciling<T, E, F, Fut, R, RFut>(
+        &self,
+        recipe: &Recipe,
+        caller: Option<&Caller>,
+        arguments: &Value,
+        reconcile: R,
+        handler: F,
+    ) -> Result<Served<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: IdempotentError,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        R: FnOnce(Operation) -> RFut,
+        RFut: Future<Output = Reconciled<T, E>>,
+    {
+        let arguments = CallArguments::from_json(recipe, arguments);
+        self.execute(recipe, caller, arguments, reconcile, handler).await
+    }
+
+    /// The orchestration behind [`Idem::call`] and `#[idempotent]`.
+    pub(crate) async fn execute<T, E, F, Fut, R, RFut>(
+        &self,
+        recipe: &Recipe,
+        caller: Option<&Caller>,
+        arguments: Result<CallArguments, Rejection>,
+        reconcile: R,
+        handler: F,
+    ) -> Result<Served<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: IdempotentError,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        R: FnOnce(Operation) -> RFut,
+        RFut: Future<Output = Reconciled<T, E>>,
+    {
+        let tool = recipe.tool();
+        let (request, fingerprint) =
+            arguments.and_then(|arguments| self.prepare(recipe, caller, arguments)).map_err(E::from_rejection)?;
+        let key = request.key;
+        let reference = key.reference();
+        let claim = match self.inner.ledger.claim(&request).await {
+            Ok(claim) => claim,
+            Err(error) => {
+                tracing::error!(tool, %reference, %error, "ledger unavailable; handler not run");
+                return Err(E::from_rejection(Rejection::LedgerUnavailable { detail: error.to_string() }));
+            }
+        };
+        let attempt = match claim {
+            Claim::Won(attempt) => attempt,
+            Claim::Replay { result } => {
+                tracing::info!(tool, %reference, "replay");
+                return decode::<T, E>(&result, reference);
+            }
+            Claim::InFlight { .. } => {
+                tracing::info!(tool, %reference, "in flight");
+                return Err(E::from_rejection(Rejection::InFlight { reference }));
+            }
+            Claim::Unknown => {
+                tracing::warn!(tool, %reference, "outcome unknown");
+                return Err(E::from_rejection(Rejection::OutcomeUnknown { reference }));
+            }
+            Claim::Conflict { arg_tags } => {
+                let (differing, missing) = fingerprint.differing(&arg_tags);
+                tracing::warn!(tool, %reference, ?differing, missing, "conflict");
+                return Err(E::from_rejection(Rejection::Conflict { reference, differing, missing }));
+            }
+        };
+        let operation = Operation { key, tool, attempt };
+        let result = match attempt {
+            Won::Reconcile => {
+                tracing::warn!(tool, %reference, "stale lease; reconciling with the downstream");
+                match reconcile(operation.clone()).await {
+                    Reconciled::Happened(result) => result,
+                    Reconciled::NothingHappened => self.run(&request, operation, handler).await,
+                    Reconciled::StillUnknown => {
+                        self.finish(&request, Outcome::Unknown).await;
+                        return Err(E::from_rejection(Rejection::OutcomeUnknown { reference }));
+                    }
+                }
+            }
+            Won::Takeover => {
+                tracing::warn!(tool, %reference, "stale lease taken over; running again under a new token");
+                self.run(&request, operation, handler).await
+            }
+            Won::Fresh => {
+                tracing::debug!(tool, %reference, "claimed");
+                self.run(&request, operation, handler).await
+            }
+        };
+        self.record(&request, result).await.map(|value| Served { value, replayed: false, reference })
+    }
+
+    /// Derives the claim for a call, or the rejection that stops it before the ledger.
+    fn prepare(
+        &self,
+        recipe: &Recipe,
+        caller: Option<&Caller>,
+        arguments: CallArguments,
+    ) -> Result<(ClaimRequest, Fingerprint), Rejection> {
+        let caller = match caller {
+            Some(caller) => caller.clone(),
+            None => CALLER
+                .try_with(Clone::clone)
+                .ok()
+                .or_else(|| self.inner.local_caller.clone())
+                .ok_or(Rejection::NoCaller)?,
+        };
+        let invalid = |error| Rejection::InvalidArguments { error };
+        let scope = match (recipe.scope_rule(), arguments.task) {
+            (ScopeRule::Tenant, _) => Scope::tenant(&caller),
+            (ScopeRule::Task(_), Some(task)) if !task.is_null() => Scope::task(&caller, task),
+            (ScopeRule::Task(path), _) => {
+                return Err(invalid(CanonicalError::Invalid {
+                    message: format!("the task id argument `{path}` is missing; the key's scope needs it"),
+                }));
+            }
+            _ => Scope::caller(&caller),
+        };
+        let (all, selected) = (arguments.all, arguments.selected);
+        let key = Key::derive(&scope, recipe.tool(), &selected).map_err(invalid)?;
+        let fingerprint = Fingerprint::of(&all, recipe.ignored()).map_err(invalid)?;
+        let now = self.now_ms();
+        let window = recipe.window_duration().unwrap_or(self.inner.retention);
+        let request = ClaimRequest {
+            key,
+            tenant: scope.tenant_tag(),
+            fingerprint: fingerprint.digest,
+            arg_tags: fingerprint.tags.clone(),
+            token: Token::random(),
+            now,
+            expires_at: now.saturating_add(millis(window)),
+            lease_until: now.saturating_add(millis(self.inner.lease)),
+            stale: recipe.stale_policy(),
+        };
+        Ok((request, fingerprint))
+    }
+
+    /// Runs the handler as `operation`, renewing the lease while it runs.
+    async fn run<T, E, F, Fut>(&self, request: &ClaimRequest, operation: Operation, handler: F) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let every = self.inner.lease / 3;
+        let running = OPERATION.scope(operation, handler());
+        let mut running = std::pin::pin!(running);
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                biased;
+                result = &mut running => return result,
+                _ = ticker.tick() => {
+                    let until = self.now_ms().saturating_add(millis(self.inner.lease));
+                    if let Err(error) = self.inner.ledger.renew(&request.key, request.token, until).await {
+                        tracing::warn!(reference = %request.key.reference(), %error, "lease renewal failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores the handler's result per its classification and hands it back.
+    async fn record<T, E>(&self, request: &ClaimRequest, result: Result<T, E>) -> Result<T, E>
+    where
+        T: Serialize,
+        E: IdempotentError,
+    {
+        let outcome = match &result {
+            Ok(value) => self.encode(request, &Stored::<&T, &E>::Ok(value)),
+            Err(error) => match error.classify() {
+                ErrorClass::NothingHappened => Outcome::Failed,
+                ErrorClass::Final => self.encode(request, &Stored::<&T, &E>::Err(error)),
+                ErrorClass::Unknown => Outcome::Unknown,
+            },
+        };
+        self.finish(request, outcome).await;
+        result
+    }
+
+    fn encode<S: Serialize>(&self, request: &ClaimRequest, stored: &S) -> Outcome {
+        let reference = request.key.reference();
+        match serde_json::to_vec(stored) {
+            Ok(bytes) if bytes.len() <= self.inner.max_result_bytes => Outcome::Completed(bytes),
+            Ok(bytes) => {
+                tracing::error!(%reference, size = bytes.len(), max = self.inner.max_result_bytes,
+                    "result too large to store; recording the outcome as unknown");
+                Outcome::Unknown
+            }
+            Err(error) => {
+                tracing::error!(%reference, %error, "result cannot be stored; recording the outcome as unknown");
+                Outcome::Unknown
+            }
+        }
+    }
+
+    /// Completes the claim. A failure here is logged, never hidden behind the caller's result:
+    /// the effect happened, the record stays in progress, and its lease runs out into the
+    /// tool's stale policy.
+    async fn finish(&self, request: &ClaimRequest, outcome: Outcome) {
+        if let Err(error) = self.inner.ledger.complete(&request.key, request.token, outcome).await {
+            tracing::error!(reference = %request.key.reference(), %error, "could not record the outcome");
+        }
+    }
+
+    /// The status of operation `reference` in the caller's tenant.
+    ///
+    /// # Errors
+    /// A malformed ref, or the ledger's failure.
+    pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
+        let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
+        let tenant = crate::key::TenantTag::of(caller.tenant());
+        self.inner.ledger.status(tenant, reference, self.now_ms()).await.map_err(StatusError::Ledger)
+    }
+
+    /// Settles an unknown (or dead-holder) operation of the caller's tenant: the operator path
+    /// out of "outcome unknown".
+    ///
+    /// # Errors
+    /// A malformed ref, no such operation, or one that is not unknown.
+    pub async fn resolve(&self, caller: &Caller, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
+        let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
+        let tenant = crate::key::TenantTag::of(caller.tenant());
+        self.inner.ledger.resolve(tenant, reference, resolution, self.now_ms()).await.map_err(StatusError::Ledger)
+    }
+
+    /// Deletes expired records, `batch` at a time, until none are left; returns how many.
+    ///
+    /// # Errors
+    /// The ledger's failure; records deleted before it stay deleted.
+    pub async fn sweep(&self, batch: usize) -> Result<usize, LedgerError> {
+        let batch = batch.max(1);
+        let mut total = 0;
+        loop {
+            let swept = self.inner.ledger.sweep(self.now_ms(), batch).await?;
+            total += swept;
+            if swept < batch {
+                tracing::debug!(swept = total, "sweep done");
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// A status or resolve request that could not be answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StatusError {
+    /// The ref is malformed.
+    Ref(RefError),
+    /// The ledger failed or refused.
+    Ledger(LedgerError),
+}
+
+impl std::fmt::Display for StatusError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ref(error) => error.fmt(f),
+            Self::Ledger(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StatusError {}
+
+fn decode<T: DeserializeOwned, E: IdempotentError>(bytes: &[u8], reference: Ref) -> Result<Served<T>, E> {
+    match serde_json::from_slice::<Stored<T, E>>(bytes) {
+        Ok(Stored::Ok(value)) => Ok(Served { value, replayed: true, reference }),
+        Ok(Stored::Err(error)) => Err(error),
+        Err(error) => Err(E::from_rejection(Rejection::UnreadableResult { reference, detail: error.to_string() })),
+    }
+}
+
+/// A call's arguments, split the way a recipe needs them.
+#[derive(Debug, Default)]
+pub(crate) struct CallArguments {
+    /// Every argument by name (the fingerprint's input; ignored names are dropped there).
+    pub(crate) all: Map<String, Value>,
+    /// The key's arguments by path.
+    pub(crate) selected: Map<String, Value>,
+    /// The task id, for `ScopeRule::Task`.
+    pub(crate) task: Option<Value>,
+}
+
+impl CallArguments {
+    /// Splits a JSON object of arguments by the recipe's paths.
+    fn from_json(recipe: &Recipe, arguments: &Value) -> Result<Self, Rejection> {
+        let Value::Object(all) = arguments else {
+            return Err(Rejection::InvalidArguments {
+                error: CanonicalError::Invalid { message: "the arguments must be a JSON object".to_owned() },
+            });
+        };
+        let selected = recipe
+            .key_paths()
+            .iter()
+            .map(|path| ((*path).to_owned(), lookup(all, path).cloned().unwrap_or(Value::Null)))
+            .collect();
+        let task = match recipe.scope_rule() {
+            ScopeRule::Task(path) => lookup(all, path).cloned(),
+            _ => None,
+        };
+        Ok(Self { all: all.clone(), selected, task })
+    }
+}
+
+/// The value at a dotted argument path (`"customer.id"`).
+fn lookup<'a>(arguments: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
+    let mut segments = path.split('.');
+    let first = arguments.get(segments.next()?)?;
+    segments.try_fold(first, |value, segment| value.as_object()?.get(segment))
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,275 @@
+//! Keys, refs and fingerprints: what makes two calls "the same operation".
+//!
+//! Key material is one canonical JSON array, `["idem/v1", scope, tool, selected]`, hashed with
+//! SHA-256. Framing the parts as JSON (rather than concatenating strings) is what keeps
+//! `("a", "bc")` and `("ab", "c")` apart.
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::canonical::{self, CanonicalError};
+use crate::scope::Scope;
+
+/// The version tag at the head of all key material; bumping it re-keys every operation.
+pub const KEY_VERSION: &str = "idem/v1";
+
+/// Hex digits in a [`Ref`]: 64 bits, unique in practice within one tenant's retention.
+pub const REF_HEX_LEN: usize = 16;
+
+/// The idempotency key of one operation: SHA-256 over its canonical key material.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key([u8; 32]);
+
+impl Key {
+    /// Derives the key for `tool` called under `scope` with the `selected` arguments.
+    ///
+    /// `selected` maps each key path of the recipe (e.g. `"customer.id"`) to its value.
+    pub fn derive(scope: &Scope, tool: &str, selected: &Map<String, Value>) -> Result<Self, CanonicalError> {
+        let mut material = Vec::with_capacity(128);
+        material.extend_from_slice(b"[");
+        canonical::write_canonical(&Value::String(KEY_VERSION.to_owned()), &mut material)?;
+        material.push(b',');
+        canonical::write_canonical(&scope.material(), &mut material)?;
+        material.push(b',');
+        canonical::write_canonical(&Value::String(tool.to_owned()), &mut material)?;
+        material.push(b',');
+        write_object(selected.iter(), &mut material, |_, _| {})?;
+        material.push(b']');
+        Ok(Self(Sha256::digest(&material).into()))
+    }
+
+    /// Wraps 32 raw bytes (as stored by a ledger).
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The raw 32 bytes.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The short reference given to callers and accepted by status lookups.
+    #[must_use]
+    pub fn reference(&self) -> Ref {
+        let mut prefix = [0u8; REF_HEX_LEN / 2];
+        prefix.copy_from_slice(&self.0[..REF_HEX_LEN / 2]);
+        Ref(prefix)
+    }
+}
+
+impl fmt::Display for Key {
+    /// Lower-case hex, 64 characters: suitable as an `Idempotency-Key` header value.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_hex(&self.0, f)
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({self})")
+    }
+}
+
+/// The short, shareable reference of an operation: the first 8 bytes of its key, in hex.
+///
+/// A ref is what an agent is told ("in flight, ref 3f2a…") and what it hands to the status tool.
+/// It is not a secret and not an authorisation: status lookups are always scoped to the caller's
+/// tenant.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ref([u8; REF_HEX_LEN / 2]);
+
+impl Ref {
+    /// The raw prefix bytes.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8; REF_HEX_LEN / 2] {
+        &self.0
+    }
+
+    /// Parses a ref as printed (16 hex digits; surrounding whitespace ignored).
+    pub fn parse(text: &str) -> Result<Self, RefError> {
+        let text = text.trim();
+        if text.len() != REF_HEX_LEN {
+            return Err(RefError { input: text.to_owned() });
+        }
+        let mut bytes = [0u8; REF_HEX_LEN / 2];
+        for (i, pair) in text.as_bytes().chunks(2).enumerate() {
+            let hi = hex_value(pair[0]).ok_or_else(|| RefError { input: text.to_owned() })?;
+            let lo = hex_value(pair[1]).ok_or_else(|| RefError { input: text.to_owned() })?;
+            bytes[i] = (hi << 4) | lo;
+        }
+        Ok(Self(bytes))
+    }
+
+    /// Whether `key` is the key this ref abbreviates.
+    #[must_use]
+    pub fn matches(&self, key: &Key) -> bool {
+        key.0.starts_with(&self.0)
+    }
+}
+
+impl fmt::Display for Ref {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_hex(&self.0, f)
+    }
+}
+
+impl fmt::Debug for Ref {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Ref({self})")
+    }
+}
+
+/// A string that is not a ref.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefError {
+    input: String,
+}
+
+impl fmt::Display for RefError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` is not an operation ref; a ref is the {REF_HEX_LEN} hex digits given with an \
+             in-flight or unknown answer",
+            self.input
+        )
+    }
+}
+
+impl std::error::Error for RefError {}
+
+/// A short, non-reversible tag of a tenant, stored with each record so status lookups by ref
+/// only ever see the caller's own tenant.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct TenantTag(pub [u8; 8]);
+
+impl TenantTag {
+    /// The tag of `tenant`.
+    #[must_use]
+    pub fn of(tenant: &str) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"idem/v1/tenant\0");
+        hasher.update(tenant.as_bytes());
+        let digest = hasher.finalize();
+        let mut tag = [0u8; 8];
+        tag.copy_from_slice(&digest[..8]);
+        Self(tag)
+    }
+}
+
+/// A digest of all of a call's arguments (minus those a recipe ignores), stored with its record.
+///
+/// Same key with a different `digest` is a conflict. The per-argument `tags` (4 bytes each: a
+/// 2-byte tag of the name and a 2-byte tag of the value) let the conflict answer name which
+/// arguments differ without storing any value; the 32-byte digest alone decides.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Fingerprint {
+    /// SHA-256 over the canonical object of the fingerprinted arguments.
+    pub digest: [u8; 32],
+    /// One tag per top-level argument, sorted by argument name (canonical order).
+    pub tags: Vec<[u8; 4]>,
+    /// The argument names, in the order of `tags`. Not stored.
+    pub names: Vec<String>,
+}
+
+impl Fingerprint {
+    /// Fingerprints the top-level members of `arguments` except the `ignore`d names.
+    pub fn of(arguments: &Map<String, Value>, ignore: &[&str]) -> Result<Self, CanonicalError> {
+        let mut material = Vec::with_capacity(128);
+        let mut tags = Vec::with_capacity(arguments.len());
+        let mut names = Vec::with_capacity(arguments.len());
+        let kept = arguments.iter().filter(|(name, _)| !ignore.contains(&name.as_str()));
+        write_object(kept, &mut material, |name, value_bytes| {
+            let name_tag = fnv1a16(name.as_bytes());
+            let value_tag = fnv1a16(value_bytes);
+            tags.push([name_tag[0], name_tag[1], value_tag[0], value_tag[1]]);
+            names.push(name.to_owned());
+        })?;
+        Ok(Self { digest: Sha256::digest(&material).into(), tags, names })
+    }
+
+    /// Names of this call's arguments that differ from a stored record's `stored_tags`, and how
+    /// many stored arguments are absent from this call.
+    ///
+    /// Explanatory only: a 2-byte tag collision can hide a name, never a conflict.
+    #[must_use]
+    pub fn differing(&self, stored_tags: &[[u8; 4]]) -> (Vec<String>, usize) {
+        let mut differing = Vec::new();
+        for (name, tag) in self.names.iter().zip(&self.tags) {
+            match stored_tags.iter().find(|stored| stored[..2] == tag[..2]) {
+                Some(stored) if stored == tag => {}
+                _ => differing.push(name.clone()),
+            }
+        }
+        let removed = stored_tags.iter().filter(|stored| !self.tags.iter().any(|tag| tag[..2] == stored[..2])).count();
+        (differing, removed)
+    }
+}
+
+/// Writes a canonical JSON object from `(name, value)` members in any order, calling
+/// `on_member(name, canonical_value_bytes)` for each member in canonical order.
+fn write_object<'a>(
+    members: impl Iterator<Item = (&'a String, &'a Value)>,
+    out: &mut Vec<u8>,
+    mut on_member: impl FnMut(&str, &[u8]),
+) -> Result<(), CanonicalError> {
+    let mut sorted: Vec<(&String, &Value)> = members.collect();
+    sorted.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    out.push(b'{');
+    for (i, (name, value)) in sorted.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        canonical::write_canonical(&Value::String(name.clone()), out)?;
+        out.push(b':');
+        let start = out.len();
+        canonical::write_canonical(value, out).map_err(|error| within(error, name))?;
+        on_member(name, &out[start..]);
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+/// Prefixes the path of `error` with the argument `name` it occurred in.
+fn within(error: CanonicalError, name: &str) -> CanonicalError {
+    let join = |path: String| match path.as_str() {
+        "" => name.to_owned(),
+        p if p.starts_with('[') => format!("{name}{p}"),
+        p => format!("{name}.{p}"),
+    };
+    match error {
+        CanonicalError::NonFinite { path } => CanonicalError::NonFinite { path: join(path) },
+        CanonicalError::InexactInteger { path, value } => CanonicalError::InexactInteger { path: join(path), value },
+        CanonicalError::TooDeep { path, limit } => CanonicalError::TooDeep { path: join(path), limit },
+        CanonicalError::DuplicateKey { path, key } => CanonicalError::DuplicateKey { path: join(path), key },
+        CanonicalError::NonStringKey { path } => CanonicalError::NonStringKey { path: join(path) },
+        other => other,
+    }
+}
+
+fn fnv1a16(bytes: &[u8]) -> [u8; 2] {
+    let mut hash: u32 = 0x811c_9dc5;
+    for &byte in bytes {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    let folded = (hash >> 16) ^ (hash & 0xffff);
+    [(folded >> 8) as u8, (folded & 0xff) as u8]
+}
+
+fn write_hex(bytes: &[u8], f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    bytes.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+}
+
+fn hex_value(digit: u8) -> Option<u8> {
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
+    }
+}

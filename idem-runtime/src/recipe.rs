@@ -1,0 +1,128 @@
+//! A recipe: how a tool's calls become keys, and what to do with a stale lease.
+
+use std::time::Duration;
+
+/// Which caller-related parts go into the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ScopeRule {
+    /// Tenant and subject of the authenticated caller (the default).
+    Caller,
+    /// The whole tenant: the same call by two subjects of one tenant is one operation. Use it for
+    /// operations the tenant owns (paying an invoice), not the person.
+    Tenant,
+    /// The caller narrowed by an explicit task or conversation id found at this argument path.
+    /// MCP has no sessions and request ids are reused, so a narrower scope must be an argument.
+    Task(&'static str),
+}
+
+/// What a claim does when it finds an in-progress record whose lease has expired (the process
+/// that held it died, or lost its ledger, mid-call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StalePolicy {
+    /// Run the handler again under a new fencing token. Safe when the downstream system honours
+    /// the forwarded key, so a second attempt cannot make a second effect.
+    Takeover,
+    /// Ask the downstream what happened first (the tool's reconcile function), then record that,
+    /// or run again only if it says nothing happened.
+    Reconcile,
+    /// Report "outcome unknown" until an operator resolves the record. The default: it never
+    /// re-executes silently.
+    Hold,
+}
+
+/// How one tool's calls are keyed. Usually written by `#[idempotent]`; constructible in `const`.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::{Recipe, StalePolicy};
+///
+/// static CHARGE: Recipe = Recipe::new("charge_card", &["card", "amount_cents"])
+///     .window(Duration::from_secs(15 * 60))
+///     .ignore(&["note"])
+///     .stale(StalePolicy::Takeover);
+/// assert_eq!(CHARGE.tool(), "charge_card");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Recipe {
+    tool: &'static str,
+    key: &'static [&'static str],
+    ignore: &'static [&'static str],
+    window: Option<Duration>,
+    scope: ScopeRule,
+    stale: StalePolicy,
+}
+
+impl Recipe {
+    /// A recipe for `tool` keyed by the argument paths `key` (`"customer.id"` reaches into an
+    /// object). Defaults: no window (the ledger's retention), caller scope, `hold` on stale leases.
+    #[must_use]
+    pub const fn new(tool: &'static str, key: &'static [&'static str]) -> Self {
+        Self { tool, key, ignore: &[], window: None, scope: ScopeRule::Caller, stale: StalePolicy::Hold }
+    }
+
+    /// How long after the first claim a repeat is the same operation.
+    #[must_use]
+    pub const fn window(mut self, window: Duration) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// Top-level arguments left out of the conflict fingerprint (a free-text note, a trace id).
+    #[must_use]
+    pub const fn ignore(mut self, ignore: &'static [&'static str]) -> Self {
+        self.ignore = ignore;
+        self
+    }
+
+    /// The scope rule.
+    #[must_use]
+    pub const fn scope(mut self, scope: ScopeRule) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// The stale-lease policy.
+    #[must_use]
+    pub const fn stale(mut self, stale: StalePolicy) -> Self {
+        self.stale = stale;
+        self
+    }
+
+    /// The tool's name, part of the key.
+    #[must_use]
+    pub const fn tool(&self) -> &'static str {
+        self.tool
+    }
+
+    /// The key's argument paths.
+    #[must_use]
+    pub const fn key_paths(&self) -> &'static [&'static str] {
+        self.key
+    }
+
+    /// Arguments left out of the fingerprint.
+    #[must_use]
+    pub const fn ignored(&self) -> &'static [&'static str] {
+        self.ignore
+    }
+
+    /// The window, if set.
+    #[must_use]
+    pub const fn window_duration(&self) -> Option<Duration> {
+        self.window
+    }
+
+    /// The scope rule.
+    #[must_use]
+    pub const fn scope_rule(&self) -> ScopeRule {
+        self.scope
+    }
+
+    /// The stale-lease policy.
+    #[must_use]
+    pub const fn stale_policy(&self) -> StalePolicy {
+        self.stale
+    }
+}

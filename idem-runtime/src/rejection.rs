@@ -1,0 +1,178 @@
+//! What idem answers instead of running a handler, and how a handler's errors are classified.
+
+use std::fmt;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::canonical::CanonicalError;
+use crate::key::Ref;
+
+/// The name of the status tool that answers for a ref; rejections tell agents to call it.
+pub const STATUS_TOOL: &str = "idem_status";
+
+/// Why idem answered a call without running its handler (or without its stored result).
+///
+/// Each message is written for the model or operator who reads it: it says whether anything was
+/// executed and what to do next. [`Rejection::code`] is the machine-readable form.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The same operation is running now (another call holds its claim).
+    InFlight {
+        /// The operation's ref.
+        reference: Ref,
+    },
+    /// The same key was used with different arguments.
+    Conflict {
+        /// The ref of the existing operation.
+        reference: Ref,
+        /// Names of this call's arguments whose values differ from the stored operation's.
+        differing: Vec<String>,
+        /// How many of the stored operation's arguments this call does not have.
+        missing: usize,
+    },
+    /// The operation ran but its outcome cannot be known (a downstream timeout, a dead holder
+    /// under the `hold` policy).
+    OutcomeUnknown {
+        /// The operation's ref.
+        reference: Ref,
+    },
+    /// The ledger could not be reached; the handler did not run.
+    LedgerUnavailable {
+        /// The backend's words, for operators.
+        detail: String,
+    },
+    /// No authenticated caller: a key cannot be scoped, so the handler did not run.
+    NoCaller,
+    /// The arguments cannot be canonicalised (NaN, an integer beyond a double's precision, too
+    /// deep); the handler did not run.
+    InvalidArguments {
+        /// What is wrong, and where.
+        error: CanonicalError,
+    },
+    /// The operation completed, but its stored result no longer decodes as the handler's result
+    /// type (the code changed since it was stored).
+    UnreadableResult {
+        /// The operation's ref.
+        reference: Ref,
+        /// The decoder's words.
+        detail: String,
+    },
+}
+
+impl Rejection {
+    /// A stable machine-readable code: `in_flight`, `conflict`, `outcome_unknown`,
+    /// `ledger_unavailable`, `no_caller`, `invalid_arguments` or `unreadable_result`.
+    #[must_use]
+    pub const fn code(&self) -> &'static str {
+        match self {
+            Self::InFlight { .. } => "in_flight",
+            Self::Conflict { .. } => "conflict",
+            Self::OutcomeUnknown { .. } => "outcome_unknown",
+            Self::LedgerUnavailable { .. } => "ledger_unavailable",
+            Self::NoCaller => "no_caller",
+            Self::InvalidArguments { .. } => "invalid_arguments",
+            Self::UnreadableResult { .. } => "unreadable_result",
+        }
+    }
+
+    /// The ref of the operation this answer is about, if one was derived.
+    #[must_use]
+    pub const fn reference(&self) -> Option<Ref> {
+        match self {
+            Self::InFlight { reference }
+            | Self::Conflict { reference, .. }
+            | Self::OutcomeUnknown { reference }
+            | Self::UnreadableResult { reference, .. } => Some(*reference),
+            Self::LedgerUnavailable { .. } | Self::NoCaller | Self::InvalidArguments { .. } => None,
+        }
+    }
+
+    /// Whether a plain retry of the same call is safe and useful.
+    #[must_use]
+    pub const fn retry_is_safe(&self) -> bool {
+        matches!(self, Self::LedgerUnavailable { .. })
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InFlight { reference } => write!(
+                f,
+                "in flight, ref {reference}: this operation is already in progress. Do not submit it \
+                 again; call `{STATUS_TOOL}` with ref {reference} for its outcome"
+            ),
+            Self::Conflict { reference, differing, missing } => {
+                write!(f, "conflict, ref {reference}: an operation with the same key but different arguments exists")?;
+                if !differing.is_empty() {
+                    write!(f, "; differing: {}", differing.join(", "))?;
+                }
+                if *missing > 0 {
+                    write!(f, "; {missing} argument(s) of the earlier call are missing")?;
+                }
+                f.write_str(
+                    ". Nothing was executed. Repeat the earlier arguments exactly, or change a key \
+                     argument if this is a new operation",
+                )
+            }
+            Self::OutcomeUnknown { reference } => write!(
+                f,
+                "outcome unknown, ref {reference}: the operation may or may not have taken effect. Do not \
+                 retry; call `{STATUS_TOOL}` with ref {reference}, or ask an operator to resolve it"
+            ),
+            Self::LedgerUnavailable { detail } => write!(
+                f,
+                "nothing was executed: the idempotency ledger is unavailable ({detail}). It is safe to retry \
+                 this call later"
+            ),
+            Self::NoCaller => f.write_str(
+                "nothing was executed: the caller is not authenticated, so the call cannot be made safe to \
+                 repeat. Authenticate the caller (or configure a local identity) and call again",
+            ),
+            Self::InvalidArguments { error } => write!(f, "nothing was executed: {error}"),
+            Self::UnreadableResult { reference, detail } => write!(
+                f,
+                "ref {reference} completed earlier, but its stored result cannot be read by this version of \
+                 the tool ({detail}). Do not retry; call `{STATUS_TOOL}` with ref {reference}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+/// What a handler's error means for the operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// Nothing happened (validation failed before any effect, the downstream refused the request
+    /// outright). The record is marked failed and the next repeat runs again.
+    NothingHappened,
+    /// This error is the operation's final answer (a card declined): it is stored and replayed.
+    Final,
+    /// The effect may or may not have happened (a downstream timeout). Repeats are told the
+    /// outcome is unknown and not to retry.
+    Unknown,
+}
+
+/// An error type an `#[idempotent]` handler may return.
+///
+/// The classification is the error type's, chosen in code per variant — idem never guesses
+/// whether an error left an effect behind. `Serialize + DeserializeOwned` lets a
+/// [`Final`](ErrorClass::Final) error be stored and replayed like a success.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not say what its errors mean for a repeated call",
+    label = "the error type of this `#[idempotent]` handler",
+    note = "implement `idem_runtime::IdempotentError` for `{Self}`: `classify` tells, per error, whether \
+            nothing happened, the error is final (stored and replayed), or the outcome is unknown; \
+            `from_rejection` turns idem's own answers (in flight, conflict, unknown, ledger unavailable) into `{Self}`"
+)]
+pub trait IdempotentError: Serialize + DeserializeOwned + Sized {
+    /// What this error means for the operation.
+    fn classify(&self) -> ErrorClass;
+
+    /// Builds the error returned when idem answers without running the handler.
+    fn from_rejection(rejection: Rejection) -> Self;
+}

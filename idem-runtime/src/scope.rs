@@ -1,0 +1,131 @@
+//! Whose operation is this? The caller's scope is part of every key.
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+use crate::key::TenantTag;
+
+/// The authenticated caller of a tool: a tenant and a subject within it.
+///
+/// Comes from the transport's authentication (a bearer token validated by middleware, a
+/// configured local identity over stdio) — never from what the model or client says about itself.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Caller {
+    tenant: String,
+    subject: String,
+}
+
+impl Caller {
+    /// A caller `subject` of `tenant`. See [`Caller::try_new`] for untrusted input.
+    ///
+    /// # Panics
+    /// If either part is empty; an empty tenant would merge unrelated callers' operations.
+    #[must_use]
+    pub fn new(tenant: impl Into<String>, subject: impl Into<String>) -> Self {
+        match Self::try_new(tenant, subject) {
+            Ok(caller) => caller,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    /// A caller, or an error if the tenant or subject is empty.
+    pub fn try_new(tenant: impl Into<String>, subject: impl Into<String>) -> Result<Self, CallerError> {
+        let (tenant, subject) = (tenant.into(), subject.into());
+        if tenant.trim().is_empty() {
+            return Err(CallerError::EmptyTenant);
+        }
+        if subject.trim().is_empty() {
+            return Err(CallerError::EmptySubject);
+        }
+        Ok(Self { tenant, subject })
+    }
+
+    /// The tenant.
+    #[must_use]
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The subject within the tenant.
+    #[must_use]
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+}
+
+/// A caller identity that cannot scope a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallerError {
+    /// The tenant is empty.
+    EmptyTenant,
+    /// The subject is empty.
+    EmptySubject,
+}
+
+impl fmt::Display for CallerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let part = match self {
+            Self::EmptyTenant => "tenant",
+            Self::EmptySubject => "subject",
+        };
+        write!(f, "the caller's {part} is empty; authenticate the caller with a non-empty tenant and subject")
+    }
+}
+
+impl std::error::Error for CallerError {}
+
+/// The scope a key is derived in: always a tenant, usually a subject, sometimes a task id.
+#[derive(Clone, PartialEq, Debug)]
+pub struct Scope {
+    tenant: String,
+    subject: Option<String>,
+    task: Option<Value>,
+}
+
+impl Scope {
+    /// The caller's own scope (tenant and subject): the default.
+    #[must_use]
+    pub fn caller(caller: &Caller) -> Self {
+        Self { tenant: caller.tenant.clone(), subject: Some(caller.subject.clone()), task: None }
+    }
+
+    /// The whole tenant: two subjects of one tenant making the same call make one operation.
+    #[must_use]
+    pub fn tenant(caller: &Caller) -> Self {
+        Self { tenant: caller.tenant.clone(), subject: None, task: None }
+    }
+
+    /// The caller narrowed to one task or conversation id.
+    #[must_use]
+    pub fn task(caller: &Caller, task: Value) -> Self {
+        Self { tenant: caller.tenant.clone(), subject: Some(caller.subject.clone()), task: Some(task) }
+    }
+
+    /// The tenant this scope belongs to.
+    #[must_use]
+    pub fn tenant_name(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The tag stored with records for tenant-scoped status lookups.
+    #[must_use]
+    pub fn tenant_tag(&self) -> TenantTag {
+        TenantTag::of(&self.tenant)
+    }
+
+    /// The scope as key material: an object with `tenant` and, when present, `subject`, `task`.
+    #[must_use]
+    pub fn material(&self) -> Value {
+        let mut object = Map::new();
+        object.insert("tenant".to_owned(), Value::String(self.tenant.clone()));
+        if let Some(subject) = &self.subject {
+            object.insert("subject".to_owned(), Value::String(subject.clone()));
+        }
+        if let Some(task) = &self.task {
+            object.insert("task".to_owned(), task.clone());
+        }
+        Value::Object(object)
+    }
+}

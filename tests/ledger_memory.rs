@@ -1,0 +1,12 @@
+//! The conformance suite on the in-memory ledger.
+
+use std::sync::Arc;
+
+use idem_runtime::MemoryLedger;
+use idem_runtime::ledger::Ledger;
+
+async fn memory() -> Option<Arc<dyn Ledger>> {
+    Some(Arc::new(MemoryLedger::new()))
+}
+
+idem_tests::ledger_conformance!(memory);

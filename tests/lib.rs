@@ -1,0 +1,58 @@
+//! Shared parts of the idem test suite: the ledger conformance suite every backend must pass.
+//!
+//! A backend's test file invokes [`ledger_conformance!`] with an async factory that returns a
+//! fresh (or shared) ledger, or `None` when its server is not reachable on this machine — the
+//! factory then prints that the test was skipped, and fails instead when `CI=true`.
+
+pub mod conformance;
+
+/// Expands to one `#[tokio::test]` per conformance case, each calling `$make().await` for its
+/// ledger (`Option<Arc<dyn Ledger>>`; `None` skips).
+#[macro_export]
+macro_rules! ledger_conformance {
+    ($make:expr) => {
+        $crate::ledger_conformance!(@cases $make;
+            absent_key_is_claimed,
+            live_lease_is_in_flight,
+            completed_is_replayed_byte_for_byte,
+            failed_is_claimed_again,
+            unknown_is_reported_unknown,
+            different_arguments_conflict,
+            failed_record_takes_new_arguments,
+            window_edge,
+            stale_lease_takeover_fences_the_old_holder,
+            stale_lease_reconcile,
+            stale_lease_hold_becomes_unknown,
+            renew_extends_only_the_holders_lease,
+            status_is_scoped_to_the_tenant,
+            resolve_settles_unknown,
+            sweep_is_bounded_and_spares_live_leases,
+            two_hundred_concurrent_claims_one_winner
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let Some(ledger) = ($make)().await else { return };
+                $crate::conformance::$case(ledger).await;
+            }
+        )*
+    };
+}
+
+/// Returns whether tests that need an external server must fail (rather than skip) when the
+/// server is missing: under CI they must.
+#[must_use]
+pub fn servers_required() -> bool {
+    std::env::var("CI").is_ok_and(|value| value == "true" || value == "1")
+}
+
+/// Reports a test skipped for want of a server, or panics under CI.
+///
+/// # Panics
+/// Under `CI=true`: a missing server there is a failure, never a silent pass.
+pub fn skip(test: &str, why: &str) {
+    assert!(!servers_required(), "{test}: {why} (CI=true, so a missing server is a failure)");
+    eprintln!("SKIPPED {test}: {why}");
+}

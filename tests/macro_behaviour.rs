@@ -1,0 +1,181 @@
+//! `#[idempotent]` handlers on the in-memory ledger, counting executions on the far side.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idem_runtime::{
+    Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, current_operation, idempotent,
+    with_caller,
+};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum ShopError {
+    Declined,
+    Idem { code: String, message: String },
+}
+
+impl IdempotentError for ShopError {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            Self::Declined => ErrorClass::Final,
+            Self::Idem { .. } => ErrorClass::NothingHappened,
+        }
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self::Idem { code: rejection.code().to_owned(), message: rejection.to_string() }
+    }
+}
+
+impl ShopError {
+    fn code(&self) -> &str {
+        match self {
+            Self::Idem { code, .. } => code,
+            Self::Declined => "declined",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Order {
+    order_id: String,
+    customer: Customer,
+    amount_cents: u64,
+    note: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Customer {
+    id: u64,
+}
+
+struct Shop {
+    idem: Idem,
+    placed: AtomicUsize,
+    forwarded: std::sync::Mutex<Vec<String>>,
+    release: tokio::sync::Notify,
+    hold: bool,
+}
+
+impl HasIdem for Shop {
+    fn idem(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+impl Shop {
+    fn new(hold: bool) -> Self {
+        Shop {
+            idem: Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")),
+            placed: AtomicUsize::new(0),
+            forwarded: std::sync::Mutex::default(),
+            release: tokio::sync::Notify::new(),
+            hold,
+        }
+    }
+
+    #[idempotent(key = "order_id, customer.id", window = "1h")]
+    async fn place(&self, order: Order) -> Result<String, ShopError> {
+        let key = current_operation().expect("inside the handler").key().to_string();
+        self.forwarded.lock().unwrap().push(key.clone());
+        if self.hold {
+            self.release.notified().await;
+        }
+        let n = self.placed.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(format!("placed #{n} for {} ({} cents)", order.order_id, order.amount_cents))
+    }
+}
+
+fn order(id: &str, amount_cents: u64, note: &str) -> Order {
+    Order { order_id: id.into(), customer: Customer { id: 7 }, amount_cents, note: note.into() }
+}
+
+#[tokio::test]
+async fn sequential_repeat_executes_once_with_the_identical_result() {
+    let shop = Shop::new(false);
+    let first = shop.place(order("o-1", 100, "n")).await.unwrap();
+    let second = shop.place(order("o-1", 100, "n")).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(shop.placed.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_identical_calls_execute_once() {
+    let shop = Arc::new(Shop::new(true));
+    let barrier = Arc::new(tokio::sync::Barrier::new(50));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..50 {
+        let (shop, barrier, tx) = (Arc::clone(&shop), Arc::clone(&barrier), tx.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            tx.send(shop.place(order("o-2", 100, "n")).await).unwrap();
+        });
+    }
+    for _ in 0..49 {
+        let error = rx.recv().await.unwrap().unwrap_err();
+        assert_eq!(error.code(), "in_flight", "{error:?}");
+    }
+    shop.release.notify_one();
+    assert!(rx.recv().await.unwrap().is_ok());
+    assert_eq!(shop.placed.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn changed_non_key_argument_is_a_conflict_naming_it() {
+    let shop = Shop::new(false);
+    shop.place(order("o-3", 100, "n")).await.unwrap();
+    let error = shop.place(order("o-3", 250, "n")).await.unwrap_err();
+    let ShopError::Idem { code, message } = &error else { panic!("{error:?}") };
+    assert_eq!(code, "conflict");
+    assert!(message.contains("differing: amount_cents"), "{message}");
+    assert!(!message.contains("250"), "values never leak: {message}");
+    assert_eq!(shop.placed.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn changed_key_argument_is_a_second_execution() {
+    let shop = Shop::new(false);
+    shop.place(order("o-4", 100, "n")).await.unwrap();
+    shop.place(order("o-5", 100, "n")).await.unwrap();
+    assert_eq!(shop.placed.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn the_handler_read_its_key() {
+    let shop = Shop::new(false);
+    shop.place(order("o-6", 100, "n")).await.unwrap();
+    shop.place(order("o-6", 100, "n")).await.unwrap();
+    let forwarded = shop.forwarded.lock().unwrap().clone();
+    assert_eq!(forwarded.len(), 1, "the replay did not reach the handler");
+    assert_eq!(forwarded[0].len(), 64);
+}
+
+static CHARGES: AtomicUsize = AtomicUsize::new(0);
+
+/// A free function: arguments by name, the ledger from `Idem::install`.
+#[idempotent(key = "card, amount_cents", ignore = "memo", window = "15m", stale = "takeover")]
+async fn charge(card: String, amount_cents: u64, memo: Option<String>) -> Result<u64, ShopError> {
+    let _ = (card, memo);
+    if amount_cents > 1_000_000 {
+        return Err(ShopError::Declined);
+    }
+    Ok(CHARGES.fetch_add(1, Ordering::SeqCst) as u64 + 1)
+}
+
+#[tokio::test]
+async fn free_functions_use_the_installed_handle_and_the_caller_in_scope() {
+    Idem::new(MemoryLedger::new()).install();
+    let bob = Caller::new("acme", "bob");
+    let before = CHARGES.load(Ordering::SeqCst);
+    let no_caller = charge("tok".into(), 5, None).await.unwrap_err();
+    assert_eq!(no_caller.code(), "no_caller");
+    let a = with_caller(bob.clone(), charge("tok".into(), 5, Some("first".into()))).await.unwrap();
+    let b = with_caller(bob.clone(), charge("tok".into(), 5, Some("second".into()))).await.unwrap();
+    assert_eq!(a, b, "memo is ignored: a replay, not a conflict");
+    assert_eq!(CHARGES.load(Ordering::SeqCst) - before, 1);
+    let declined = with_caller(bob.clone(), charge("tok".into(), 2_000_000, None)).await.unwrap_err();
+    assert_eq!(declined, ShopError::Declined);
+    let replayed = with_caller(bob, charge("tok".into(), 2_000_000, None)).await.unwrap_err();
+    assert_eq!(replayed, ShopError::Declined, "a final error is replayed");
+    assert_eq!(CHARGES.load(Ordering::SeqCst) - before, 1);
+}
