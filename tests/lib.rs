@@ -56,3 +56,25 @@ pub fn skip(test: &str, why: &str) {
     assert!(!servers_required(), "{test}: {why} (CI=true, so a missing server is a failure)");
     eprintln!("SKIPPED {test}: {why}");
 }
+
+/// Connects a durable ledger for a test, or reports it skipped (`None`) when the server is not
+/// reachable — a failure instead under `CI=true`. The schema is migrated once per process.
+pub async fn durable(
+    test: &str,
+    url_env: &str,
+    default_url: &str,
+) -> Option<std::sync::Arc<dyn idem_runtime::ledger::Ledger>> {
+    use idem_runtime::ledger::sea::SeaOrmLedger;
+    static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let url = std::env::var(url_env).unwrap_or_else(|_| default_url.to_owned());
+    match SeaOrmLedger::connect_without_migrating(&url).await {
+        Ok(ledger) => {
+            MIGRATED.get_or_init(|| async { ledger.migrate().await.expect("migrate the ledger schema") }).await;
+            Some(std::sync::Arc::new(ledger))
+        }
+        Err(error) => {
+            skip(test, &format!("cannot reach {url} ({error}); set {url_env} to run it"));
+            None
+        }
+    }
+}

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, State, StatusReport, Token, Won,
+    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, RecordView, Resolution, State, StatusReport, Token,
+    Verdict, Won, won_stale,
 };
 use crate::key::{Key, Ref, TenantTag};
 use crate::recipe::StalePolicy;
@@ -23,9 +24,20 @@ struct Record {
 }
 
 impl Record {
+    fn view(&self) -> RecordView<'_> {
+        RecordView {
+            state: self.state,
+            expires_at: self.expires_at,
+            lease_until: self.lease_until,
+            fingerprint: &self.fingerprint,
+            arg_tags: &self.arg_tags,
+            result: self.result.as_deref(),
+        }
+    }
+
     /// Past its window, and not protected by a live lease.
     fn expired(&self, now: u64) -> bool {
-        self.expires_at <= now && !self.live_lease(now)
+        self.view().expired(now)
     }
 
     fn live_lease(&self, now: u64) -> bool {
@@ -83,37 +95,25 @@ impl MemoryLedger {
 
     fn claim_now(&self, request: &ClaimRequest) -> Claim {
         let mut records = self.lock();
-        let now = request.now;
         let Some(record) = records.get_mut(&request.key) else {
             records.insert(request.key, Record::claimed(request));
             return Claim::Won(Won::Fresh);
         };
-        if record.expired(now) {
-            *record = Record::claimed(request);
-            return Claim::Won(Won::Fresh);
-        }
-        if record.state == State::Failed {
-            *record = Record::claimed(request);
-            return Claim::Won(Won::Fresh);
-        }
-        if record.fingerprint != request.fingerprint {
-            return Claim::Conflict { arg_tags: record.arg_tags.clone() };
-        }
-        match record.state {
-            State::Completed => Claim::Replay { result: record.result.clone().unwrap_or_default() },
-            State::Unknown | State::Failed => Claim::Unknown,
-            State::InProgress if record.lease_until > now => Claim::InFlight { lease_until: record.lease_until },
-            State::InProgress => match request.stale {
-                StalePolicy::Hold => {
-                    record.state = State::Unknown;
-                    Claim::Unknown
-                }
-                policy => {
-                    record.token = request.token;
-                    record.lease_until = request.lease_until;
-                    Claim::Won(if policy == StalePolicy::Reconcile { Won::Reconcile } else { Won::Takeover })
-                }
-            },
+        match record.view().judge(request) {
+            Verdict::Fresh => {
+                *record = Record::claimed(request);
+                Claim::Won(Won::Fresh)
+            }
+            Verdict::Stale(StalePolicy::Hold) => {
+                record.state = State::Unknown;
+                Claim::Unknown
+            }
+            Verdict::Stale(policy) => {
+                record.token = request.token;
+                record.lease_until = request.lease_until;
+                Claim::Won(won_stale(policy))
+            }
+            Verdict::Answer(claim) => claim,
         }
     }
 

@@ -12,6 +12,8 @@
 //! read followed by a write — and refuses a completion from anyone but the current holder.
 
 pub mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub mod sea;
 
 use std::fmt;
 use std::future::Future;
@@ -199,6 +201,62 @@ pub struct StatusReport {
     pub lease_expired: bool,
     /// For a completed record: the stored result.
     pub result: Option<Vec<u8>>,
+}
+
+/// What a record stands for, seen by a claim at `request.now`: the one decision every backend
+/// makes, here in one place so they cannot drift apart.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// Absent, expired or failed: the claim takes it as a fresh operation.
+    Fresh,
+    /// In progress under a dead holder's lease, same arguments: the stale policy decides.
+    Stale(StalePolicy),
+    /// Someone else's live operation, a stored result, or a conflict: this is the answer.
+    Answer(Claim),
+}
+
+/// The parts of a stored record a claim decides on.
+pub(crate) struct RecordView<'a> {
+    pub state: State,
+    pub expires_at: u64,
+    pub lease_until: u64,
+    pub fingerprint: &'a [u8],
+    pub arg_tags: &'a [[u8; 4]],
+    pub result: Option<&'a [u8]>,
+}
+
+impl RecordView<'_> {
+    /// Past its window and not protected by a live lease.
+    pub(crate) fn expired(&self, now: u64) -> bool {
+        self.expires_at <= now && !(self.state == State::InProgress && self.lease_until > now)
+    }
+
+    /// The decision for `request`.
+    pub(crate) fn judge(&self, request: &ClaimRequest) -> Verdict {
+        let now = request.now;
+        if self.expired(now) || self.state == State::Failed {
+            return Verdict::Fresh;
+        }
+        if self.fingerprint != request.fingerprint {
+            return Verdict::Answer(Claim::Conflict { arg_tags: self.arg_tags.to_vec() });
+        }
+        match self.state {
+            State::Completed => Verdict::Answer(Claim::Replay { result: self.result.unwrap_or_default().to_vec() }),
+            State::InProgress if self.lease_until > now => {
+                Verdict::Answer(Claim::InFlight { lease_until: self.lease_until })
+            }
+            State::InProgress => Verdict::Stale(request.stale),
+            State::Unknown | State::Failed => Verdict::Answer(Claim::Unknown),
+        }
+    }
+}
+
+/// How a stale lease taken by `policy` is reported to the new holder.
+pub(crate) const fn won_stale(policy: StalePolicy) -> Won {
+    match policy {
+        StalePolicy::Reconcile => Won::Reconcile,
+        _ => Won::Takeover,
+    }
 }
 
 /// A ledger failure.

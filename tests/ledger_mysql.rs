@@ -1,0 +1,15 @@
+//! The conformance suite on MySQL or MariaDB (`IDEM_TEST_MYSQL_URL`, default the local `test`
+//! database). Skipped, by name, when no server answers — a failure under `CI=true`.
+
+use std::sync::Arc;
+
+use idem_runtime::ledger::Ledger;
+
+const DEFAULT_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+async fn mysql() -> Option<Arc<dyn Ledger>> {
+    let test = std::thread::current().name().unwrap_or("ledger_mysql").to_owned();
+    idem_tests::durable(&format!("ledger_mysql::{test}"), "IDEM_TEST_MYSQL_URL", DEFAULT_URL).await
+}
+
+idem_tests::ledger_conformance!(mysql);
