@@ -1,17 +1,17 @@
 //! Quickstart: one charge, repeated every way an agent repeats a call.
 //!
-//! Run with `cargo run --example quickstart`. It drives the runtime directly on the in-memory
-//! ledger and prints what each call got and how many charges the (fake) processor really made.
+//! Run with `cargo run --example quickstart`. The ledger is the embedded default: a SQLite file
+//! at `.idem/ledger.sqlite3` (or `IDEM_DATABASE_URL`). The program prints what each call got and
+//! how many charges the fake processor really made, then restarts itself and repeats the first
+//! call from the new process: the stored result survives.
 
-use std::sync::Arc;
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_runtime::{
-    Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Rejection, Served, current_operation,
-};
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::{Caller, ErrorClass, HasIdem, Idem, IdempotentError, Rejection, current_operation, idempotent};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 /// The tool's errors, each saying what it means for a repeat.
 #[derive(Debug, Serialize, Deserialize)]
@@ -41,82 +41,101 @@ struct Receipt {
     amount_cents: u64,
 }
 
-/// A fake card processor that, like a real one, dedupes by the reference it is given.
-#[derive(Default)]
-struct Processor {
+/// A payments service whose `charge_card` is safe to repeat.
+struct Payments {
+    idem: Idem,
+    /// What the (fake) card processor really did.
     charges: AtomicUsize,
 }
 
-impl Processor {
-    async fn charge(&self, reference: &str, amount_cents: u64) -> Receipt {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let n = self.charges.fetch_add(1, Ordering::SeqCst) + 1;
-        Receipt { charge_id: format!("ch_{n}_{}", &reference[..8]), amount_cents }
+impl HasIdem for Payments {
+    fn idem(&self) -> &Idem {
+        &self.idem
     }
 }
 
-static CHARGE_CARD: Recipe = Recipe::new("charge_card", &["card", "amount_cents"]).window(Duration::from_secs(15 * 60));
-
-async fn charge_card(
-    idem: &Idem,
-    processor: &Processor,
-    caller: &Caller,
-    args: serde_json::Value,
-) -> Result<Served<Receipt>, ChargeError> {
-    let amount = args["amount_cents"].as_u64().unwrap_or(0);
-    idem.call(&CHARGE_CARD, Some(caller), &args, || async move {
-        // The key travels downstream, so the processor can dedupe too.
-        let key = current_operation().map(|op| op.key().to_string()).unwrap_or_default();
-        if amount > 1_000_000 {
+impl Payments {
+    #[idempotent(key = "order_id, amount_cents", window = "15m")]
+    async fn charge_card(
+        &self,
+        order_id: String,
+        card: String,
+        amount_cents: u64,
+        note: String,
+    ) -> Result<Receipt, ChargeError> {
+        // The key travels downstream so the processor can dedupe too (its reference field).
+        let reference = current_operation().map(|op| op.key().to_string()).unwrap_or_default();
+        let _ = (order_id, card, note);
+        if amount_cents > 1_000_000 {
             return Err(ChargeError::Declined);
         }
-        Ok(processor.charge(&key, amount).await)
-    })
-    .await
+        tokio::time::sleep(Duration::from_millis(200)).await; // the processor is slow
+        let n = self.charges.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(Receipt { charge_id: format!("ch_{n}_{}", &reference[..8]), amount_cents })
+    }
 }
 
-fn show(what: &str, answer: &Result<Served<Receipt>, ChargeError>, processor: &Processor) {
+fn row(what: &str, answer: &Result<Receipt, ChargeError>, charges: usize) {
     let got = match answer {
-        Ok(served) if served.replayed => format!("replayed {} (ref {})", served.value.charge_id, served.reference),
-        Ok(served) => format!("ran: {} (ref {})", served.value.charge_id, served.reference),
+        Ok(receipt) => receipt.charge_id.clone(),
         Err(ChargeError::Idem { code, .. }) => format!("refused: {code}"),
         Err(other) => format!("error: {other:?}"),
     };
-    println!("| {what:<34} | {got:<46} | {:>7} |", processor.charges.load(Ordering::SeqCst));
+    println!("| {what:<36} | {got:<24} | {charges:>17} |");
 }
 
 #[tokio::main]
 async fn main() {
-    let idem = Idem::new(MemoryLedger::new());
-    let processor = Arc::new(Processor::default());
+    let ledger = match SeaOrmLedger::from_env().await {
+        Ok(ledger) => ledger,
+        Err(error) => {
+            eprintln!("cannot open the ledger: {error}");
+            std::process::exit(1);
+        }
+    };
     let alice = Caller::new("acme", "alice");
-    let args = json!({ "card": "tok_visa", "amount_cents": 1250, "note": "order 17" });
+    let payments = Payments { idem: Idem::new(ledger).with_local_caller(alice), charges: AtomicUsize::new(0) };
+    let charge = |order: &str, amount: u64, note: &str| {
+        payments.charge_card(order.to_owned(), "tok_visa".to_owned(), amount, note.to_owned())
+    };
 
-    println!("| {:<34} | {:<46} | {:>7} |", "call", "answer", "charges");
-    println!("|{:-<36}|{:-<48}|{:->9}|", "", "", "");
-
-    let first = charge_card(&idem, &processor, &alice, args.clone()).await;
-    show("first call", &first, &processor);
-
-    let repeat = charge_card(&idem, &processor, &alice, args.clone()).await;
-    show("sequential repeat", &repeat, &processor);
-
-    let racing = json!({ "card": "tok_visa", "amount_cents": 990, "note": "order 18" });
-    let (a, b) = tokio::join!(
-        charge_card(&idem, &processor, &alice, racing.clone()),
-        charge_card(&idem, &processor, &alice, racing.clone()),
-    );
-    show("concurrent repeat (a)", &a, &processor);
-    show("concurrent repeat (b)", &b, &processor);
-
-    let changed = json!({ "card": "tok_visa", "amount_cents": 1250, "note": "order 99" });
-    let conflict = charge_card(&idem, &processor, &alice, changed).await;
-    show("same key, different note", &conflict, &processor);
-    if let Err(ChargeError::Idem { message, .. }) = &conflict {
-        println!("\n  what the agent is told: {message}\n");
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() == Some("--after-restart") {
+        let order = args.next().unwrap_or_default();
+        let answer = charge(&order, 1250, "order 17").await;
+        row("after a restart: same call again", &answer, payments.charges.load(Ordering::SeqCst));
+        return;
     }
 
+    // A fresh order id per run, so each run starts with a first call.
+    let order = format!("o-{}", idem_runtime::ledger::Token::random().0 % 1_000_000);
+    println!("| {:<36} | {:<24} | {:>17} |", "call", "answer", "charges (process)");
+    println!("|{:-<38}|{:-<26}|{:->19}|", "", "", "");
+    let count = || payments.charges.load(Ordering::SeqCst);
+
+    row("first call", &charge(&order, 1250, "order 17").await, count());
+    row("sequential repeat (replayed)", &charge(&order, 1250, "order 17").await, count());
+
+    let racing = format!("{order}-b");
+    let (a, b) = tokio::join!(charge(&racing, 990, "order 18"), charge(&racing, 990, "order 18"));
+    row("concurrent repeat, one of two", &a, count());
+    row("concurrent repeat, other of two", &b, count());
+
+    let conflict = charge(&order, 1250, "order 99").await;
+    row("same key, different note", &conflict, count());
+
     let bob = Caller::new("acme", "bob");
-    let other = charge_card(&idem, &processor, &bob, args.clone()).await;
-    show("same arguments, another caller", &other, &processor);
+    let other = idem_runtime::with_caller(bob, charge(&order, 1250, "order 17")).await;
+    row("same call, another caller", &other, count());
+
+    // Restart: a new process opens the same ledger file and repeats the first call.
+    let output = std::env::current_exe().and_then(|exe| Command::new(exe).args(["--after-restart", &order]).output());
+    match output {
+        Ok(output) => print!("{}", String::from_utf8_lossy(&output.stdout)),
+        Err(error) => eprintln!("could not restart: {error}"),
+    }
+
+    if let Err(ChargeError::Idem { message, .. }) = &conflict {
+        println!("\nWhat the agent is told on the conflict:\n  {message}");
+    }
 }

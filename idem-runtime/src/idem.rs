@@ -32,11 +32,15 @@ tokio::task_local! {
 /// [`Operation::key`] to the system that owns the side effect (an `Idempotency-Key` header, a
 /// processor's reference field). Only that system can close the window between the effect and
 /// the record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Operation {
     key: Key,
     tool: &'static str,
     attempt: Won,
+    token: Token,
+    max_result_bytes: usize,
+    /// Set once the handler recorded the result in its own transaction.
+    recorded: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Operation {
@@ -56,6 +60,52 @@ impl Operation {
     #[must_use]
     pub const fn tool(&self) -> &'static str {
         self.tool
+    }
+
+    /// The fencing token this run holds the claim with.
+    #[must_use]
+    pub const fn token(&self) -> Token {
+        self.token
+    }
+
+    /// Stores `value` as this operation's result on `conn` — a transaction of the handler's own
+    /// — so the handler's writes and the stored result commit or roll back together. The
+    /// handler then returns `Ok(value)` as usual; if its transaction rolled back, idem records
+    /// the returned result itself.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{current_operation, LedgerError};
+    /// # use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
+    /// # async fn handler(db: &DatabaseConnection) -> Result<String, LedgerError> {
+    /// let operation = current_operation().expect("inside an idempotent handler");
+    /// let txn = db.begin().await.map_err(|e| LedgerError::Unavailable { detail: e.to_string() })?;
+    /// txn.execute_unprepared("INSERT INTO orders (id) VALUES ('o-1')").await.ok();
+    /// let receipt = "order o-1 placed".to_owned();
+    /// operation.complete_in(&txn, &receipt).await?;
+    /// txn.commit().await.map_err(|e| LedgerError::Unavailable { detail: e.to_string() })?;
+    /// Ok(receipt)
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The result cannot be serialised or exceeds the size limit, the claim was superseded
+    /// ([`LedgerError::Fenced`]), or the statement failed.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    pub async fn complete_in<C, T>(&self, conn: &C, value: &T) -> Result<(), LedgerError>
+    where
+        C: sea_orm::ConnectionTrait,
+        T: Serialize,
+    {
+        let bytes = serde_json::to_vec(&Stored::<&T, ()>::Ok(value))
+            .map_err(|error| LedgerError::Corrupt { detail: format!("the result cannot be stored: {error}") })?;
+        if bytes.len() > self.max_result_bytes {
+            return Err(LedgerError::Corrupt {
+                detail: format!("the result is {} bytes, above the limit of {}", bytes.len(), self.max_result_bytes),
+            });
+        }
+        crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, Outcome::Completed(bytes)).await?;
+        self.recorded.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 
     /// Whether this run took over a dead holder's claim: the downstream may already have seen
@@ -356,7 +406,15 @@ impl Idem {
                 return Err(E::from_rejection(Rejection::Conflict { reference, differing, missing }));
             }
         };
-        let operation = Operation { key, tool, attempt };
+        let operation = Operation {
+            key,
+            tool,
+            attempt,
+            token: request.token,
+            max_result_bytes: self.inner.max_result_bytes,
+            recorded: Arc::default(),
+        };
+        let recorded = Arc::clone(&operation.recorded);
         let result = match attempt {
             Won::Reconcile => {
                 tracing::warn!(tool, %reference, "stale lease; reconciling with the downstream");
@@ -364,7 +422,7 @@ impl Idem {
                     Reconciled::Happened(result) => result,
                     Reconciled::NothingHappened => self.run(&request, operation, handler).await,
                     Reconciled::StillUnknown => {
-                        self.finish(&request, Outcome::Unknown).await;
+                        self.finish(&request, Outcome::Unknown, false).await;
                         return Err(E::from_rejection(Rejection::OutcomeUnknown { reference }));
                     }
                 }
@@ -378,7 +436,8 @@ impl Idem {
                 self.run(&request, operation, handler).await
             }
         };
-        self.record(&request, result).await.map(|value| Served { value, replayed: false, reference })
+        let recorded = recorded.load(std::sync::atomic::Ordering::SeqCst);
+        self.record(&request, result, recorded).await.map(|value| Served { value, replayed: false, reference })
     }
 
     /// Derives the claim for a call, or the rejection that stops it before the ledger.
@@ -451,7 +510,7 @@ impl Idem {
     }
 
     /// Stores the handler's result per its classification and hands it back.
-    async fn record<T, E>(&self, request: &ClaimRequest, result: Result<T, E>) -> Result<T, E>
+    async fn record<T, E>(&self, request: &ClaimRequest, result: Result<T, E>, recorded: bool) -> Result<T, E>
     where
         T: Serialize,
         E: IdempotentError,
@@ -464,7 +523,7 @@ impl Idem {
                 ErrorClass::Unknown => Outcome::Unknown,
             },
         };
-        self.finish(request, outcome).await;
+        self.finish(request, outcome, recorded).await;
         result
     }
 
@@ -487,9 +546,14 @@ impl Idem {
     /// Completes the claim. A failure here is logged, never hidden behind the caller's result:
     /// the effect happened, the record stays in progress, and its lease runs out into the
     /// tool's stale policy.
-    async fn finish(&self, request: &ClaimRequest, outcome: Outcome) {
-        if let Err(error) = self.inner.ledger.complete(&request.key, request.token, outcome).await {
-            tracing::error!(reference = %request.key.reference(), %error, "could not record the outcome");
+    async fn finish(&self, request: &ClaimRequest, outcome: Outcome, recorded_by_handler: bool) {
+        let reference = request.key.reference();
+        match self.inner.ledger.complete(&request.key, request.token, outcome).await {
+            Ok(()) => {}
+            Err(LedgerError::Fenced) if recorded_by_handler => {
+                tracing::debug!(%reference, "recorded in the handler's own transaction");
+            }
+            Err(error) => tracing::error!(%reference, %error, "could not record the outcome"),
         }
     }
 

@@ -82,7 +82,104 @@ pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL};
 pub use scope::{Caller, CallerError, Scope};
 pub use window::{WindowError, parse_window};
 
-pub use idem_macros::{audit_idempotent, idempotent};
+/// Makes an async handler safe to repeat: derive a key, claim it, run once, replay the rest.
+///
+/// Place it on an `async fn` returning `Result<T, E>` — a free function, or a method whose
+/// `Self` implements [`HasIdem`] — and, on an rmcp tool, **above** `#[tool(...)]`.
+///
+/// ```
+/// use idem_runtime::{ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, idempotent};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Debug, Serialize, Deserialize)]
+/// enum ChargeError { Declined, Refused(String) }
+///
+/// impl IdempotentError for ChargeError {
+///     fn classify(&self) -> ErrorClass {
+///         match self {
+///             ChargeError::Declined => ErrorClass::Final,
+///             ChargeError::Refused(_) => ErrorClass::NothingHappened,
+///         }
+///     }
+///     fn from_rejection(rejection: Rejection) -> Self { ChargeError::Refused(rejection.to_string()) }
+/// }
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Charge { card: String, amount_cents: u64, note: Option<String> }
+///
+/// struct Payments { idem: Idem }
+/// impl HasIdem for Payments { fn idem(&self) -> &Idem { &self.idem } }
+///
+/// impl Payments {
+///     #[idempotent(key = "card, amount_cents", window = "15m", ignore = "note", stale = "takeover")]
+///     async fn charge_card(&self, charge: Charge) -> Result<String, ChargeError> {
+///         // Forward the key downstream, e.g. as an `Idempotency-Key` header.
+///         let key = idem_runtime::current_operation().unwrap().key().to_string();
+///         Ok(format!("charged {} with reference {key}", charge.amount_cents))
+///     }
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let payments = Payments {
+///     idem: Idem::new(MemoryLedger::new()).with_local_caller(idem_runtime::Caller::new("acme", "alice")),
+/// };
+/// let charge = || Charge { card: "tok_visa".into(), amount_cents: 1250, note: None };
+/// let first = payments.charge_card(charge()).await.unwrap();
+/// let again = payments.charge_card(charge()).await.unwrap(); // replayed: no second charge
+/// assert_eq!(first, again);
+/// # }
+/// ```
+///
+/// # Options
+///
+/// | option | meaning | default |
+/// |---|---|---|
+/// | `key = "order_id, customer.id"` | the arguments that make two calls the same operation: parameter names, or fields of the single arguments struct (rmcp's `Parameters<T>` included); dotted paths reach into nested structs. A business key states the uniqueness rule directly — prefer one | required, unless `inherent` |
+/// | `window = "15m"` | how long after the **first claim** a repeat is the same operation (`s`, `m`, `h`, `d`; sliding, not a clock bucket) | the ledger retention (24 h, [`Idem::with_retention`]) |
+/// | `ignore = "note, trace_id"` | top-level arguments left out of the conflict fingerprint (and not serialised at all for plain parameters) | none |
+/// | `stale = "takeover"` | a dead holder's lease: run again under a new fencing token; safe when the downstream dedupes by the forwarded key | `"hold"`: report "outcome unknown" until [`Idem::resolve`] |
+/// | `reconcile = Self::check` | `stale = "reconcile"`: `async fn(&self, Operation) -> Reconciled<T, E>` (free functions: `async fn(Operation)`) asks the downstream what happened | — |
+/// | `scope = "tenant"` | widen the key from the caller (tenant + subject) to the whole tenant | `"caller"` |
+/// | `task = "conversation_id"` | narrow the key to a task or conversation id argument (MCP has no sessions; request ids are reused) | — |
+/// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
+/// | `name = "charge"` | the tool name in the key | `#[tool(name = ...)]`, else the function's name |
+/// | `idem = self.payments_idem` | the [`Idem`] handle to use | [`HasIdem`] for methods, [`Idem::install`] for free functions |
+/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | the caller in scope ([`with_caller`]), else [`Idem::with_local_caller`]; none: refused |
+/// | `crate = my_reexport::idem_runtime` | the path to this crate, for re-exporters | `::idem_runtime` |
+///
+/// # With rmcp
+///
+/// Above `#[tool(...)]`, the attribute inserts `idempotent_hint = true` into its
+/// `annotations(...)`, and refuses `idempotent_hint = false` or `read_only_hint = true` beside a
+/// recipe. Below `#[tool]` it fails and says to move it. Put [`audit_idempotent`] on the
+/// `#[tool_router]` impl so a tool that claims the hint without a recipe does not compile.
+///
+/// # Compile-time checks
+///
+/// A key name that matches no argument or field, a nested path that does not exist, an empty
+/// or duplicated key, a malformed or zero window, an unknown option, a non-async handler, a
+/// success type that cannot be stored (`Serialize + Deserialize`) and an error type that does
+/// not implement [`IdempotentError`] are compile errors on the user's code.
+#[doc(inline)]
+pub use idem_macros::idempotent;
+
+/// Audits a `#[tool_router]` impl: a tool whose annotations say `idempotent_hint = true` (the
+/// bare word `idempotent_hint` counts) must carry `#[idempotent(key = ...)]` or
+/// `#[idempotent(inherent = "...")]`, or the impl does not compile. Works above or below
+/// `#[tool_router]`. (A compiled example is `tests/ui/pass/` in the repository: this crate does
+/// not depend on rmcp.)
+///
+/// ```text
+/// #[audit_idempotent]
+/// #[tool_router]
+/// impl Payments {
+///     #[idempotent(key = "card, amount_cents", window = "15m")]
+///     #[tool(description = "Charge a card")]
+///     async fn charge_card(&self, Parameters(args): Parameters<Charge>) -> Result<Receipt, ChargeError> { … }
+/// }
+/// ```
+#[doc(inline)]
+pub use idem_macros::audit_idempotent;
 
 /// Items the macros expand to. Not public API: names and signatures change without notice.
 #[doc(hidden)]

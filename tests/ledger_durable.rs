@@ -1,0 +1,224 @@
+//! What only a durable ledger can show: a restart keeps results, a handler's transaction and
+//! its stored result commit together, a broken ledger runs nothing, and how many statements a
+//! call costs. Each case runs on SQLite (a file), PostgreSQL and MariaDB.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Recipe, Rejection, current_operation};
+use sea_orm::{ConnectionTrait, Database, DbBackend, Statement, TransactionTrait};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Error {
+    Rolled,
+    Idem(String),
+}
+
+impl IdempotentError for Error {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::NothingHappened
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self::Idem(rejection.code().to_owned())
+    }
+}
+
+static PLACE: Recipe = Recipe::new("place_order", &["order_id"]);
+
+fn alice() -> Caller {
+    Caller::new("acme", "alice")
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", idem_runtime::ledger::Token::random().0)
+}
+
+/// The database URL of `backend`, or `None` (reported skipped; a failure under CI).
+async fn url(backend: &str, test: &str) -> Option<String> {
+    let url = match backend {
+        "sqlite" => {
+            let dir = std::env::temp_dir().join(unique("idem-durable"));
+            std::fs::create_dir_all(&dir).unwrap();
+            return Some(format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display()));
+        }
+        "postgres" => std::env::var("IDEM_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+        _ => std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
+    };
+    match Database::connect(&url).await {
+        Ok(db) => {
+            let _ = db.close().await;
+            Some(url)
+        }
+        Err(error) => {
+            idem_tests::skip(&format!("ledger_durable::{test}::{backend}"), &format!("cannot reach {url}: {error}"));
+            None
+        }
+    }
+}
+
+macro_rules! on_every_backend {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $case() { super::$case("sqlite").await } )* }
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $case() { super::$case("postgres").await } )* }
+        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $case() { super::$case("mysql").await } )* }
+    };
+}
+
+on_every_backend!(restart_keeps_the_stored_result, handler_transaction_commits_with_the_result, statements_per_call);
+
+/// Complete an operation, drop every connection, open a new ledger on the same database, repeat:
+/// the stored result, and no second execution.
+async fn restart_keeps_the_stored_result(backend: &str) {
+    let Some(url) = url(backend, "restart_keeps_the_stored_result").await else { return };
+    let runs = AtomicUsize::new(0);
+    let args = json!({ "order_id": unique("o") });
+    let handler = || async {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok::<_, Error>(format!("placed, run {n}"))
+    };
+    let first = {
+        let ledger = SeaOrmLedger::connect(&url).await.unwrap();
+        let served = Idem::new(ledger.clone()).call(&PLACE, Some(&alice()), &args, handler).await.unwrap();
+        ledger.connection().clone().close().await.unwrap();
+        served
+    };
+    let ledger = SeaOrmLedger::connect(&url).await.unwrap();
+    let again = Idem::new(ledger).call(&PLACE, Some(&alice()), &args, handler).await.unwrap();
+    assert_eq!((again.value.as_str(), again.replayed), (first.value.as_str(), true));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "no second execution after the restart");
+}
+
+/// The handler's own write and the stored result commit together — or roll back together.
+async fn handler_transaction_commits_with_the_result(backend: &str) {
+    let Some(url) = url(backend, "handler_transaction_commits_with_the_result").await else { return };
+    let ledger = SeaOrmLedger::connect(&url).await.unwrap();
+    let db = ledger.connection().clone();
+    db.execute_unprepared("CREATE TABLE IF NOT EXISTS idem_test_orders (id VARCHAR(64) PRIMARY KEY)").await.unwrap();
+    let idem = Idem::new(ledger);
+    let backend_kind = db.get_database_backend();
+    let insert = |id: &str| {
+        let sql = if backend_kind == DbBackend::Postgres {
+            "INSERT INTO idem_test_orders (id) VALUES ($1)"
+        } else {
+            "INSERT INTO idem_test_orders (id) VALUES (?)"
+        };
+        Statement::from_sql_and_values(backend_kind, sql, vec![id.into()])
+    };
+    let count = |id: String| {
+        let db = db.clone();
+        async move {
+            let sql = if backend_kind == DbBackend::Postgres {
+                "SELECT COUNT(*) AS n FROM idem_test_orders WHERE id = $1"
+            } else {
+                "SELECT COUNT(*) AS n FROM idem_test_orders WHERE id = ?"
+            };
+            let row = db.query_one_raw(Statement::from_sql_and_values(backend_kind, sql, vec![id.into()])).await;
+            row.unwrap().unwrap().try_get_by_index::<i64>(0).unwrap()
+        }
+    };
+
+    // Committed: the order and the stored result both exist.
+    let id = unique("o");
+    let args = json!({ "order_id": id });
+    let runs = AtomicUsize::new(0);
+    let place = |roll_back: bool| {
+        let (db, id, runs) = (db.clone(), id.clone(), &runs);
+        move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let operation = current_operation().unwrap();
+            let txn = db.begin().await.unwrap();
+            txn.execute_raw(insert(&id)).await.unwrap();
+            let receipt = format!("order {id} placed");
+            operation.complete_in(&txn, &receipt).await.unwrap();
+            if roll_back {
+                txn.rollback().await.unwrap();
+                return Err(Error::Rolled);
+            }
+            txn.commit().await.unwrap();
+            Ok(receipt)
+        }
+    };
+    let placed = idem.call(&PLACE, Some(&alice()), &args, place(false)).await.unwrap();
+    assert_eq!(count(id.clone()).await, 1);
+    let again = idem.call(&PLACE, Some(&alice()), &args, place(false)).await.unwrap();
+    assert_eq!((again.value, again.replayed), (placed.value, true));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // Rolled back: neither the order nor the result; the error says nothing happened, so a
+    // repeat runs again.
+    let id = unique("o");
+    let args = json!({ "order_id": id });
+    let runs = AtomicUsize::new(0);
+    let place_rolled = |roll_back: bool| {
+        let (db, id, runs) = (db.clone(), id.clone(), &runs);
+        move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let operation = current_operation().unwrap();
+            let txn = db.begin().await.unwrap();
+            txn.execute_raw(insert(&id)).await.unwrap();
+            operation.complete_in(&txn, &"never stored").await.unwrap();
+            if roll_back {
+                txn.rollback().await.unwrap();
+                return Err(Error::Rolled);
+            }
+            txn.commit().await.unwrap();
+            Ok("stored".to_owned())
+        }
+    };
+    let error = idem.call(&PLACE, Some(&alice()), &args, place_rolled(true)).await.unwrap_err();
+    assert!(matches!(error, Error::Rolled));
+    assert_eq!(count(id.clone()).await, 0);
+    let retried = idem.call(&PLACE, Some(&alice()), &args, place_rolled(false)).await.unwrap();
+    assert_eq!((retried.value.as_str(), retried.replayed), ("stored", false));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(count(id).await, 1);
+}
+
+/// Statements per first call and per repeat, counted on the connection (sea-orm's metric
+/// callback sees every statement sent).
+async fn statements_per_call(backend: &str) {
+    let Some(url) = url(backend, "statements_per_call").await else { return };
+    SeaOrmLedger::connect(&url).await.unwrap(); // migrate outside the count
+    let mut db = Database::connect(&url).await.unwrap();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&sent);
+    db.set_metric_callback(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let idem = Idem::new(SeaOrmLedger::from_connection(db));
+    let args = json!({ "order_id": unique("o") });
+    let handler = || async { Ok::<_, Error>("done".to_owned()) };
+    idem.call(&PLACE, Some(&alice()), &args, handler).await.unwrap();
+    let first = sent.swap(0, Ordering::SeqCst);
+    assert!(idem.call(&PLACE, Some(&alice()), &args, handler).await.unwrap().replayed);
+    let repeat = sent.swap(0, Ordering::SeqCst);
+    eprintln!("{backend}: {first} statements for a first call, {repeat} for a repeat");
+    let expected_repeat = if backend == "postgres" { 1 } else { 2 };
+    assert_eq!((first, repeat), (2, expected_repeat), "{backend}");
+}
+
+#[tokio::test]
+async fn a_broken_ledger_never_lets_the_handler_run() {
+    // A ledger whose table is missing: every claim fails.
+    let ledger = SeaOrmLedger::connect_without_migrating("sqlite::memory:").await.unwrap();
+    let runs = AtomicUsize::new(0);
+    let error = Idem::new(ledger)
+        .call(&PLACE, Some(&alice()), &json!({ "order_id": "o-1" }), || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(&error, Error::Idem(code) if code == "ledger_unavailable"), "{error:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_an_error_at_connect() {
+    let error = SeaOrmLedger::connect("postgres://postgres@127.0.0.1:1/none").await.unwrap_err();
+    assert!(error.to_string().contains("unavailable"), "{error}");
+}
