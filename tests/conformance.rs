@@ -124,6 +124,11 @@ pub async fn different_arguments_conflict(ledger: Arc<dyn Ledger>) {
         let other = ClaimRequest { fingerprint: [8; 32], arg_tags: vec![[9, 9, 9, 9]], ..repeat(&first, T0 + 1) };
         assert_eq!(claim(&*ledger, &other).await, Claim::Conflict { arg_tags: first.arg_tags.clone() });
     }
+    // A dead holder's operation with other arguments is still that operation: no takeover.
+    let first = ClaimRequest { stale: StalePolicy::Takeover, ..request(T0) };
+    claim(&*ledger, &first).await;
+    let other = ClaimRequest { fingerprint: [8; 32], ..repeat(&first, T0 + LEASE + 1) };
+    assert_eq!(claim(&*ledger, &other).await, Claim::Conflict { arg_tags: first.arg_tags.clone() });
 }
 
 /// A failed operation left nothing behind, so a repeat with other arguments simply runs.

@@ -34,19 +34,27 @@ impl Ctxt {
 pub struct Attr<T> {
     name: &'static str,
     value: Option<(Span, T)>,
+    /// Given, even if with a value that could not be read (already reported).
+    given: bool,
 }
 
 impl<T> Attr<T> {
     const fn none(name: &'static str) -> Self {
-        Self { name, value: None }
+        Self { name, value: None, given: false }
     }
 
     fn set(&mut self, span: Span, value: T) -> syn::Result<()> {
         if self.value.is_some() {
             return Err(syn::Error::new(span, format!("duplicate `{}` option; give it once", self.name)));
         }
+        self.given = true;
         self.value = Some((span, value));
         Ok(())
+    }
+
+    /// Whether the option was written at all, so a bad value is not also reported as missing.
+    pub const fn given(&self) -> bool {
+        self.given
     }
 
     pub fn get(&self) -> Option<&T> {
@@ -95,41 +103,79 @@ impl Args {
             krate: Attr::none("crate"),
         }
     }
-
-    /// Whether the attribute gives a way to make the hint true.
-    pub fn has_recipe(&self) -> bool {
-        self.key.get().is_some() || self.inherent.get().is_some()
-    }
 }
 
 /// Parses the attribute's tokens, recording errors in `cx` and returning what could be read.
+///
+/// An unknown or repeated option, or a value of the wrong kind, is recorded and parsing goes on,
+/// so the options after it are still read (and a `key` after a typo is not reported missing).
 pub fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
     let mut args = Args::new();
-    let parser = syn::meta::parser(|meta| parse_one(&mut args, &meta));
+    let parser = syn::meta::parser(|meta| parse_one(cx, &mut args, &meta));
     if let Err(error) = syn::parse::Parser::parse2(parser, tokens) {
         cx.push(error);
     }
     args
 }
 
-fn parse_one(args: &mut Args, meta: &ParseNestedMeta) -> syn::Result<()> {
+fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta) -> syn::Result<()> {
     let span = meta.path.segments.first().map_or_else(Span::call_site, |s| s.ident.span());
     let Some(name) = meta.path.get_ident().map(ToString::to_string) else {
-        return Err(meta.error(format!("unknown option; the options are {OPTIONS}")));
+        cx.error(span, format!("unknown option; the options are {OPTIONS}"));
+        return skip_value(meta);
     };
-    match name.as_str() {
-        "key" => args.key.set(span, meta.value()?.parse()?),
-        "window" => args.window.set(span, meta.value()?.parse()?),
-        "ignore" => args.ignore.set(span, meta.value()?.parse()?),
-        "stale" => args.stale.set(span, meta.value()?.parse()?),
+    let set = match name.as_str() {
+        "key" => return set_string(cx, meta, span, &mut args.key),
+        "window" => return set_string(cx, meta, span, &mut args.window),
+        "ignore" => return set_string(cx, meta, span, &mut args.ignore),
+        "stale" => return set_string(cx, meta, span, &mut args.stale),
+        "scope" => return set_string(cx, meta, span, &mut args.scope),
+        "task" => return set_string(cx, meta, span, &mut args.task),
+        "inherent" => return set_string(cx, meta, span, &mut args.inherent),
+        "name" => return set_string(cx, meta, span, &mut args.name),
         "reconcile" => args.reconcile.set(span, meta.value()?.parse()?),
-        "scope" => args.scope.set(span, meta.value()?.parse()?),
-        "task" => args.task.set(span, meta.value()?.parse()?),
-        "inherent" => args.inherent.set(span, meta.value()?.parse()?),
-        "name" => args.name.set(span, meta.value()?.parse()?),
         "idem" => args.idem.set(span, meta.value()?.parse()?),
         "caller" => args.caller.set(span, meta.value()?.parse()?),
         "crate" => args.krate.set(span, meta.value()?.parse()?),
-        other => Err(meta.error(format!("unknown option `{other}`; the options are {OPTIONS}"))),
+        other => {
+            cx.error(span, format!("unknown option `{other}`; the options are {OPTIONS}"));
+            return skip_value(meta);
+        }
+    };
+    if let Err(error) = set {
+        cx.push(error);
     }
+    Ok(())
+}
+
+/// Sets a string option from `option = "..."`; any other value is reported and skipped.
+fn set_string(cx: &mut Ctxt, meta: &ParseNestedMeta, span: Span, attr: &mut Attr<LitStr>) -> syn::Result<()> {
+    match meta.value()?.parse::<Expr>()? {
+        Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(lit), .. }) => {
+            if let Err(error) = attr.set(span, lit) {
+                cx.push(error);
+            }
+        }
+        other => {
+            attr.given = true;
+            let option = attr.name;
+            cx.error(
+                syn::spanned::Spanned::span(&other),
+                format!("`{option}` takes a string in double quotes: `{option} = \"...\"`"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Consumes the value of an option that will not be used: `= expr`, `(...)`, or nothing.
+fn skip_value(meta: &ParseNestedMeta) -> syn::Result<()> {
+    if meta.input.peek(syn::Token![=]) {
+        meta.value()?.parse::<Expr>()?;
+    } else if meta.input.peek(syn::token::Paren) {
+        let content;
+        syn::parenthesized!(content in meta.input);
+        content.parse::<TokenStream>()?;
+    }
+    Ok(())
 }

@@ -30,7 +30,8 @@ use crate::attr::Ctxt;
 use crate::tool::{ToolAttr, is_tool};
 use crate::valid::{ArgPath, Recipe, Stale};
 
-/// rmcp extractors: handler parameters that are not tool arguments.
+/// Handler parameters that are not tool arguments: rmcp's extractors, and idem's own handle and
+/// caller (passed in for `idem = ...` and `caller = ...`).
 const EXTRACTORS: &[&str] = &[
     "RequestContext",
     "Extension",
@@ -41,12 +42,13 @@ const EXTRACTORS: &[&str] = &[
     "RequestMetaObject",
     "Meta",
     "Caller",
+    "Idem",
 ];
 
 /// Expands `#[idempotent]` on `item`, or records why it cannot.
 pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: ItemFn) -> TokenStream {
     check_async(cx, &item);
-    let tool_name = rewrite_tool_attr(cx, recipe, &mut item);
+    let (tool_name, is_tool) = rewrite_tool_attr(cx, recipe, &mut item);
     if recipe.inherent.is_some() {
         // Naturally idempotent: no ledger, the hint is all there is to add.
         return item.into_token_stream();
@@ -60,9 +62,27 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: ItemFn) -> TokenStream {
         return TokenStream::new();
     };
     let args = Arguments::collect(cx, recipe, &mut item);
-    let body = wrap_body(recipe, &tool_name, &item, &args, &ret);
+    let body = wrap_body(recipe, &tool_name, &item, &args, &ret, is_tool);
     item.block = Box::new(syn::parse_quote!({ #body }));
+    if is_tool {
+        into_mcp_tool(recipe, &mut item, &ret);
+    }
     item.into_token_stream()
+}
+
+/// An rmcp tool reads its caller from the request context and returns idem's outcome, which
+/// carries the replay marker and the refusals' codes into the tool result:
+///
+/// ```text
+/// // Input:  async fn charge(&self, p: Parameters<Charge>) -> Result<Receipt, E>
+/// // Output: async fn charge(&self, idem_context: Context, p: Parameters<Charge>) -> ToolOutcome<Result<Receipt, E>>
+/// ```
+fn into_mcp_tool(recipe: &Recipe, item: &mut ItemFn, ret: &Type) {
+    let krate = &recipe.krate;
+    let context = Ident::new("idem_context", Span::mixed_site());
+    let position = usize::from(item.sig.receiver().is_some());
+    item.sig.inputs.insert(position, syn::parse_quote!(#context: #krate::mcp::Context));
+    item.sig.output = syn::parse_quote!(-> #krate::mcp::ToolOutcome<#ret>);
 }
 
 fn check_async(cx: &mut Ctxt, item: &ItemFn) {
@@ -92,17 +112,17 @@ fn is_pin(ty: &Type) -> bool {
 
 /// Inserts `idempotent_hint = true` into a sibling `#[tool(...)]`, refusing contradictions, and
 /// returns the tool's name (`name =` of the recipe, then of `#[tool]`, then the fn's name).
-fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut ItemFn) -> String {
+fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut ItemFn) -> (String, bool) {
     let fn_name = item.sig.ident.to_string();
     let explicit = recipe.name.as_ref().map(syn::LitStr::value);
     let Some(index) = item.attrs.iter().position(is_tool) else {
-        return explicit.unwrap_or(fn_name);
+        return (explicit.unwrap_or(fn_name), false);
     };
     let tool = match ToolAttr::read(&item.attrs[index]) {
         Ok(tool) => tool,
         Err(error) => {
             cx.push(error);
-            return explicit.unwrap_or(fn_name);
+            return (explicit.unwrap_or(fn_name), true);
         }
     };
     if let Some(hint) = tool.idempotent.filter(|hint| !hint.value) {
@@ -124,7 +144,7 @@ fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut ItemFn) -> Strin
         Ok(rewritten) => item.attrs[index] = rewritten,
         Err(error) => cx.push(error),
     }
-    name
+    (name, true)
 }
 
 /// How the handler's parameters feed the key and the fingerprint.
@@ -138,7 +158,8 @@ struct Arguments {
 impl Arguments {
     fn collect(cx: &mut Ctxt, recipe: &Recipe, item: &mut ItemFn) -> Self {
         let mut rebinds = Vec::new();
-        let mut named: Vec<(Ident, bool)> = Vec::new();
+        // (binding, is an rmcp extractor, is a plain value that has no fields to name)
+        let mut named: Vec<(Ident, bool, bool)> = Vec::new();
         let mut params_struct: Option<TokenStream> = None;
         for (index, input) in item.sig.inputs.iter_mut().enumerate() {
             let FnArg::Typed(typed) = input else { continue };
@@ -156,14 +177,16 @@ impl Arguments {
             if is_params && params_struct.is_none() {
                 params_struct = Some(quote!(#binding.0));
             } else {
-                named.push((binding, last_segment_is(&typed.ty, EXTRACTORS)));
+                named.push((binding, last_segment_is(&typed.ty, EXTRACTORS), is_plain_value(&typed.ty)));
             }
         }
         // One argument that no path names is the handler's arguments struct: paths are its fields.
-        let arguments: Vec<&Ident> = named.iter().filter(|(_, extractor)| !extractor).map(|(ident, _)| ident).collect();
+        // Not when it is a plain value (`order_id: String`): a path that does not name it is a
+        // misspelt argument, and "no argument named" says so better than "no field on `String`".
+        let arguments: Vec<_> = named.iter().filter(|(_, extractor, _)| !extractor).collect();
         let paths = || recipe.keys.iter().chain(&recipe.ignore).chain(&recipe.task);
         if params_struct.is_none()
-            && let [single] = arguments[..]
+            && let [(single, _, false)] = arguments[..]
             && !paths().any(|path| path.segments[0] == *single)
         {
             params_struct = Some(quote!(#single));
@@ -185,19 +208,25 @@ impl Arguments {
                 let value = path_expr(root, task);
                 statements.push(quote!(#args.task(#value);));
             }
+            for ignored in &recipe.ignore {
+                // Not read, only named, so that rustc checks the field exists (E0609 on the literal).
+                let value = path_expr(root, ignored);
+                statements.push(quote!(let _ = #value;));
+            }
             return Self { statements, rebinds };
         }
-        let names: Vec<String> = named.iter().map(|(ident, _)| ident.to_string()).collect();
+        let names: Vec<String> = named.iter().map(|(ident, _, _)| ident.to_string()).collect();
         for path in recipe.keys.iter().chain(&recipe.ignore).chain(&recipe.task) {
             let first = path.segments[0].to_string();
             if !names.contains(&first) {
                 let list = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
-                let options = if list.is_empty() { "it has none".to_owned() } else { format!("they are {list}") };
+                let options =
+                    if list.is_empty() { "it has none".to_owned() } else { format!("its arguments are {list}") };
                 cx.error(path.span, format!("no argument named `{first}` in this handler; {options}"));
             }
         }
         let ignored = |ident: &Ident| recipe.ignore.iter().any(|path| path.segments[0] == *ident);
-        for (ident, extractor) in &named {
+        for (ident, extractor, _) in &named {
             if !extractor && !ignored(ident) {
                 let name = ident.to_string();
                 statements.push(quote!(#args.insert(#name, &#ident);));
@@ -220,6 +249,21 @@ impl Arguments {
     }
 }
 
+/// Whether `ty` is a value with no named fields (a string, a number, a collection), so that it
+/// cannot be an arguments struct. Anything else might be one.
+fn is_plain_value(ty: &Type) -> bool {
+    const PLAIN: &[&str] = &[
+        "String", "str", "bool", "char", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128",
+        "isize", "f32", "f64", "Option", "Vec", "HashMap", "BTreeMap", "HashSet", "BTreeSet",
+    ];
+    match ty {
+        Type::Reference(reference) => is_plain_value(&reference.elem),
+        Type::Paren(paren) => is_plain_value(&paren.elem),
+        Type::Slice(_) | Type::Array(_) | Type::Tuple(_) => true,
+        other => last_segment_is(other, PLAIN),
+    }
+}
+
 fn last_segment_is(ty: &Type, names: &[&str]) -> bool {
     let ty = match ty {
         Type::Reference(reference) => &*reference.elem,
@@ -228,7 +272,7 @@ fn last_segment_is(ty: &Type, names: &[&str]) -> bool {
     matches!(ty, Type::Path(path) if path.path.segments.last().is_some_and(|s| names.iter().any(|n| s.ident == n)))
 }
 
-fn wrap_body(recipe: &Recipe, tool_name: &str, item: &ItemFn, args: &Arguments, ret: &Type) -> TokenStream {
+fn wrap_body(recipe: &Recipe, tool_name: &str, item: &ItemFn, args: &Arguments, ret: &Type, mcp: bool) -> TokenStream {
     let krate = &recipe.krate;
     let private = quote!(#krate::__private);
     let recipe_tokens = recipe_expr(recipe, tool_name);
@@ -238,7 +282,12 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &ItemFn, args: &Arguments, 
     let has_self = item.sig.receiver().is_some();
     let handle_expr = match (&recipe.idem, has_self) {
         (Some(expr), _) => quote!(::core::option::Option::Some(#private::handle(&(#expr)))),
-        (None, true) => quote!(::core::option::Option::Some(#private::handle(#krate::HasIdem::idem(self)))),
+        (None, true) => {
+            // Spanned at the receiver, so "does not give methods an `Idem` handle" points at `&self`.
+            let span = item.sig.receiver().map_or_else(Span::call_site, |receiver| receiver.self_token.span);
+            let has_idem = respan(quote!(#krate::HasIdem::idem), span);
+            quote_spanned!(span=> ::core::option::Option::Some(#private::handle(#has_idem(self))))
+        }
         (None, false) => quote!(#private::installed()),
     };
     let caller_expr = match &recipe.caller {
@@ -267,25 +316,37 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &ItemFn, args: &Arguments, 
             #block
         }
     };
-    let run = match &recipe.stale {
-        Stale::Reconcile(path) => {
-            let reconcile = if has_self {
-                quote!(move |#operation| #path(self, #operation))
-            } else {
-                quote!(move |#operation| #path(#operation))
-            };
-            quote_spanned!(ret.span()=> #private::run_reconciling(#handle.as_ref(), &__IDEM_RECIPE, #caller_expr, #idem_args, #reconcile, #handler))
-        }
-        _ => {
-            quote_spanned!(ret.span()=> #private::run(#handle.as_ref(), &__IDEM_RECIPE, #caller_expr, #idem_args, #handler))
-        }
+    // rustc reports the unmet bounds of `run` (the return type must be a `Result` of a storable
+    // value and a classified error) at the function's path and again at `.await`; both are ours,
+    // so both are spanned at the user's return type. One span for all, so rustc shows each error
+    // once (stable has no `Span::join` to underline the whole type).
+    let span = ret.span();
+    let reconcile = match &recipe.stale {
+        Stale::Reconcile(path) if has_self => Some(quote!(move |#operation| #path(self, #operation))),
+        Stale::Reconcile(path) => Some(quote!(move |#operation| #path(#operation))),
+        _ => None,
+    };
+    let run = if mcp {
+        let context = Ident::new("idem_context", Span::mixed_site());
+        let reconcile = match reconcile {
+            Some(reconcile) => quote!(::core::option::Option::Some(#reconcile)),
+            None => quote!(#private::no_reconcile()),
+        };
+        let run = respan(quote!(#private::run_mcp), span);
+        quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, &#context, #caller_expr, #idem_args, #reconcile, #handler).await)
+    } else if let Some(reconcile) = reconcile {
+        let run = respan(quote!(#private::run_reconciling), span);
+        quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #caller_expr, #idem_args, #reconcile, #handler).await)
+    } else {
+        let run = respan(quote!(#private::run), span);
+        quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #caller_expr, #idem_args, #handler).await)
     };
     quote! {
         static __IDEM_RECIPE: #krate::Recipe = #recipe_tokens;
         let mut #idem_args = #private::Arguments::new();
         #(#statements)*
         let #handle: ::core::option::Option<#krate::Idem> = #handle_expr;
-        #run.await
+        #run
     }
 }
 
@@ -313,4 +374,20 @@ fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
         Stale::Reconcile(_) => expr.extend(quote!(.stale(#krate::StalePolicy::Reconcile))),
     }
     expr
+}
+
+/// `tokens` with every span set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens.into_iter().map(|token| respan_token(token, span)).collect()
+}
+
+fn respan_token(mut token: proc_macro2::TokenTree, span: Span) -> proc_macro2::TokenTree {
+    if let proc_macro2::TokenTree::Group(group) = &token {
+        let mut respanned = proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+        respanned.set_span(span);
+        token = proc_macro2::TokenTree::Group(respanned);
+    } else {
+        token.set_span(span);
+    }
+    token
 }

@@ -65,7 +65,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
                 );
             }
         }
-    } else if args.key.get().is_none() {
+    } else if !args.key.given() && !args.inherent.given() {
         cx.error(Span::call_site(), NEEDS_RECIPE);
     }
     let keys = args.key.get().map(|lit| key_list(cx, lit)).unwrap_or_default();

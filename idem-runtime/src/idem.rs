@@ -295,6 +295,12 @@ impl Idem {
         INSTALLED.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
+    /// The configured local identity, if any.
+    #[must_use]
+    pub fn local_caller(&self) -> Option<&Caller> {
+        self.inner.local_caller.as_ref()
+    }
+
     /// The ledger.
     #[must_use]
     pub fn ledger(&self) -> &Arc<dyn Ledger> {
@@ -354,7 +360,11 @@ impl Idem {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let arguments = CallArguments::from_json(recipe, arguments);
-        self.execute(recipe, caller, arguments, reconcile, handler).await
+        match self.execute(recipe, caller, arguments, reconcile, handler).await {
+            Ok(Served { value: Ok(value), replayed, reference }) => Ok(Served { value, replayed, reference }),
+            Ok(Served { value: Err(error), .. }) => Err(error),
+            Err(rejection) => Err(E::from_rejection(rejection)),
+        }
     }
 
     /// The orchestration behind [`Idem::call`] and `#[idempotent]`.
@@ -365,7 +375,7 @@ impl Idem {
         arguments: Result<CallArguments, Rejection>,
         reconcile: R,
         handler: F,
-    ) -> Result<Served<T>, E>
+    ) -> Result<Served<Result<T, E>>, Rejection>
     where
         T: Serialize + DeserializeOwned,
         E: IdempotentError,
@@ -375,35 +385,34 @@ impl Idem {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let tool = recipe.tool();
-        let (request, fingerprint) =
-            arguments.and_then(|arguments| self.prepare(recipe, caller, arguments)).map_err(E::from_rejection)?;
+        let (request, fingerprint) = arguments.and_then(|arguments| self.prepare(recipe, caller, arguments))?;
         let key = request.key;
         let reference = key.reference();
         let claim = match self.inner.ledger.claim(&request).await {
             Ok(claim) => claim,
             Err(error) => {
                 tracing::error!(tool, %reference, %error, "ledger unavailable; handler not run");
-                return Err(E::from_rejection(Rejection::LedgerUnavailable { detail: error.to_string() }));
+                return Err(Rejection::LedgerUnavailable { detail: error.to_string() });
             }
         };
         let attempt = match claim {
             Claim::Won(attempt) => attempt,
             Claim::Replay { result } => {
                 tracing::info!(tool, %reference, "replay");
-                return decode::<T, E>(&result, reference);
+                return decode::<T, E>(&result, reference).map(|value| Served { value, replayed: true, reference });
             }
             Claim::InFlight { .. } => {
                 tracing::info!(tool, %reference, "in flight");
-                return Err(E::from_rejection(Rejection::InFlight { reference }));
+                return Err(Rejection::InFlight { reference });
             }
             Claim::Unknown => {
                 tracing::warn!(tool, %reference, "outcome unknown");
-                return Err(E::from_rejection(Rejection::OutcomeUnknown { reference }));
+                return Err(Rejection::OutcomeUnknown { reference });
             }
             Claim::Conflict { arg_tags } => {
                 let (differing, missing) = fingerprint.differing(&arg_tags);
                 tracing::warn!(tool, %reference, ?differing, missing, "conflict");
-                return Err(E::from_rejection(Rejection::Conflict { reference, differing, missing }));
+                return Err(Rejection::Conflict { reference, differing, missing });
             }
         };
         let operation = Operation {
@@ -423,7 +432,7 @@ impl Idem {
                     Reconciled::NothingHappened => self.run(&request, operation, handler).await,
                     Reconciled::StillUnknown => {
                         self.finish(&request, Outcome::Unknown, false).await;
-                        return Err(E::from_rejection(Rejection::OutcomeUnknown { reference }));
+                        return Err(Rejection::OutcomeUnknown { reference });
                     }
                 }
             }
@@ -437,7 +446,8 @@ impl Idem {
             }
         };
         let recorded = recorded.load(std::sync::atomic::Ordering::SeqCst);
-        self.record(&request, result, recorded).await.map(|value| Served { value, replayed: false, reference })
+        let value = self.record(&request, result, recorded).await;
+        Ok(Served { value, replayed: false, reference })
     }
 
     /// Derives the claim for a call, or the rejection that stops it before the ledger.
@@ -617,11 +627,11 @@ impl std::fmt::Display for StatusError {
 
 impl std::error::Error for StatusError {}
 
-fn decode<T: DeserializeOwned, E: IdempotentError>(bytes: &[u8], reference: Ref) -> Result<Served<T>, E> {
+fn decode<T: DeserializeOwned, E: IdempotentError>(bytes: &[u8], reference: Ref) -> Result<Result<T, E>, Rejection> {
     match serde_json::from_slice::<Stored<T, E>>(bytes) {
-        Ok(Stored::Ok(value)) => Ok(Served { value, replayed: true, reference }),
-        Ok(Stored::Err(error)) => Err(error),
-        Err(error) => Err(E::from_rejection(Rejection::UnreadableResult { reference, detail: error.to_string() })),
+        Ok(Stored::Ok(value)) => Ok(Ok(value)),
+        Ok(Stored::Err(error)) => Ok(Err(error)),
+        Err(error) => Err(Rejection::UnreadableResult { reference, detail: error.to_string() }),
     }
 }
 

@@ -64,6 +64,8 @@ mod idem;
 mod key;
 pub mod ledger;
 mod macro_support;
+#[cfg(feature = "rmcp")]
+pub mod mcp;
 mod recipe;
 mod rejection;
 mod scope;

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::canonical::{self, CanonicalError};
-use crate::idem::{CallArguments, Idem, Operation, Reconciled};
+use crate::idem::{CallArguments, Idem, Operation, Reconciled, Served};
 use crate::recipe::Recipe;
 use crate::rejection::{IdempotentError, Rejection};
 use crate::scope::Caller;
@@ -179,8 +179,8 @@ where
     let Some(idem) = idem else { return R::from_result(Err(no_idem())) };
     let handler = || async { handler().await.into_result() };
     let never = |_| async { Reconciled::StillUnknown };
-    let result = idem.execute(recipe, caller.as_ref(), arguments.finish(), never, handler).await;
-    R::from_result(result.map(|served| served.value))
+    let served = idem.execute(recipe, caller.as_ref(), arguments.finish(), never, handler).await;
+    R::from_result(flatten(served))
 }
 
 /// Runs a handler under a `reconcile` recipe.
@@ -201,6 +201,66 @@ where
 {
     let Some(idem) = idem else { return R::from_result(Err(no_idem())) };
     let handler = || async { handler().await.into_result() };
-    let result = idem.execute(recipe, caller.as_ref(), arguments.finish(), reconcile, handler).await;
-    R::from_result(result.map(|served| served.value))
+    let served = idem.execute(recipe, caller.as_ref(), arguments.finish(), reconcile, handler).await;
+    R::from_result(flatten(served))
+}
+
+fn flatten<T, E: IdempotentError>(served: Result<Served<Result<T, E>>, Rejection>) -> Result<T, E> {
+    match served {
+        Ok(served) => served.value,
+        Err(rejection) => Err(E::from_rejection(rejection)),
+    }
+}
+
+/// Runs an rmcp tool's handler under `recipe`, with the caller from the request context (else
+/// the handle's local identity), keeping idem's refusals for the agent-facing result.
+#[cfg(feature = "rmcp")]
+pub async fn run_mcp<R, F, Fut, C, CFut>(
+    idem: Option<&Idem>,
+    recipe: &Recipe,
+    context: &crate::mcp::Context,
+    caller: Option<Caller>,
+    arguments: Arguments,
+    reconcile: Option<C>,
+    handler: F,
+) -> crate::mcp::ToolOutcome<R>
+where
+    R: HandlerResult,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = R>,
+    C: FnOnce(Operation) -> CFut,
+    CFut: Future<Output = Reconciled<R::Ok, R::Err>>,
+{
+    use crate::mcp::ToolOutcome;
+    let Some(idem) = idem else {
+        return ToolOutcome::Refused(Rejection::LedgerUnavailable {
+            detail: "no idem ledger is configured for this tool (implement `HasIdem`)".to_owned(),
+        });
+    };
+    let caller = caller.or_else(|| crate::mcp::caller_of(context));
+    let handler = || async { handler().await.into_result() };
+    let reconcile = |operation| async move {
+        match reconcile {
+            Some(reconcile) => reconcile(operation).await,
+            None => Reconciled::StillUnknown,
+        }
+    };
+    match idem.execute(recipe, caller.as_ref(), arguments.finish(), reconcile, handler).await {
+        Ok(served) => ToolOutcome::Served {
+            result: R::from_result(served.value),
+            reference: served.reference,
+            replayed: served.replayed,
+        },
+        Err(rejection) => ToolOutcome::Refused(rejection),
+    }
+}
+
+/// A reconcile function that never finds anything (the type of [`no_reconcile`]).
+pub type NoReconcile<T, E> = fn(Operation) -> std::future::Ready<Reconciled<T, E>>;
+
+/// The `reconcile` argument of [`run_mcp`] for recipes without one.
+#[cfg(feature = "rmcp")]
+#[must_use]
+pub const fn no_reconcile<T, E>() -> Option<NoReconcile<T, E>> {
+    None
 }

@@ -182,37 +182,9 @@ impl SeaOrmLedger {
     /// One statement: claim, or return the record in the way. `None` when the record changed
     /// between the statement's snapshot and its conflict check (re-run).
     async fn claim_postgres(&self, request: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
-        const SQL: &str = "WITH claimed AS (
-            INSERT INTO idem_records AS r
-                (key, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
-            VALUES ($1, $2, 1, $3, $4, $5, $6, $7, $8, NULL)
-            ON CONFLICT (key) DO UPDATE SET
-                state = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN 1 WHEN $9 THEN 4 ELSE 1 END,
-                token = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             OR NOT $9 THEN EXCLUDED.token ELSE r.token END,
-                created_at = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN EXCLUDED.created_at ELSE r.created_at END,
-                expires_at = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN EXCLUDED.expires_at ELSE r.expires_at END,
-                lease_until = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             OR NOT $9 THEN EXCLUDED.lease_until ELSE r.lease_until END,
-                fingerprint = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN EXCLUDED.fingerprint ELSE r.fingerprint END,
-                arg_tags = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN EXCLUDED.arg_tags ELSE r.arg_tags END,
-                result = NULL
-            WHERE (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-               OR (r.state = 1 AND r.lease_until <= $4 AND r.fingerprint = EXCLUDED.fingerprint)
-            RETURNING r.state, r.token, r.expires_at, r.lease_until, r.fingerprint, r.arg_tags, r.result
-        )
-        SELECT 1::smallint AS claimed, state, token, expires_at, lease_until, fingerprint, arg_tags, result FROM claimed
-        UNION ALL
-        SELECT 0::smallint, state, token, expires_at, lease_until, fingerprint, arg_tags, result
-        FROM idem_records WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)";
         let mut values = insert_values(request);
         values.push(sea_orm::Value::Bool(Some(request.stale == StalePolicy::Hold)));
-        let statement = Statement::from_sql_and_values(DbBackend::Postgres, SQL, values);
+        let statement = Statement::from_sql_and_values(DbBackend::Postgres, POSTGRES_CLAIM, values);
         let Some(row) = self.db.query_one_raw(statement).await.map_err(unavailable)? else { return Ok(None) };
         let claimed: i16 = row.try_get_by_index(0).map_err(corrupt)?;
         let row = Row::read(&row, 1)?;
@@ -221,31 +193,9 @@ impl SeaOrmLedger {
 
     /// The upsert; when it does not claim, a read of the record in the way.
     async fn claim_sqlite(&self, request: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
-        const SQL: &str = "INSERT INTO idem_records
-                (key, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
-            VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7, ?8, NULL)
-            ON CONFLICT (key) DO UPDATE SET
-                state = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
-                             THEN 1 WHEN ?9 THEN 4 ELSE 1 END,
-                token = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
-                             OR NOT ?9 THEN excluded.token ELSE token END,
-                created_at = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
-                             THEN excluded.created_at ELSE created_at END,
-                expires_at = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
-                             THEN excluded.expires_at ELSE expires_at END,
-                lease_until = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
-                             OR NOT ?9 THEN excluded.lease_until ELSE lease_until END,
-                fingerprint = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
-                             THEN excluded.fingerprint ELSE fingerprint END,
-                arg_tags = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
-                             THEN excluded.arg_tags ELSE arg_tags END,
-                result = NULL
-            WHERE (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
-               OR (state = 1 AND lease_until <= ?4 AND fingerprint = excluded.fingerprint)
-            RETURNING state, token, expires_at, lease_until, fingerprint, arg_tags, result";
         let mut values = insert_values(request);
         values.push(sea_orm::Value::Bool(Some(request.stale == StalePolicy::Hold)));
-        let statement = Statement::from_sql_and_values(DbBackend::Sqlite, SQL, values);
+        let statement = Statement::from_sql_and_values(DbBackend::Sqlite, SQLITE_CLAIM, values);
         if let Some(row) = self.db.query_one_raw(statement).await.map_err(unavailable)? {
             return Ok(Some(Row::read(&row, 0)?.won(request)));
         }
@@ -255,10 +205,7 @@ impl SeaOrmLedger {
     /// Insert to claim an absent key; on a duplicate, read; take a claimable record under its
     /// row lock.
     async fn claim_mysql(&self, request: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
-        const INSERT: &str = "INSERT INTO idem_records
-                (`key`, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
-            VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, NULL)";
-        let statement = Statement::from_sql_and_values(DbBackend::MySql, INSERT, insert_values(request));
+        let statement = Statement::from_sql_and_values(DbBackend::MySql, MYSQL_CLAIM, insert_values(request));
         match self.db.execute_raw(statement).await {
             Ok(_) => return Ok(Some(Claim::Won(Won::Fresh))),
             Err(error) if is_duplicate(&error) => {}
@@ -471,6 +418,80 @@ impl Ledger for SeaOrmLedger {
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         Box::pin(self.sweep_now(now, limit))
     }
+}
+
+/// The PostgreSQL claim: `$1` key, `$2` tenant, `$3` token, `$4` now, `$5` expires_at,
+/// `$6` lease_until, `$7` fingerprint, `$8` arg_tags, `$9` whether the stale policy is `hold`.
+#[doc(hidden)]
+pub const POSTGRES_CLAIM: &str = "WITH claimed AS (
+            INSERT INTO idem_records AS r
+                (key, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
+            VALUES ($1, $2, 1, $3, $4, $5, $6, $7, $8, NULL)
+            ON CONFLICT (key) DO UPDATE SET
+                state = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
+                             THEN 1 WHEN $9 THEN 4 ELSE 1 END,
+                token = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
+                             OR NOT $9 THEN EXCLUDED.token ELSE r.token END,
+                created_at = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
+                             THEN EXCLUDED.created_at ELSE r.created_at END,
+                expires_at = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
+                             THEN EXCLUDED.expires_at ELSE r.expires_at END,
+                lease_until = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
+                             OR NOT $9 THEN EXCLUDED.lease_until ELSE r.lease_until END,
+                fingerprint = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
+                             THEN EXCLUDED.fingerprint ELSE r.fingerprint END,
+                arg_tags = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
+                             THEN EXCLUDED.arg_tags ELSE r.arg_tags END,
+                result = NULL
+            WHERE (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
+               OR (r.state = 1 AND r.lease_until <= $4 AND r.fingerprint = EXCLUDED.fingerprint)
+            RETURNING r.state, r.token, r.expires_at, r.lease_until, r.fingerprint, r.arg_tags, r.result
+        )
+        SELECT 1::smallint AS claimed, state, token, expires_at, lease_until, fingerprint, arg_tags, result FROM claimed
+        UNION ALL
+        SELECT 0::smallint, state, token, expires_at, lease_until, fingerprint, arg_tags, result
+        FROM idem_records WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)";
+
+/// The SQLite claim, with the parameters of [`POSTGRES_CLAIM`] as `?1`…`?9`.
+#[doc(hidden)]
+pub const SQLITE_CLAIM: &str = "INSERT INTO idem_records
+                (key, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
+            VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7, ?8, NULL)
+            ON CONFLICT (key) DO UPDATE SET
+                state = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                             THEN 1 WHEN ?9 THEN 4 ELSE 1 END,
+                token = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                             OR NOT ?9 THEN excluded.token ELSE token END,
+                created_at = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                             THEN excluded.created_at ELSE created_at END,
+                expires_at = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                             THEN excluded.expires_at ELSE expires_at END,
+                lease_until = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                             OR NOT ?9 THEN excluded.lease_until ELSE lease_until END,
+                fingerprint = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                             THEN excluded.fingerprint ELSE fingerprint END,
+                arg_tags = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                             THEN excluded.arg_tags ELSE arg_tags END,
+                result = NULL
+            WHERE (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+               OR (state = 1 AND lease_until <= ?4 AND fingerprint = excluded.fingerprint)
+            RETURNING state, token, expires_at, lease_until, fingerprint, arg_tags, result";
+
+/// The MySQL claim of an absent key, parameters as [`POSTGRES_CLAIM`]'s first eight.
+#[doc(hidden)]
+pub const MYSQL_CLAIM: &str = "INSERT INTO idem_records
+                (`key`, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
+            VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, NULL)";
+
+/// The completion: state, result, key, token (`?` placeholders; see [`sql_for`]).
+#[doc(hidden)]
+pub const COMPLETE: &str = "UPDATE idem_records SET state = ?, result = ? WHERE key = ? AND token = ? AND state = 1";
+
+/// `text` with placeholders and quoting for `backend` (for benchmarks that replay idem's SQL).
+#[doc(hidden)]
+#[must_use]
+pub fn sql_for(backend: DbBackend, text: &str) -> String {
+    sql(backend, text)
 }
 
 /// The statements [`SeaOrmLedger::migrate`] runs for `backend`, for use in your own migrations.

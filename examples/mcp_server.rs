@@ -1,0 +1,293 @@
+//! A payments sandbox MCP server whose side-effecting tools are safe to repeat.
+//!
+//! ```text
+//! cargo run --example mcp_server                      # stdio (the caller is IDEM_LOCAL_CALLER, default local:user)
+//! cargo run --example mcp_server -- --http 127.0.0.1:8931   # streamable HTTP at /mcp, bearer tokens `tenant:subject`
+//! ```
+//!
+//! Options: `--processor-delay-ms N` makes the fake card processor slow (so "in flight" can be
+//! seen). The ledger is `IDEM_DATABASE_URL`, default the SQLite file `.idem/ledger.sqlite3`.
+//! Logs go to stderr (on stdio, stdout is the transport).
+//!
+//! Tools:
+//! - `charge_card` — key `card, amount_cents`, window 15m; forwards its key to the processor as
+//!   the charge's reference. The processor does not dedupe: `list_charges` shows every charge it
+//!   really made.
+//! - `create_shipment` — business key `order_id`; the carrier dedupes by the forwarded reference,
+//!   so a dead holder's lease is taken over (`stale = "takeover"`).
+//! - `send_email` — key `to, subject, body`, window 24h, scoped to the caller. A message has no
+//!   business id and the email provider does not dedupe, so: the same message to the same
+//!   recipient within a day is a repeat, not a new email; a lost process leaves the send
+//!   "unknown" (`hold`) for an operator rather than risking a second email.
+//! - `list_charges` — read-only: what the processor really did.
+//! - `idem_status` — read-only: an operation's state by ref, for the caller's tenant.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::mcp::{self, Json};
+use idem_runtime::{
+    Caller, ErrorClass, HasIdem, Idem, IdempotentError, Rejection, audit_idempotent, current_operation, idempotent,
+};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{ServerCapabilities, ServerConfig};
+use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A tool error, with what it means for a repeat decided here, per variant.
+#[derive(Debug, Serialize, Deserialize)]
+enum ToolError {
+    /// The input was refused before anything was sent.
+    Invalid(String),
+    /// The processor declined the card: the final answer to this operation.
+    Declined(String),
+    /// idem's own answer (in flight, conflict, ...), already in words for the agent.
+    Idem(String),
+}
+
+impl IdempotentError for ToolError {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            Self::Invalid(_) | Self::Idem(_) => ErrorClass::NothingHappened,
+            Self::Declined(_) => ErrorClass::Final,
+        }
+    }
+
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self::Idem(rejection.to_string())
+    }
+}
+
+impl rmcp::model::IntoContents for ToolError {
+    fn into_contents(self) -> Vec<rmcp::model::ContentBlock> {
+        let text = match self {
+            Self::Invalid(why) => format!("invalid request, nothing was done: {why}"),
+            Self::Declined(why) => format!("the card was declined: {why}"),
+            Self::Idem(text) => text,
+        };
+        vec![rmcp::model::ContentBlock::text(text)]
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+struct Charge {
+    /// A card token, e.g. `tok_visa`.
+    card: String,
+    /// The amount in cents.
+    amount_cents: u64,
+    /// A free-text description; part of the operation (a change is a conflict, not a new charge).
+    description: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+struct Receipt {
+    charge_id: String,
+    amount_cents: u64,
+    /// The idempotency key the processor was given as its reference.
+    reference: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+struct Shipment {
+    order_id: String,
+    address: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+struct ShipmentReceipt {
+    tracking_number: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+struct Email {
+    to: String,
+    subject: String,
+    body: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+struct Sent {
+    message_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+struct ChargeRecord {
+    charge_id: String,
+    card: String,
+    amount_cents: u64,
+    reference: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct Charges {
+    charges: Vec<ChargeRecord>,
+}
+
+/// The fake downstream systems, in memory.
+#[derive(Default)]
+struct Downstream {
+    charges: Mutex<Vec<ChargeRecord>>,
+    shipments: Mutex<Vec<(String, String)>>,
+    emails: Mutex<Vec<String>>,
+}
+
+#[derive(Clone)]
+struct Payments {
+    idem: Idem,
+    downstream: Arc<Downstream>,
+    processor_delay: Duration,
+    tool_router: ToolRouter<Self>,
+}
+
+impl HasIdem for Payments {
+    fn idem(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+fn forwarded_key() -> String {
+    current_operation().map(|operation| operation.key().to_string()).unwrap_or_default()
+}
+
+#[audit_idempotent]
+#[tool_router]
+impl Payments {
+    fn new(idem: Idem, processor_delay: Duration) -> Result<Self, mcp::AuditError> {
+        let tool_router = mcp::checked_router(Self::tool_router(), Self::idem_backed_tools())?;
+        Ok(Self { idem, downstream: Arc::default(), processor_delay, tool_router })
+    }
+
+    #[idempotent(key = "card, amount_cents", window = "15m")]
+    #[tool(description = "Charge a card. Safe to repeat: a repeat returns the original receipt.")]
+    async fn charge_card(&self, Parameters(charge): Parameters<Charge>) -> Result<Json<Receipt>, ToolError> {
+        if charge.amount_cents == 0 {
+            return Err(ToolError::Invalid("amount_cents must be positive".into()));
+        }
+        let reference = forwarded_key();
+        tokio::time::sleep(self.processor_delay).await;
+        if charge.card == "tok_declined" {
+            return Err(ToolError::Declined("insufficient funds".into()));
+        }
+        let mut charges = self.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let charge_id = format!("ch_{}", charges.len() + 1);
+        let _ = charge.description;
+        charges.push(ChargeRecord {
+            charge_id: charge_id.clone(),
+            card: charge.card,
+            amount_cents: charge.amount_cents,
+            reference: reference.clone(),
+        });
+        Ok(Json(Receipt { charge_id, amount_cents: charge.amount_cents, reference }))
+    }
+
+    #[idempotent(key = "order_id", stale = "takeover")]
+    #[tool(description = "Create the shipment of an order (one per order).")]
+    async fn create_shipment(
+        &self,
+        Parameters(shipment): Parameters<Shipment>,
+    ) -> Result<Json<ShipmentReceipt>, ToolError> {
+        // The carrier dedupes by the reference we forward: a takeover after a crash cannot ship twice.
+        let reference = forwarded_key();
+        let mut shipments = self.downstream.shipments.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tracking_number = match shipments.iter().position(|(seen, _)| *seen == reference) {
+            Some(index) => format!("TRK{index:06}"),
+            None => {
+                shipments.push((reference, shipment.address));
+                format!("TRK{:06}", shipments.len() - 1)
+            }
+        };
+        let _ = shipment.order_id;
+        Ok(Json(ShipmentReceipt { tracking_number }))
+    }
+
+    #[idempotent(key = "to, subject, body", window = "24h")]
+    #[tool(description = "Send an email. The same message to the same recipient within a day is sent once.")]
+    async fn send_email(&self, Parameters(email): Parameters<Email>) -> Result<Json<Sent>, ToolError> {
+        if !email.to.contains('@') {
+            return Err(ToolError::Invalid(format!("`{}` is not an email address", email.to)));
+        }
+        let mut emails = self.downstream.emails.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        emails.push(format!("{} / {} / {}", email.to, email.subject, email.body.len()));
+        Ok(Json(Sent { message_id: format!("msg_{}", emails.len()) }))
+    }
+
+    #[tool(description = "List every charge the card processor really made.", annotations(read_only_hint = true))]
+    async fn list_charges(&self) -> rmcp::Json<Charges> {
+        let charges = self.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        rmcp::Json(Charges { charges })
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Payments {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
+            "A payments sandbox. charge_card, create_shipment and send_email are safe to repeat; an answer that \
+             says 'in flight' names a ref to pass to idem_status instead of calling again.",
+        )
+    }
+}
+
+struct Options {
+    http: Option<String>,
+    processor_delay: Duration,
+}
+
+fn options() -> Result<Options, String> {
+    let mut options = Options { http: None, processor_delay: Duration::ZERO };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--http" => options.http = Some(args.next().ok_or("--http needs an address, e.g. 127.0.0.1:8931")?),
+            "--processor-delay-ms" => {
+                let ms = args.next().and_then(|ms| ms.parse().ok()).ok_or("--processor-delay-ms needs a number")?;
+                options.processor_delay = Duration::from_millis(ms);
+            }
+            other => return Err(format!("unknown argument `{other}`; use --http ADDR and --processor-delay-ms N")),
+        }
+    }
+    Ok(options)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let options = options()?;
+    let ledger = SeaOrmLedger::from_env().await?;
+    let local = std::env::var("IDEM_LOCAL_CALLER").unwrap_or_else(|_| "local:user".to_owned());
+    let (tenant, subject) = local.split_once(':').ok_or("IDEM_LOCAL_CALLER must be `tenant:subject`")?;
+    let idem = Idem::new(ledger);
+    let delay = options.processor_delay;
+    match options.http {
+        None => {
+            let server = Payments::new(idem.with_local_caller(Caller::try_new(tenant, subject)?), delay)?;
+            tracing::info!("serving on stdio");
+            server.serve(rmcp::transport::stdio()).await?.waiting().await?;
+        }
+        Some(address) => {
+            use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+            use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+            // One server value for every request: the fake downstream is shared, as a real one would be.
+            let server = Payments::new(idem, delay)?;
+            let service = StreamableHttpService::new(
+                move || Ok(server.clone()),
+                Arc::new(LocalSessionManager::default()),
+                StreamableHttpServerConfig::default(),
+            );
+            let app = axum::Router::new()
+                .nest_service("/mcp", service)
+                .layer(axum::middleware::from_fn_with_state(mcp::demo_tokens(), mcp::require_bearer));
+            let listener = tokio::net::TcpListener::bind(&address).await?;
+            tracing::info!("serving streamable HTTP at http://{}/mcp", listener.local_addr()?);
+            axum::serve(listener, app).with_graceful_shutdown(async { drop(tokio::signal::ctrl_c().await) }).await?;
+        }
+    }
+    Ok(())
+}

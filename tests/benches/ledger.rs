@@ -1,0 +1,464 @@
+//! What idempotency costs, measured side by side in one run: `cargo bench -p idem-tests --bench ledger`.
+//!
+//! Every figure is a ratio against the cheapest way to do the same work, measured in the same
+//! run on the same machine and pool: raw sqlx executing idem's own claim and completion
+//! statements. Durable backends that do not answer are skipped and say so.
+//! `IDEM_BENCH_OPS` sets the operations per measurement (default 2000).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_runtime::ledger::sea::{self, SeaOrmLedger};
+use idem_runtime::ledger::{Claim, ClaimRequest, Ledger, Token};
+use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Key, MemoryLedger, Recipe, Rejection, StalePolicy};
+use sea_orm::sqlx;
+use sea_orm::{ConnectionTrait, DbBackend};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Error(String);
+
+impl IdempotentError for Error {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::NothingHappened
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self(rejection.code().to_owned())
+    }
+}
+
+static RECIPE: Recipe = Recipe::new("bench", &["order_id"]);
+
+fn ops() -> usize {
+    std::env::var("IDEM_BENCH_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+}
+
+/// A 200-byte result once stored (`{"ok":"xxx…"}`).
+fn payload() -> String {
+    "x".repeat(200 - 9)
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort_unstable();
+    let index = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[index.min(samples.len() - 1)]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+struct Row {
+    what: String,
+    idem: String,
+    baseline: String,
+    ratio: String,
+}
+
+fn row(rows: &mut Vec<Row>, what: impl Into<String>, idem: String, baseline: String, ratio: f64) {
+    rows.push(Row { what: what.into(), idem, baseline, ratio: format!("{ratio:.2}") });
+}
+
+/// Raw sqlx, same pool, same statements: the claim and the completion of one fresh key.
+async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sql: &str, i: u64) {
+    let key = random_key();
+    let token = Token::random().0 as i64;
+    let now = 1_700_000_000_000 + i as i64;
+    let (fp, tags, result) = ([7u8; 32].to_vec(), vec![1u8, 2, 3, 4], vec![b'x'; 200]);
+    match db.get_database_backend() {
+        DbBackend::Postgres => {
+            let pool = db.get_postgres_connection_pool();
+            sqlx::query(sqlx::AssertSqlSafe(claim_sql.to_owned()))
+                .bind(key.clone())
+                .bind(1i64)
+                .bind(token)
+                .bind(now)
+                .bind(now + 900_000)
+                .bind(now + 30_000)
+                .bind(fp)
+                .bind(tags)
+                .bind(false)
+                .fetch_optional(pool)
+                .await
+                .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(complete_sql.to_owned()))
+                .bind(2i16)
+                .bind(result)
+                .bind(key)
+                .bind(token)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        DbBackend::Sqlite => {
+            let pool = db.get_sqlite_connection_pool();
+            sqlx::query(sqlx::AssertSqlSafe(claim_sql.to_owned()))
+                .bind(key.clone())
+                .bind(1i64)
+                .bind(token)
+                .bind(now)
+                .bind(now + 900_000)
+                .bind(now + 30_000)
+                .bind(fp)
+                .bind(tags)
+                .bind(false)
+                .fetch_optional(pool)
+                .await
+                .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(complete_sql.to_owned()))
+                .bind(2i16)
+                .bind(result)
+                .bind(key)
+                .bind(token)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        _ => {
+            let pool = db.get_mysql_connection_pool();
+            sqlx::query(sqlx::AssertSqlSafe(claim_sql.to_owned()))
+                .bind(key.clone())
+                .bind(1i64)
+                .bind(token)
+                .bind(now)
+                .bind(now + 900_000)
+                .bind(now + 30_000)
+                .bind(fp)
+                .bind(tags)
+                .execute(pool)
+                .await
+                .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(complete_sql.to_owned()))
+                .bind(2i16)
+                .bind(result)
+                .bind(key)
+                .bind(token)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// One raw round trip that reads a record back: what a replay costs at the least.
+async fn raw_read(db: &sea_orm::DatabaseConnection, key: Vec<u8>) {
+    match db.get_database_backend() {
+        DbBackend::Postgres => {
+            let sql = "SELECT state, result FROM idem_records WHERE key = $1";
+            sqlx::query(sql).bind(key).fetch_optional(db.get_postgres_connection_pool()).await.unwrap();
+        }
+        DbBackend::Sqlite => {
+            let sql = "SELECT state, result FROM idem_records WHERE key = ?";
+            sqlx::query(sql).bind(key).fetch_optional(db.get_sqlite_connection_pool()).await.unwrap();
+        }
+        _ => {
+            let sql = "SELECT state, result FROM idem_records WHERE `key` = ?";
+            sqlx::query(sql).bind(key).fetch_optional(db.get_mysql_connection_pool()).await.unwrap();
+        }
+    }
+}
+
+fn random_key() -> Vec<u8> {
+    let mut key = Vec::with_capacity(32);
+    for _ in 0..4 {
+        key.extend_from_slice(&Token::random().0.to_le_bytes());
+    }
+    key
+}
+
+fn caller() -> Caller {
+    Caller::new("bench", "runner")
+}
+
+async fn idem_pair(idem: &Idem, id: u64, value: &str) {
+    let args = json!({ "order_id": format!("{id}-{}", Token::random().0), "amount": 1250, "note": "n" });
+    idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(value.to_owned()) }).await.unwrap();
+}
+
+async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
+    let db = ledger.connection().clone();
+    let backend = db.get_database_backend();
+    let claim_sql = match backend {
+        DbBackend::Postgres => sea::POSTGRES_CLAIM.to_owned(),
+        DbBackend::Sqlite => sea::SQLITE_CLAIM.to_owned(),
+        _ => sea::MYSQL_CLAIM.to_owned(),
+    };
+    let complete_sql = sea::sql_for(backend, sea::COMPLETE);
+    let idem = Idem::new(ledger.clone());
+    let value = payload();
+    let n = ops();
+    for i in 0..200 {
+        idem_pair(&idem, i, &value).await;
+        raw_pair(&db, &claim_sql, &complete_sql, i).await;
+    }
+    // Interleave the two so drift on a shared machine hits both alike.
+    let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n as u64 {
+        let start = Instant::now();
+        idem_pair(&idem, i, &value).await;
+        ours.push(start.elapsed());
+        let start = Instant::now();
+        raw_pair(&db, &claim_sql, &complete_sql, i).await;
+        theirs.push(start.elapsed());
+    }
+    let (p50, r50) = (percentile(&mut ours, 0.5), percentile(&mut theirs, 0.5));
+    let (p99, r99) = (percentile(&mut ours, 0.99), percentile(&mut theirs, 0.99));
+    row(
+        rows,
+        format!("{name}: first call p50 (claim+complete)"),
+        format!("{:.0} µs", micros(p50)),
+        format!("{:.0} µs", micros(r50)),
+        micros(p50) / micros(r50),
+    );
+    row(
+        rows,
+        format!("{name}: first call p99"),
+        format!("{:.0} µs", micros(p99)),
+        format!("{:.0} µs", micros(r99)),
+        micros(p99) / micros(r99),
+    );
+
+    // A repeat (replay) against one raw read of the record.
+    let args = json!({ "order_id": "replayed", "amount": 1250, "note": "n" });
+    let first = idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(value.clone()) }).await.unwrap();
+    let _ = first;
+    let key = random_key();
+    let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let start = Instant::now();
+        let served =
+            idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(String::new()) }).await.unwrap();
+        ours.push(start.elapsed());
+        assert!(served.replayed);
+        let start = Instant::now();
+        raw_read(&db, key.clone()).await;
+        theirs.push(start.elapsed());
+    }
+    let (p50, r50) = (percentile(&mut ours, 0.5), percentile(&mut theirs, 0.5));
+    row(
+        rows,
+        format!("{name}: repeat p50 (replay vs one raw read)"),
+        format!("{:.0} µs", micros(p50)),
+        format!("{:.0} µs", micros(r50)),
+        micros(p50) / micros(r50),
+    );
+
+    for tasks in [1usize, 32] {
+        let per_task = (n / tasks).max(20);
+        let total = per_task * tasks;
+        let start = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|t| {
+                let (idem, value) = (idem.clone(), value.clone());
+                tokio::spawn(async move {
+                    for i in 0..per_task {
+                        idem_pair(&idem, (t * per_task + i) as u64, &value).await;
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.await.unwrap();
+        }
+        let ours = total as f64 / start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|t| {
+                let (db, claim_sql, complete_sql) = (db.clone(), claim_sql.clone(), complete_sql.clone());
+                tokio::spawn(async move {
+                    for i in 0..per_task {
+                        raw_pair(&db, &claim_sql, &complete_sql, (t * per_task + i) as u64).await;
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.await.unwrap();
+        }
+        let theirs = total as f64 / start.elapsed().as_secs_f64();
+        row(
+            rows,
+            format!("{name}: throughput, {tasks} task(s), distinct keys"),
+            format!("{ours:.0}/s"),
+            format!("{theirs:.0}/s"),
+            ours / theirs,
+        );
+    }
+}
+
+/// 1,000 concurrent identical calls: exactly one execution; in-flight answers next to a claim.
+async fn storm(rows: &mut Vec<Row>, name: &str, ledger: Arc<dyn Ledger>) {
+    let idem = Idem::from_shared(ledger);
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let barrier = Arc::new(tokio::sync::Barrier::new(1000));
+    let args = json!({ "order_id": format!("storm-{}", Token::random().0) });
+    let handles: Vec<_> = (0..1000)
+        .map(|_| {
+            let (idem, runs, release, barrier, args) =
+                (idem.clone(), Arc::clone(&runs), Arc::clone(&release), Arc::clone(&barrier), args.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let start = Instant::now();
+                let result = idem
+                    .call(&RECIPE, Some(&caller()), &args, || async {
+                        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        release.notified().await;
+                        Ok::<_, Error>(())
+                    })
+                    .await;
+                (result.is_err(), start.elapsed())
+            })
+        })
+        .collect();
+    let mut in_flight = Vec::new();
+    let mut answered = 0;
+    let mut pending = handles;
+    while answered < 999 {
+        let mut still = Vec::new();
+        for handle in pending {
+            if handle.is_finished() {
+                let (refused, took) = handle.await.unwrap();
+                assert!(refused, "only the winner may finish first");
+                in_flight.push(took);
+                answered += 1;
+            } else {
+                still.push(handle);
+            }
+        }
+        pending = still;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    release.notify_one();
+    for handle in pending {
+        handle.await.unwrap();
+    }
+    let executions = runs.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(executions, 1, "{name}: the storm must execute exactly once");
+    // A single uncontended claim for scale.
+    let mut single = Vec::new();
+    for i in 0..200 {
+        let start = Instant::now();
+        idem_pair(&idem, i, "x").await;
+        single.push(start.elapsed());
+    }
+    let (p50, p99) = (percentile(&mut in_flight, 0.5), percentile(&mut in_flight, 0.99));
+    let claim = percentile(&mut single, 0.5);
+    row(
+        rows,
+        format!("{name}: storm of 1000, in-flight p50 (executions: {executions})"),
+        format!("{:.0} µs", micros(p50)),
+        format!("{:.0} µs first call", micros(claim)),
+        micros(p50) / micros(claim),
+    );
+    row(
+        rows,
+        format!("{name}: storm of 1000, in-flight p99"),
+        format!("{:.0} µs", micros(p99)),
+        String::new(),
+        micros(p99) / micros(claim),
+    );
+}
+
+async fn bytes_per_row(rows: &mut Vec<Row>, url: &str) {
+    let Ok(admin) = SeaOrmLedger::connect_without_migrating(url).await else { return };
+    let db = admin.connection();
+    db.execute_unprepared("DROP SCHEMA IF EXISTS idem_bench_rows CASCADE").await.unwrap();
+    db.execute_unprepared("CREATE SCHEMA idem_bench_rows").await.unwrap();
+    let scoped =
+        format!("{url}{}options=-c%20search_path%3Didem_bench_rows", if url.contains('?') { '&' } else { '?' });
+    let ledger = SeaOrmLedger::connect(&scoped).await.unwrap();
+    let idem = Idem::new(ledger.clone());
+    let value = payload();
+    let n = 10_000;
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let (idem, value) = (idem.clone(), value.clone());
+            tokio::spawn(async move {
+                for i in 0..n / 8 {
+                    idem_pair(&idem, (t * n + i) as u64, &value).await;
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    let conn = ledger.connection();
+    conn.execute_unprepared("VACUUM idem_bench_rows.idem_records").await.unwrap();
+    let row_ = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT pg_relation_size('idem_bench_rows.idem_records')::bigint, \
+             pg_relation_size('idem_bench_rows.idem_records_pkey')::bigint, \
+             pg_relation_size('idem_bench_rows.idem_records_expires_at')::bigint, \
+             (SELECT count(*) FROM idem_bench_rows.idem_records)::bigint, \
+             (SELECT avg(pg_column_size(r.*))::float8 FROM idem_bench_rows.idem_records r), \
+             (SELECT n_tup_hot_upd::float8 / greatest(n_tup_upd, 1) FROM pg_stat_user_tables WHERE schemaname = 'idem_bench_rows')",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let heap: i64 = row_.try_get_by_index(0).unwrap();
+    let pk: i64 = row_.try_get_by_index(1).unwrap();
+    let exp: i64 = row_.try_get_by_index(2).unwrap();
+    let count: i64 = row_.try_get_by_index(3).unwrap();
+    let tuple: f64 = row_.try_get_by_index(4).unwrap();
+    let hot: f64 = row_.try_get_by_index::<Option<f64>>(5).unwrap().unwrap_or(0.0);
+    let per = |bytes: i64| bytes as f64 / count as f64;
+    let total = per(heap + pk + exp);
+    // Floor: the tuple plus its line pointer, packed into 8 KiB pages; one 48-byte PK entry and
+    // one 16-byte expires_at entry, each with a 4-byte line pointer, in full index pages.
+    let heap_floor = 8192.0 / ((8192.0 - 24.0) / (tuple + 4.0)).floor();
+    let floor = heap_floor + (48.0 + 4.0) * 8192.0 / 8152.0 + (16.0 + 4.0) * 8192.0 / 8152.0;
+    row(
+        rows,
+        format!(
+            "PostgreSQL bytes/row, 200-byte result (heap {:.0} + pkey {:.0} + expires {:.0}; tuple {tuple:.0}; HOT {:.0}%)",
+            per(heap),
+            per(pk),
+            per(exp),
+            hot * 100.0
+        ),
+        format!("{total:.0} B"),
+        format!("{floor:.0} B floor"),
+        total / floor,
+    );
+    drop(conn.execute_unprepared("DROP SCHEMA IF EXISTS idem_bench_rows CASCADE").await);
+}
+
+#[tokio::main]
+async fn main() {
+    let mut rows = Vec::new();
+    let pg_url =
+        std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let my_url = std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sqlite_url = format!("sqlite://{}?mode=rwc", dir.join("bench.sqlite3").display());
+
+    storm(&mut rows, "memory", Arc::new(MemoryLedger::new())).await;
+    for (name, url) in
+        [("SQLite (file, FULL)", sqlite_url.as_str()), ("PostgreSQL", pg_url.as_str()), ("MariaDB", my_url.as_str())]
+    {
+        match SeaOrmLedger::connect(url).await {
+            Ok(ledger) => {
+                latency(&mut rows, name, &ledger).await;
+                storm(&mut rows, name, Arc::new(ledger)).await;
+            }
+            Err(error) => println!("SKIPPED {name}: {error}"),
+        }
+    }
+    bytes_per_row(&mut rows, &pg_url).await;
+    let _ = StalePolicy::Hold;
+    let _ = (Claim::Unknown, None::<ClaimRequest>, Key::from_bytes([0; 32]));
+
+    let width = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
+    println!("\n| {:<width$} | {:>12} | {:>22} | {:>6} |", "measurement", "idem", "baseline", "ratio");
+    println!("|{:-<w2$}|{:->14}|{:->24}|{:->8}|", "", "", "", "", w2 = width + 2);
+    for r in &rows {
+        println!("| {:<width$} | {:>12} | {:>22} | {:>6} |", r.what, r.idem, r.baseline, r.ratio);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

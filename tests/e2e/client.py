@@ -1,0 +1,599 @@
+#!/usr/bin/env python3
+"""End-to-end scenario: the official Python MCP SDK against idem's example server.
+
+    python client.py --server target/debug/examples/mcp_server --transport stdio
+    python client.py --server target/debug/examples/mcp_server --transport http [--port N]
+
+The script starts the server itself (over stdio the SDK spawns it; over HTTP this script does),
+on a fresh SQLite ledger in a temporary directory, runs the scenario, prints a transcript of what
+it sent and what came back, and exits non-zero on the first failed expectation. The server's own
+log (stderr) goes to a file whose tail is printed when something fails.
+
+Scenario, over each transport:
+  1. tools/list: idempotentHint exactly on charge_card, create_shipment, send_email;
+     readOnlyHint on list_charges and idem_status.
+  2. a charge, then the same call again: the same receipt, the second marked replayed.
+  3. N concurrent identical charges on a slow processor: one charge, N-1 "in flight" refusals
+     that name idem_status; idem_status answers for the ref and ends "completed" with the receipt.
+  4. a changed amount (a key argument): a second, new charge.
+  5. a changed description (not a key argument): a conflict naming `description`, not its value.
+  6. HTTP only: another tenant's identical call is its own new operation, and that tenant cannot
+     see the first tenant's ref; a request without a valid bearer token is answered 401.
+  7. restart: stop the server, start it on the same SQLite file, repeat step 2's call: replayed,
+     the same receipt, and the (in-memory) processor made no new charge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+KEYED_TOOLS = {"charge_card", "create_shipment", "send_email"}
+READ_ONLY_TOOLS = {"list_charges", "idem_status"}
+STATUS_TOOL = "idem_status"
+REF_PATTERN = re.compile(r"^[0-9a-f]{16}$")
+
+TENANT_A = "acme:alice"
+TENANT_B = "globex:bob"
+
+CALL_TIMEOUT_S = 30.0  # any single MCP request
+STARTUP_TIMEOUT_S = 30.0  # the HTTP server accepting connections
+STATUS_POLL_TIMEOUT_S = 15.0  # idem_status reaching "completed"
+
+# The charge of step 2, reused by the conflict, other-tenant and restart steps.
+FIRST_CHARGE = {"card": "tok_visa", "amount_cents": 1000, "description": "order 1001"}
+
+
+# --------------------------------------------------------------------------- transcript
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def step(title: str) -> None:
+    say()
+    say(f"== {title}")
+
+
+def sent(tool: str, arguments: dict[str, Any], note: str = "") -> None:
+    say(f"  -> {tool} {json.dumps(arguments, sort_keys=True)}{note}")
+
+
+def got(line: str) -> None:
+    say(f"  <- {line}")
+
+
+# --------------------------------------------------------------------------- reading results
+
+
+def idem_meta(result: Any) -> dict[str, Any]:
+    """The `_meta.idem` object of a tool result ({} when absent)."""
+    meta = result.meta or {}
+    value = meta.get("idem")
+    return value if isinstance(value, dict) else {}
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(block.text for block in result.content if getattr(block, "type", None) == "text")
+
+
+def content_of(result: Any) -> list[dict[str, Any]]:
+    """The content blocks as plain JSON, for byte-for-byte comparisons of a replay."""
+    return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
+
+
+def describe(result: Any) -> str:
+    idem = idem_meta(result)
+    if result.is_error:
+        fields = {k: idem[k] for k in ("code", "ref", "differing", "executed", "retry", "statusTool") if k in idem}
+        return f"isError {json.dumps(fields, sort_keys=True)} text={text_of(result)!r}"
+    body = result.structured_content if result.structured_content is not None else text_of(result)
+    return f"ok ref={idem.get('ref')} replayed={idem.get('replayed')} result={json.dumps(body, sort_keys=True)}"
+
+
+def assert_fresh_or_replayed(result: Any, replayed: bool, what: str) -> str:
+    """A served (not refused) result with `_meta.idem.replayed == replayed`; returns its ref."""
+    idem = idem_meta(result)
+    assert not result.is_error, f"{what}: expected a result, got an error: {describe(result)}"
+    assert idem, f"{what}: the result has no _meta.idem: {describe(result)}"
+    ref = idem.get("ref")
+    assert isinstance(ref, str) and REF_PATTERN.match(ref), f"{what}: _meta.idem.ref is not 16 hex digits: {ref!r}"
+    assert idem.get("replayed") is replayed, f"{what}: expected replayed == {replayed}, got {idem.get('replayed')!r}"
+    return ref
+
+
+def assert_refusal(result: Any, code: str, what: str) -> dict[str, Any]:
+    """An isError refusal with `_meta.idem.code == code`, marked not executed; returns `_meta.idem`."""
+    idem = idem_meta(result)
+    assert result.is_error, f"{what}: expected an isError refusal ({code}), got {describe(result)}"
+    assert idem.get("code") == code, f"{what}: expected code {code!r}, got {describe(result)}"
+    assert idem.get("executed") is False, f"{what}: a refusal must say executed == false: {idem}"
+    assert idem.get("retry") in ("no", "safe"), f"{what}: retry must be 'no' or 'safe': {idem}"
+    ref = idem.get("ref")
+    assert isinstance(ref, str) and REF_PATTERN.match(ref), f"{what}: refusal ref is not 16 hex digits: {ref!r}"
+    assert idem.get("statusTool") == STATUS_TOOL, f"{what}: statusTool should be {STATUS_TOOL!r}: {idem}"
+    return idem
+
+
+def contains(haystack: Any, needle: Any) -> bool:
+    """Whether `needle` equals `haystack` or any value nested in it."""
+    if haystack == needle:
+        return True
+    if isinstance(haystack, dict):
+        return any(contains(value, needle) for value in haystack.values())
+    if isinstance(haystack, list):
+        return any(contains(value, needle) for value in haystack)
+    return False
+
+
+# --------------------------------------------------------------------------- tool calls
+
+
+async def call(client: Client, tool: str, arguments: dict[str, Any], note: str = "") -> Any:
+    sent(tool, arguments, note)
+    result = await client.call_tool(tool, arguments)
+    got(describe(result))
+    return result
+
+
+async def charges(client: Client) -> list[dict[str, Any]]:
+    """What the fake processor really did (list_charges), quietly."""
+    result = await client.call_tool("list_charges", {})
+    assert not result.is_error, f"list_charges failed: {describe(result)}"
+    body = result.structured_content
+    assert isinstance(body, dict) and isinstance(body.get("charges"), list), f"list_charges: unexpected {body!r}"
+    return body["charges"]
+
+
+async def charge_count(client: Client, label: str) -> int:
+    count = len(await charges(client))
+    say(f"  .. list_charges ({label}): {count} charge(s)")
+    return count
+
+
+async def status(client: Client, ref: str) -> Any:
+    return await call(client, STATUS_TOOL, {"ref": ref})
+
+
+# --------------------------------------------------------------------------- servers and connections
+
+
+@dataclass
+class Setup:
+    binary: str
+    workdir: Path
+    delay_ms: int
+    concurrency: int
+
+    @property
+    def database_url(self) -> str:
+        return f"sqlite://{self.workdir / 'ledger.sqlite3'}?mode=rwc"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "server.log"
+
+    def server_env(self) -> dict[str, str]:
+        return {
+            "IDEM_DATABASE_URL": self.database_url,
+            "RUST_LOG": os.environ.get("RUST_LOG", "info"),
+            "NO_COLOR": "1",
+        }
+
+
+@asynccontextmanager
+async def stdio_connection(setup: Setup, caller: str = TENANT_A) -> AsyncIterator[Client]:
+    """Spawn the server over stdio (the SDK owns the process) with `caller` as its local identity."""
+    params = StdioServerParameters(
+        command=setup.binary,
+        args=["--processor-delay-ms", str(setup.delay_ms)],
+        env=setup.server_env() | {"IDEM_LOCAL_CALLER": caller},
+    )
+    with open(setup.log_path, "a", encoding="utf-8") as errlog:
+        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=CALL_TIMEOUT_S) as client:
+            say(f"  .. connected over stdio as {caller}, protocol {client.protocol_version}")
+            yield client
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class HttpServer:
+    """The example server as a child process serving streamable HTTP at /mcp."""
+
+    def __init__(self, setup: Setup, port: int) -> None:
+        self.setup = setup
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [
+            self.setup.binary,
+            "--http",
+            f"127.0.0.1:{self.port}",
+            "--processor-delay-ms",
+            str(self.setup.delay_ms),
+        ]
+        with open(self.setup.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command, env=os.environ | self.setup.server_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            assert code is None, f"the HTTP server exited during startup with status {code}"
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    say(f"  .. server pid {self.process.pid} listening at {self.url}")
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(
+            f"the HTTP server did not accept connections on port {self.port} within {STARTUP_TIMEOUT_S}s"
+        )
+
+    def stop(self) -> None:
+        """Ctrl-C (the server's graceful shutdown), then a kill if it lingers."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        say(f"  .. server pid {self.process.pid} stopped (exit status {self.process.returncode})")
+
+
+@asynccontextmanager
+async def http_connection(server: HttpServer, token: str) -> AsyncIterator[Client]:
+    """Connect over streamable HTTP with `Authorization: Bearer <token>` on every request."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(CALL_TIMEOUT_S)) as http:
+        transport = streamable_http_client(server.url, http_client=http)
+        async with Client(transport, read_timeout_seconds=CALL_TIMEOUT_S) as client:
+            say(f"  .. connected over HTTP as {token}, protocol {client.protocol_version}")
+            yield client
+
+
+# --------------------------------------------------------------------------- scenario steps
+
+
+async def check_tools_list(client: Client) -> None:
+    step("tools/list: idempotentHint exactly on the keyed tools")
+    say("  -> tools/list")
+    listing = await client.list_tools()
+    hints: dict[str, dict[str, Any]] = {}
+    for tool in listing.tools:
+        annotations = tool.annotations
+        hints[tool.name] = {
+            "idempotentHint": annotations.idempotent_hint if annotations else None,
+            "readOnlyHint": annotations.read_only_hint if annotations else None,
+        }
+        got(f"{tool.name}: {json.dumps(hints[tool.name])}")
+    names = set(hints)
+    expected = KEYED_TOOLS | READ_ONLY_TOOLS
+    assert names == expected, f"tools/list: expected the tools {sorted(expected)}, got {sorted(names)}"
+    idempotent = {name for name, h in hints.items() if h["idempotentHint"] is True}
+    assert idempotent == KEYED_TOOLS, f"idempotentHint: true on {sorted(idempotent)}, expected {sorted(KEYED_TOOLS)}"
+    read_only = {name for name, h in hints.items() if h["readOnlyHint"] is True}
+    assert read_only == READ_ONLY_TOOLS, (
+        f"readOnlyHint: true on {sorted(read_only)}, expected {sorted(READ_ONLY_TOOLS)}"
+    )
+
+
+async def check_sequential_repeat(client: Client) -> Any:
+    """Step 2; returns the first charge's result."""
+    step("a charge, then the same call again")
+    before = await charge_count(client, "before")
+    first = await call(client, "charge_card", FIRST_CHARGE)
+    ref = assert_fresh_or_replayed(first, replayed=False, what="first charge")
+    receipt = first.structured_content
+    assert isinstance(receipt, dict) and receipt.get("charge_id"), f"first charge: no receipt in {describe(first)}"
+    forwarded = str(receipt.get("reference", ""))
+    assert forwarded.startswith(ref), f"the key forwarded to the processor ({forwarded}) does not start with ref {ref}"
+    again = await call(client, "charge_card", FIRST_CHARGE, note="   (repeat)")
+    assert assert_fresh_or_replayed(again, replayed=True, what="repeated charge") == ref, "the repeat has another ref"
+    assert again.structured_content == receipt, f"the repeat's receipt differs: {again.structured_content} != {receipt}"
+    assert content_of(again) == content_of(first), "the repeat's content blocks differ from the first answer's"
+    after = await charge_count(client, "after")
+    assert after == before + 1, f"one charge expected from a charge and its repeat, the processor made {after - before}"
+    return first
+
+
+async def check_concurrent_repeats(client: Client, setup: Setup) -> None:
+    n = setup.concurrency
+    step(f"{n} concurrent identical charges (processor delay {setup.delay_ms} ms)")
+    arguments = {"card": "tok_mastercard", "amount_cents": 2000, "description": "concurrent"}
+    before = await charge_count(client, "before")
+    sent("charge_card", arguments, note=f"   x{n}, concurrently")
+    started = time.monotonic()
+    tasks = [asyncio.create_task(client.call_tool("charge_card", arguments)) for _ in range(n)]
+
+    # The refusals come back at once; ask idem_status while the winner is (normally) still running.
+    deadline = started + CALL_TIMEOUT_S
+    while sum(task.done() for task in tasks) < n - 1 and time.monotonic() < deadline:
+        pending = [task for task in tasks if not task.done()]
+        await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED)
+    early = [task.result() for task in tasks if task.done()]
+    say(f"  .. {len(early)} answer(s) after {time.monotonic() - started:.2f}s, {n - len(early)} still running")
+    early_refs = {idem_meta(r).get("ref") for r in early if idem_meta(r).get("ref")}
+    if len(early_refs) == 1:
+        (ref,) = early_refs
+        during = await status(client, ref)
+        assert not during.is_error, f"idem_status for the in-flight ref failed: {describe(during)}"
+        state = (during.structured_content or {}).get("state")
+        assert state in ("in_progress", "completed"), f"idem_status while running: unexpected state {state!r}"
+        say(f"  .. idem_status while the winner runs: state {state}")
+
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=CALL_TIMEOUT_S)
+    say(f"  .. all {n} answered after {time.monotonic() - started:.2f}s")
+    fresh = [r for r in results if not r.is_error and idem_meta(r).get("replayed") is False]
+    in_flight = [r for r in results if r.is_error and idem_meta(r).get("code") == "in_flight"]
+    others = [r for r in results if r not in fresh and r not in in_flight]
+    got(f"{len(fresh)} new charge(s), {len(in_flight)} in_flight refusal(s), {len(others)} other answer(s)")
+    for result in fresh:
+        got(f"new: {describe(result)}")
+    if in_flight:
+        got(f"in_flight (first of {len(in_flight)}): {describe(in_flight[0])}")
+    for result in others:
+        got(f"other: {describe(result)}")
+    assert len(fresh) == 1, f"exactly one call should have run, {len(fresh)} did"
+    assert len(in_flight) == n - 1, f"{n - 1} in_flight refusals expected, got {len(in_flight)}; others: {others}"
+    (winner,) = fresh
+    ref = assert_fresh_or_replayed(winner, replayed=False, what="the winning call")
+    receipt = winner.structured_content
+    for refusal in in_flight:
+        idem = assert_refusal(refusal, "in_flight", "a concurrent repeat")
+        assert idem["ref"] == ref, f"an in_flight refusal names ref {idem['ref']}, the winner's is {ref}"
+        words = text_of(refusal)
+        assert STATUS_TOOL in words, f"the in_flight text does not name {STATUS_TOOL}: {words!r}"
+        assert ref in words, f"the in_flight text does not give the ref {ref}: {words!r}"
+        assert "not submit" in words.lower(), f"the in_flight text does not say not to submit again: {words!r}"
+
+    await poll_status_until_completed(client, ref, receipt)
+    after = await charge_count(client, "after")
+    assert after == before + 1, f"{n} concurrent identical calls made {after - before} charges, expected 1"
+    again = await call(client, "charge_card", arguments, note="   (once more, after completion)")
+    assert assert_fresh_or_replayed(again, replayed=True, what="repeat after completion") == ref
+    assert again.structured_content == receipt, "the replay after completion has another receipt"
+
+
+async def poll_status_until_completed(client: Client, ref: str, receipt: Any) -> None:
+    """Ask idem_status for `ref` until it says completed (bounded), then check it holds `receipt`."""
+    deadline = time.monotonic() + STATUS_POLL_TIMEOUT_S
+    polls = 0
+    while True:
+        polls += 1
+        result = await client.call_tool(STATUS_TOOL, {"ref": ref})
+        assert not result.is_error, f"idem_status {ref}: {describe(result)}"
+        body = result.structured_content or {}
+        if body.get("state") == "completed":
+            break
+        assert body.get("state") == "in_progress", f"idem_status {ref}: unexpected state in {body}"
+        assert time.monotonic() < deadline, (
+            f"idem_status {ref} still {body.get('state')} after {STATUS_POLL_TIMEOUT_S}s"
+        )
+        await asyncio.sleep(0.1)
+    sent(STATUS_TOOL, {"ref": ref}, note=f"   (polled {polls}x until completed)")
+    got(describe(result))
+    for field in ("ref", "state", "advice", "expiresAt", "result"):
+        assert field in body, f"idem_status: no `{field}` in {body}"
+    assert body["ref"] == ref, f"idem_status answered for ref {body['ref']}, asked {ref}"
+    assert contains(body["result"], receipt), (
+        f"idem_status result {body['result']!r} does not hold the receipt {receipt}"
+    )
+
+
+async def check_changed_amount(client: Client, first: Any) -> None:
+    step("a changed amount (a key argument) is a new charge")
+    before = await charge_count(client, "before")
+    changed = FIRST_CHARGE | {"amount_cents": 1250}
+    result = await call(client, "charge_card", changed)
+    ref = assert_fresh_or_replayed(result, replayed=False, what="changed amount")
+    assert ref != idem_meta(first)["ref"], "a changed amount got the first charge's ref"
+    assert result.structured_content != first.structured_content, "a changed amount got the first charge's receipt"
+    after = await charge_count(client, "after")
+    assert after == before + 1, f"a changed amount should make one new charge, made {after - before}"
+
+
+async def check_conflict(client: Client, first: Any) -> None:
+    step("a changed description (not a key argument) is a conflict")
+    before = await charge_count(client, "before")
+    secret = "gift for Ms. Quartermaine, do not tell"
+    result = await call(client, "charge_card", FIRST_CHARGE | {"description": secret})
+    idem = assert_refusal(result, "conflict", "changed description")
+    assert idem["ref"] == idem_meta(first)["ref"], f"the conflict names ref {idem['ref']}, not the first charge's"
+    differing = idem.get("differing")
+    assert isinstance(differing, list) and "description" in differing, f"differing should name description: {idem}"
+    assert "amount_cents" not in differing and "card" not in differing, f"differing names an unchanged argument: {idem}"
+    everything = text_of(result) + json.dumps(result.meta)
+    for value in (secret, FIRST_CHARGE["description"]):
+        assert value not in everything, f"the conflict answer reveals the value {value!r}: {everything!r}"
+    after = await charge_count(client, "after")
+    assert after == before, f"a conflict must not charge, the processor made {after - before}"
+
+
+async def check_other_tenant(server: HttpServer, first: Any) -> None:
+    step(f"another tenant ({TENANT_B}) makes the same call")
+    first_ref = idem_meta(first)["ref"]
+    async with http_connection(server, TENANT_B) as other:
+        before = await charge_count(other, "before")
+        result = await call(other, "charge_card", FIRST_CHARGE)
+        ref = assert_fresh_or_replayed(result, replayed=False, what=f"{TENANT_B}'s charge")
+        assert ref != first_ref, f"{TENANT_B} got {TENANT_A}'s ref {first_ref}"
+        assert result.structured_content != first.structured_content, f"{TENANT_B} got {TENANT_A}'s receipt"
+        after = await charge_count(other, "after")
+        assert after == before + 1, f"{TENANT_B}'s charge should be a new charge, the processor made {after - before}"
+        again = await call(other, "charge_card", FIRST_CHARGE, note="   (repeat)")
+        assert assert_fresh_or_replayed(again, replayed=True, what=f"{TENANT_B}'s repeat") == ref
+
+        foreign = await status(other, first_ref)
+        assert foreign.is_error, f"{TENANT_B} can read {TENANT_A}'s operation: {describe(foreign)}"
+        assert "no operation with ref" in text_of(foreign), f"unexpected words for a foreign ref: {text_of(foreign)!r}"
+        assert "tok_visa" not in text_of(foreign) and "charge_id" not in text_of(foreign), "the refusal leaks data"
+        unknown = await status(other, "0123456789abcdef")
+        assert unknown.is_error and "no operation with ref" in text_of(unknown), "an unknown ref should be not found"
+
+
+async def check_unauthenticated(server: HttpServer) -> None:
+    step("HTTP requests without a valid bearer token")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(CALL_TIMEOUT_S)) as http:
+        for label, extra in (
+            ("no Authorization header", {}),
+            ("a token that is not tenant:subject", {"Authorization": "Bearer nobody"}),
+            ("another scheme", {"Authorization": f"Basic {TENANT_A}"}),
+        ):
+            say(f"  -> POST {server.url} tools/list, {label}")
+            response = await http.post(server.url, json=body, headers=base | extra)
+            got(f"HTTP {response.status_code} {response.text[:80]!r}")
+            assert response.status_code == 401, f"{label}: expected HTTP 401, got {response.status_code}"
+
+
+async def check_replay_after_restart(client: Client, first: Any) -> None:
+    """The server was restarted on the same SQLite file: step 2's call replays from the ledger."""
+    count = await charge_count(client, "new process, before")
+    result = await call(client, "charge_card", FIRST_CHARGE)
+    ref = assert_fresh_or_replayed(result, replayed=True, what="repeat after restart")
+    assert ref == idem_meta(first)["ref"], f"after restart the ref is {ref}, it was {idem_meta(first)['ref']}"
+    assert result.structured_content == first.structured_content, "after restart the receipt differs"
+    assert content_of(result) == content_of(first), "after restart the content blocks differ"
+    after = await charge_count(client, "new process, after")
+    assert after == count, f"the replay after restart made {after - count} new charge(s)"
+
+
+# --------------------------------------------------------------------------- the two runs
+
+
+async def run_stdio(setup: Setup) -> None:
+    step(f"stdio: server {setup.binary}, ledger {setup.database_url}, caller {TENANT_A}")
+    async with stdio_connection(setup) as client:
+        await check_tools_list(client)
+        first = await check_sequential_repeat(client)
+        await check_concurrent_repeats(client, setup)
+        await check_changed_amount(client, first)
+        await check_conflict(client, first)
+    say("  .. stdio session closed: the server process has exited")
+    step("restart: a new server process on the same SQLite file")
+    async with stdio_connection(setup) as client:
+        await check_replay_after_restart(client, first)
+
+
+async def run_http(setup: Setup, port: int) -> None:
+    server = HttpServer(setup, port)
+    step(f"http: server {setup.binary}, ledger {setup.database_url}")
+    server.start()
+    try:
+        await check_unauthenticated(server)
+        async with http_connection(server, TENANT_A) as client:
+            await check_tools_list(client)
+            first = await check_sequential_repeat(client)
+            await check_concurrent_repeats(client, setup)
+            await check_changed_amount(client, first)
+            await check_conflict(client, first)
+            await check_other_tenant(server, first)
+    finally:
+        server.stop()
+    step("restart: a new server process on the same SQLite file")
+    server = HttpServer(setup, 0)
+    server.start()
+    try:
+        async with http_connection(server, TENANT_A) as client:
+            await check_replay_after_restart(client, first)
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def failures(error: BaseException) -> list[BaseException]:
+    """The leaf exceptions of a (possibly nested) exception group."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in failures(inner)]
+    return [error]
+
+
+def print_server_log(setup: Setup, lines: int = 40) -> None:
+    if not setup.log_path.exists():
+        return
+    tail = setup.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    say(f"-- last {len(tail)} line(s) of the server log ({setup.log_path}):")
+    for line in tail:
+        say(f"   | {line}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", required=True, help="path to the mcp_server example binary")
+    parser.add_argument("--transport", required=True, choices=["stdio", "http"])
+    parser.add_argument("--port", type=int, default=0, help="HTTP port (default: a free one)")
+    parser.add_argument("--delay-ms", type=int, default=1500, help="the server's --processor-delay-ms")
+    parser.add_argument("--concurrency", type=int, default=20, help="concurrent identical charges")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (ledger, server log)")
+    options = parser.parse_args()
+
+    binary = shutil.which(options.server) or options.server
+    if not os.access(binary, os.X_OK):
+        say(f"FAILED: the server binary {options.server} does not exist or is not executable")
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix=f"idem-e2e-{options.transport}-"))
+    setup = Setup(
+        binary=os.path.abspath(binary), workdir=workdir, delay_ms=options.delay_ms, concurrency=options.concurrency
+    )
+    started = time.monotonic()
+    try:
+        if options.transport == "stdio":
+            asyncio.run(run_stdio(setup))
+        else:
+            asyncio.run(run_http(setup, options.port))
+    except BaseException as error:  # noqa: BLE001 - report every failure, then exit non-zero
+        say()
+        for leaf in failures(error):
+            if isinstance(leaf, AssertionError):
+                say(f"FAILED ({options.transport}): {leaf}")
+            else:
+                say(f"FAILED ({options.transport}) with {type(leaf).__name__}:")
+                say("".join(traceback.format_exception(leaf)).rstrip())
+        print_server_log(setup)
+        say(f"(ledger and server log kept in {workdir})")
+        return 1
+    say()
+    say(f"PASSED ({options.transport}) in {time.monotonic() - started:.1f}s")
+    if options.keep:
+        say(f"(ledger and server log kept in {workdir})")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+//! The hint a real rmcp server lists follows the recipe: `idempotentHint: true` exactly on the
+//! tools with `#[idempotent]` (a key or an inherent reason), in the router's tool list and on the
+//! wire, and a keyed tool called twice over MCP runs once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idem_runtime::{
+    Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, audit_idempotent, idempotent,
+};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{ServiceExt, tool, tool_router};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+#[derive(Debug, Serialize, Deserialize)]
+enum ShopError {
+    Declined,
+    Idem { code: String, message: String },
+}
+
+impl IdempotentError for ShopError {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            Self::Declined => ErrorClass::Final,
+            Self::Idem { .. } => ErrorClass::NothingHappened,
+        }
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self::Idem { code: rejection.code().to_owned(), message: rejection.to_string() }
+    }
+}
+
+impl rmcp::model::IntoContents for ShopError {
+    fn into_contents(self) -> Vec<rmcp::model::ContentBlock> {
+        vec![rmcp::model::ContentBlock::text(format!("{self:?}"))]
+    }
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct PlaceOrder {
+    order_id: String,
+    amount_cents: u64,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct SetStatus {
+    order_id: String,
+    status: String,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct Message {
+    text: String,
+}
+
+struct Shop {
+    idem: Idem,
+    placed: AtomicUsize,
+}
+
+impl HasIdem for Shop {
+    fn idem(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+#[tool_router(server_handler)]
+#[audit_idempotent]
+impl Shop {
+    #[idempotent(key = "order_id", window = "15m")]
+    #[tool(description = "Place an order")]
+    async fn place_order(&self, Parameters(order): Parameters<PlaceOrder>) -> Result<String, ShopError> {
+        if order.amount_cents == 0 {
+            return Err(ShopError::Declined);
+        }
+        let n = self.placed.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(format!("order {} placed (#{n})", order.order_id))
+    }
+
+    #[idempotent(inherent = "sets the status by order id; a repeat writes the same value")]
+    #[tool(description = "Set an order's status")]
+    async fn set_status(&self, Parameters(args): Parameters<SetStatus>) -> String {
+        format!("{} is {}", args.order_id, args.status)
+    }
+
+    #[tool(description = "Send a message to the customer")]
+    async fn send_message(&self, Parameters(message): Parameters<Message>) -> String {
+        format!("sent: {}", message.text)
+    }
+
+    #[tool(description = "Look up an order", annotations(read_only_hint = true))]
+    async fn get_order(&self, Parameters(args): Parameters<SetStatus>) -> String {
+        format!("{} is {}", args.order_id, args.status)
+    }
+}
+
+fn shop() -> Shop {
+    Shop {
+        idem: Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")),
+        placed: AtomicUsize::new(0),
+    }
+}
+
+const IDEMPOTENT: [&str; 2] = ["place_order", "set_status"];
+const OTHERS: [&str; 2] = ["send_message", "get_order"];
+
+fn idempotent_hint(tool: &rmcp::model::Tool) -> Option<bool> {
+    tool.annotations.as_ref().and_then(|annotations| annotations.idempotent_hint)
+}
+
+#[test]
+fn the_router_lists_the_hint_exactly_on_tools_with_a_recipe() {
+    let tools = Shop::tool_router().list_all();
+    let mut names: Vec<&str> = tools.iter().map(|tool| tool.name.as_ref()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["get_order", "place_order", "send_message", "set_status"]);
+    for tool in &tools {
+        let expected = IDEMPOTENT.contains(&tool.name.as_ref());
+        assert_eq!(idempotent_hint(tool) == Some(true), expected, "{}: {:?}", tool.name, tool.annotations);
+    }
+    let get_order = tools.iter().find(|tool| tool.name == "get_order").unwrap();
+    assert_eq!(get_order.annotations.as_ref().and_then(|annotations| annotations.read_only_hint), Some(true));
+    assert_eq!(idempotent_hint(get_order), None, "idem leaves a tool without `#[idempotent]` alone");
+}
+
+#[test]
+fn the_wire_field_is_idempotent_hint_true_only_on_tools_with_a_recipe() {
+    for tool in Shop::tool_router().list_all() {
+        let json = serde_json::to_value(&tool).unwrap();
+        let hint = json.pointer("/annotations/idempotentHint");
+        if IDEMPOTENT.contains(&tool.name.as_ref()) {
+            assert_eq!(hint, Some(&Value::Bool(true)), "{json}");
+        } else {
+            assert!(OTHERS.contains(&tool.name.as_ref()));
+            assert_ne!(hint, Some(&Value::Bool(true)), "{json}");
+        }
+    }
+    let text = serde_json::to_string(&Shop::tool_router().list_all()).unwrap();
+    assert_eq!(text.matches(r#""idempotentHint":true"#).count(), 2, "{text}");
+}
+
+/// A line-delimited JSON-RPC client on one end of an in-memory pipe, the server on the other.
+struct Wire {
+    writer: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    lines: tokio::io::Lines<BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+}
+
+impl Wire {
+    async fn send(&mut self, message: Value) {
+        let mut line = serde_json::to_vec(&message).unwrap();
+        line.push(b'\n');
+        self.writer.write_all(&line).await.unwrap();
+    }
+
+    async fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })).await;
+        loop {
+            let line = tokio::time::timeout(std::time::Duration::from_secs(10), self.lines.next_line())
+                .await
+                .expect("the server answers")
+                .unwrap()
+                .expect("the server keeps the pipe open");
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    }
+}
+
+async fn connect(shop: Shop) -> Wire {
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let running = shop.serve(tokio::io::split(server)).await.expect("the server starts");
+        let _ = running.waiting().await;
+    });
+    let (reader, writer) = tokio::io::split(client);
+    let mut wire = Wire { writer, lines: BufReader::new(reader).lines() };
+    let init = wire
+        .request(
+            1,
+            "initialize",
+            json!({
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": { "name": "idem-test", "version": "0.0.0" }
+            }),
+        )
+        .await;
+    assert!(init.get("result").is_some(), "{init}");
+    wire.send(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).await;
+    wire
+}
+
+#[tokio::test]
+async fn tools_list_over_mcp_and_a_repeated_call_runs_once() {
+    let mut wire = connect(shop()).await;
+
+    let listed = wire.request(2, "tools/list", json!({})).await;
+    let tools = listed["result"]["tools"].as_array().expect("a tool list").clone();
+    assert_eq!(tools.len(), 4, "{listed}");
+    for tool in &tools {
+        let name = tool["name"].as_str().unwrap();
+        let hinted = tool.pointer("/annotations/idempotentHint") == Some(&Value::Bool(true));
+        assert_eq!(hinted, IDEMPOTENT.contains(&name), "{tool}");
+    }
+
+    let call = json!({ "name": "place_order", "arguments": { "order_id": "o-1", "amount_cents": 1250 } });
+    let first = wire.request(3, "tools/call", call.clone()).await;
+    let again = wire.request(4, "tools/call", call).await;
+    let text = |response: &Value| response.pointer("/result/content/0/text").and_then(Value::as_str).map(str::to_owned);
+    assert_eq!(text(&first).as_deref(), Some("order o-1 placed (#1)"), "{first}");
+    assert_eq!(text(&again), text(&first), "the repeat is answered with the stored result: {again}");
+
+    let other = json!({ "name": "place_order", "arguments": { "order_id": "o-2", "amount_cents": 1250 } });
+    let second = wire.request(5, "tools/call", other).await;
+    assert_eq!(text(&second).as_deref(), Some("order o-2 placed (#2)"), "{second}");
+}

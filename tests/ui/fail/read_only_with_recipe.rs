@@ -1,0 +1,50 @@
+use idem_runtime::{ErrorClass, HasIdem, Idem, IdempotentError, Rejection, audit_idempotent, idempotent};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{tool, tool_router};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ShopError(String);
+
+impl IdempotentError for ShopError {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::NothingHappened
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self(rejection.to_string())
+    }
+}
+
+impl rmcp::model::IntoContents for ShopError {
+    fn into_contents(self) -> Vec<rmcp::model::ContentBlock> {
+        vec![rmcp::model::ContentBlock::text(self.0)]
+    }
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct Charge {
+    card: String,
+    amount_cents: u64,
+}
+
+struct Shop {
+    idem: Idem,
+}
+
+impl HasIdem for Shop {
+    fn idem(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+#[tool_router]
+#[audit_idempotent]
+impl Shop {
+    #[idempotent(key = "card")]
+    #[tool(description = "Look up a card's balance", annotations(read_only_hint = true))]
+    async fn balance(&self, Parameters(args): Parameters<Charge>) -> Result<String, ShopError> {
+        Ok(format!("{} has {}", args.card, args.amount_cents))
+    }
+}
+
+fn main() {}
