@@ -59,6 +59,7 @@ fn python_mcp_client_against_the_example_server() {
     for transport in ["stdio", "http"] {
         let mut command = Command::new(&python);
         command.arg(&client).arg("--server").arg(&server).arg("--transport").arg(transport);
+        command.env("PYTHONDONTWRITEBYTECODE", "1").env("PYTHONUNBUFFERED", "1");
         if transport == "http" {
             command.arg("--port").arg(free_port().to_string());
         }

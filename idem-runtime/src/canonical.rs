@@ -243,7 +243,7 @@ fn number_as_double(n: &Number, path: &Path<'_>) -> Result<f64, CanonicalError> 
 }
 
 /// ECMAScript `Number.prototype.toString`, as RFC 8785 section 3.2.2.3 requires.
-fn write_double(f: f64, out: &mut String) {
+fn write_double<O: Out>(f: f64, out: &mut O) {
     out.push_str(ryu_js::Buffer::new().format_finite(f));
 }
 
@@ -256,10 +256,38 @@ fn write_double(f: f64, out: &mut String) {
 /// On error `out` is left exactly as it was, so a caller hashing a prefix and
 /// the value together never hashes half a value.
 pub fn write_canonical(value: &Value, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
-    let mut text = String::new();
-    write_value(value, &Path::Root, 0, &mut text)?;
-    out.extend_from_slice(text.as_bytes());
-    Ok(())
+    let start = out.len();
+    write_value(value, &Path::Root, 0, out).inspect_err(|_| out.truncate(start))
+}
+
+/// Append `text` as an RFC 8785 canonical JSON string (quoted and escaped) to `out`.
+pub fn write_canonical_str(text: &str, out: &mut Vec<u8>) {
+    write_string(text, out);
+}
+
+/// Where the encoder writes: a `Vec<u8>` for hashing, a `String` for error paths and keys.
+trait Out {
+    fn push_str(&mut self, text: &str);
+    fn push(&mut self, c: char);
+}
+
+impl Out for String {
+    fn push_str(&mut self, text: &str) {
+        String::push_str(self, text);
+    }
+    fn push(&mut self, c: char) {
+        String::push(self, c);
+    }
+}
+
+impl Out for Vec<u8> {
+    fn push_str(&mut self, text: &str) {
+        self.extend_from_slice(text.as_bytes());
+    }
+    fn push(&mut self, c: char) {
+        let mut buffer = [0u8; 4];
+        self.extend_from_slice(c.encode_utf8(&mut buffer).as_bytes());
+    }
 }
 
 /// Convenience: the canonical form of `value` in a fresh `Vec`.
@@ -269,7 +297,7 @@ pub fn to_canonical_vec(value: &Value) -> Result<Vec<u8>, CanonicalError> {
     Ok(out)
 }
 
-fn write_value(value: &Value, path: &Path<'_>, depth: usize, out: &mut String) -> Result<(), CanonicalError> {
+fn write_value<O: Out>(value: &Value, path: &Path<'_>, depth: usize, out: &mut O) -> Result<(), CanonicalError> {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(true) => out.push_str("true"),
@@ -282,7 +310,7 @@ fn write_value(value: &Value, path: &Path<'_>, depth: usize, out: &mut String) -
     Ok(())
 }
 
-fn write_array(items: &[Value], path: &Path<'_>, depth: usize, out: &mut String) -> Result<(), CanonicalError> {
+fn write_array<O: Out>(items: &[Value], path: &Path<'_>, depth: usize, out: &mut O) -> Result<(), CanonicalError> {
     let depth = enter(path, depth)?;
     out.push('[');
     for (index, item) in items.iter().enumerate() {
@@ -295,15 +323,15 @@ fn write_array(items: &[Value], path: &Path<'_>, depth: usize, out: &mut String)
     Ok(())
 }
 
-fn write_object(
+fn write_object<O: Out>(
     members: &Map<String, Value>,
     path: &Path<'_>,
     depth: usize,
-    out: &mut String,
+    out: &mut O,
 ) -> Result<(), CanonicalError> {
     let depth = enter(path, depth)?;
     let mut sorted: Vec<(&String, &Value)> = members.iter().collect();
-    sorted.sort_unstable_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    sorted.sort_unstable_by(|a, b| utf16_cmp(a.0, b.0));
     out.push('{');
     for (index, (key, member)) in sorted.into_iter().enumerate() {
         if index > 0 {
@@ -319,7 +347,7 @@ fn write_object(
 
 /// RFC 8785 section 3.2.2.2: the short escapes, `\u00xx` (lowercase) for the
 /// other controls, and everything else verbatim.
-fn write_string(s: &str, out: &mut String) {
+fn write_string<O: Out>(s: &str, out: &mut O) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
     let mut start = 0;
@@ -348,6 +376,19 @@ fn write_string(s: &str, out: &mut String) {
     }
     out.push_str(&s[start..]);
     out.push('"');
+}
+
+/// Orders member names by UTF-16 code units (RFC 8785 section 3.2.3). For names without
+/// characters above U+FFFF the byte order is the same order, and much cheaper.
+#[must_use]
+pub fn utf16_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    // Below U+10000 UTF-8 byte order equals code point order equals UTF-16 order; only a
+    // 4-byte UTF-8 sequence (lead byte >= 0xF0, a surrogate pair in UTF-16) can differ.
+    if a.bytes().chain(b.bytes()).all(|byte| byte < 0xf0) {
+        a.as_bytes().cmp(b.as_bytes())
+    } else {
+        a.encode_utf16().cmp(b.encode_utf16())
+    }
 }
 
 // ---------------------------------------------------------------------------

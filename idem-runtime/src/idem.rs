@@ -38,6 +38,8 @@ pub struct Operation {
     tool: &'static str,
     attempt: Won,
     token: Token,
+    /// The size limit `complete_in` enforces (durable ledgers only).
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")), allow(dead_code))]
     max_result_bytes: usize,
     /// Set once the handler recorded the result in its own transaction.
     recorded: Arc<std::sync::atomic::AtomicBool>,
@@ -372,7 +374,7 @@ impl Idem {
         &self,
         recipe: &Recipe,
         caller: Option<&Caller>,
-        arguments: Result<CallArguments, Rejection>,
+        arguments: Result<CallArguments<'_>, Rejection>,
         reconcile: R,
         handler: F,
     ) -> Result<Served<Result<T, E>>, Rejection>
@@ -385,7 +387,8 @@ impl Idem {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let tool = recipe.tool();
-        let (request, fingerprint) = arguments.and_then(|arguments| self.prepare(recipe, caller, arguments))?;
+        let arguments = arguments?;
+        let (request, fingerprint) = self.prepare(recipe, caller, &arguments)?;
         let key = request.key;
         let reference = key.reference();
         let claim = match self.inner.ledger.claim(&request).await {
@@ -451,12 +454,12 @@ impl Idem {
     }
 
     /// Derives the claim for a call, or the rejection that stops it before the ledger.
-    fn prepare(
+    fn prepare<'a>(
         &self,
         recipe: &Recipe,
         caller: Option<&Caller>,
-        arguments: CallArguments,
-    ) -> Result<(ClaimRequest, Fingerprint), Rejection> {
+        arguments: &'a CallArguments<'_>,
+    ) -> Result<(ClaimRequest, Fingerprint<'a>), Rejection> {
         let caller = match caller {
             Some(caller) => caller.clone(),
             None => CALLER
@@ -466,9 +469,9 @@ impl Idem {
                 .ok_or(Rejection::NoCaller)?,
         };
         let invalid = |error| Rejection::InvalidArguments { error };
-        let scope = match (recipe.scope_rule(), arguments.task) {
+        let scope = match (recipe.scope_rule(), &arguments.task) {
             (ScopeRule::Tenant, _) => Scope::tenant(&caller),
-            (ScopeRule::Task(_), Some(task)) if !task.is_null() => Scope::task(&caller, task),
+            (ScopeRule::Task(_), Some(task)) if !task.is_null() => Scope::task(&caller, task.clone()),
             (ScopeRule::Task(path), _) => {
                 return Err(invalid(CanonicalError::Invalid {
                     message: format!("the task id argument `{path}` is missing; the key's scope needs it"),
@@ -476,9 +479,9 @@ impl Idem {
             }
             _ => Scope::caller(&caller),
         };
-        let (all, selected) = (arguments.all, arguments.selected);
-        let key = Key::derive(&scope, recipe.tool(), &selected).map_err(invalid)?;
-        let fingerprint = Fingerprint::of(&all, recipe.ignored()).map_err(invalid)?;
+        let (all, selected) = (&*arguments.all, &arguments.selected);
+        let key = Key::derive(&scope, recipe.tool(), selected).map_err(invalid)?;
+        let fingerprint = Fingerprint::of(all, recipe.ignored()).map_err(invalid)?;
         let now = self.now_ms();
         let window = recipe.window_duration().unwrap_or(self.inner.retention);
         let request = ClaimRequest {
@@ -504,6 +507,11 @@ impl Idem {
         let every = self.inner.lease / 3;
         let running = OPERATION.scope(operation, handler());
         let mut running = std::pin::pin!(running);
+        // A handler that finishes on its first poll needs no lease timer.
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(running.as_mut().poll(cx))).await;
+        if let std::task::Poll::Ready(result) = first {
+            return result;
+        }
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             tokio::select! {
@@ -637,18 +645,18 @@ fn decode<T: DeserializeOwned, E: IdempotentError>(bytes: &[u8], reference: Ref)
 
 /// A call's arguments, split the way a recipe needs them.
 #[derive(Debug, Default)]
-pub(crate) struct CallArguments {
+pub(crate) struct CallArguments<'a> {
     /// Every argument by name (the fingerprint's input; ignored names are dropped there).
-    pub(crate) all: Map<String, Value>,
+    pub(crate) all: std::borrow::Cow<'a, Map<String, Value>>,
     /// The key's arguments by path.
     pub(crate) selected: Map<String, Value>,
     /// The task id, for `ScopeRule::Task`.
     pub(crate) task: Option<Value>,
 }
 
-impl CallArguments {
+impl<'a> CallArguments<'a> {
     /// Splits a JSON object of arguments by the recipe's paths.
-    fn from_json(recipe: &Recipe, arguments: &Value) -> Result<Self, Rejection> {
+    fn from_json(recipe: &Recipe, arguments: &'a Value) -> Result<Self, Rejection> {
         let Value::Object(all) = arguments else {
             return Err(Rejection::InvalidArguments {
                 error: CanonicalError::Invalid { message: "the arguments must be a JSON object".to_owned() },
@@ -663,7 +671,7 @@ impl CallArguments {
             ScopeRule::Task(path) => lookup(all, path).cloned(),
             _ => None,
         };
-        Ok(Self { all: all.clone(), selected, task })
+        Ok(Self { all: std::borrow::Cow::Borrowed(all), selected, task })
     }
 }
 

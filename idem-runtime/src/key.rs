@@ -27,13 +27,13 @@ impl Key {
     ///
     /// `selected` maps each key path of the recipe (e.g. `"customer.id"`) to its value.
     pub fn derive(scope: &Scope, tool: &str, selected: &Map<String, Value>) -> Result<Self, CanonicalError> {
-        let mut material = Vec::with_capacity(128);
-        material.extend_from_slice(b"[");
-        canonical::write_canonical(&Value::String(KEY_VERSION.to_owned()), &mut material)?;
+        let mut material = Vec::with_capacity(160);
+        material.extend_from_slice(b"[\"");
+        material.extend_from_slice(KEY_VERSION.as_bytes());
+        material.extend_from_slice(b"\",");
+        scope.write_material(&mut material)?;
         material.push(b',');
-        canonical::write_canonical(&scope.material(), &mut material)?;
-        material.push(b',');
-        canonical::write_canonical(&Value::String(tool.to_owned()), &mut material)?;
+        canonical::write_canonical_str(tool, &mut material);
         material.push(b',');
         write_object(selected.iter(), &mut material, |_, _| {})?;
         material.push(b']');
@@ -167,18 +167,18 @@ impl TenantTag {
 /// 2-byte tag of the name and a 2-byte tag of the value) let the conflict answer name which
 /// arguments differ without storing any value; the 32-byte digest alone decides.
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Fingerprint {
+pub struct Fingerprint<'a> {
     /// SHA-256 over the canonical object of the fingerprinted arguments.
     pub digest: [u8; 32],
     /// One tag per top-level argument, sorted by argument name (canonical order).
     pub tags: Vec<[u8; 4]>,
     /// The argument names, in the order of `tags`. Not stored.
-    pub names: Vec<String>,
+    pub names: Vec<&'a str>,
 }
 
-impl Fingerprint {
+impl<'a> Fingerprint<'a> {
     /// Fingerprints the top-level members of `arguments` except the `ignore`d names.
-    pub fn of(arguments: &Map<String, Value>, ignore: &[&str]) -> Result<Self, CanonicalError> {
+    pub fn of(arguments: &'a Map<String, Value>, ignore: &[&str]) -> Result<Self, CanonicalError> {
         let mut material = Vec::with_capacity(128);
         let mut tags = Vec::with_capacity(arguments.len());
         let mut names = Vec::with_capacity(arguments.len());
@@ -187,7 +187,7 @@ impl Fingerprint {
             let name_tag = fnv1a16(name.as_bytes());
             let value_tag = fnv1a16(value_bytes);
             tags.push([name_tag[0], name_tag[1], value_tag[0], value_tag[1]]);
-            names.push(name.to_owned());
+            names.push(name);
         })?;
         Ok(Self { digest: Sha256::digest(&material).into(), tags, names })
     }
@@ -202,7 +202,7 @@ impl Fingerprint {
         for (name, tag) in self.names.iter().zip(&self.tags) {
             match stored_tags.iter().find(|stored| stored[..2] == tag[..2]) {
                 Some(stored) if stored == tag => {}
-                _ => differing.push(name.clone()),
+                _ => differing.push((*name).to_owned()),
             }
         }
         let removed = stored_tags.iter().filter(|stored| !self.tags.iter().any(|tag| tag[..2] == stored[..2])).count();
@@ -215,16 +215,16 @@ impl Fingerprint {
 fn write_object<'a>(
     members: impl Iterator<Item = (&'a String, &'a Value)>,
     out: &mut Vec<u8>,
-    mut on_member: impl FnMut(&str, &[u8]),
+    mut on_member: impl FnMut(&'a str, &[u8]),
 ) -> Result<(), CanonicalError> {
     let mut sorted: Vec<(&String, &Value)> = members.collect();
-    sorted.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    sorted.sort_unstable_by(|a, b| canonical::utf16_cmp(a.0, b.0));
     out.push(b'{');
     for (i, (name, value)) in sorted.into_iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        canonical::write_canonical(&Value::String(name.clone()), out)?;
+        canonical::write_canonical_str(name, out);
         out.push(b':');
         let start = out.len();
         canonical::write_canonical(value, out).map_err(|error| within(error, name))?;

@@ -56,7 +56,7 @@ impl<T: Serialize + DeserializeOwned> Storable for T {}
 /// Collects a call's arguments from the handler's parameters.
 #[derive(Debug, Default)]
 pub struct Arguments {
-    arguments: CallArguments,
+    arguments: CallArguments<'static>,
     error: Option<CanonicalError>,
 }
 
@@ -80,7 +80,7 @@ impl Arguments {
     /// All arguments at once: the handler's arguments struct (rmcp's `Parameters<T>`).
     pub fn all<T: Serialize + ?Sized>(&mut self, value: &T) {
         match self.value("", value) {
-            Some(Value::Object(map)) => self.arguments.all = map,
+            Some(Value::Object(map)) => self.arguments.all = std::borrow::Cow::Owned(map),
             Some(_) => {
                 self.error.get_or_insert(CanonicalError::Invalid {
                     message: "the arguments struct must serialise to a JSON object".to_owned(),
@@ -93,7 +93,7 @@ impl Arguments {
     /// One named argument.
     pub fn insert<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) {
         if let Some(value) = self.value(name, value) {
-            self.arguments.all.insert(name.to_owned(), value);
+            self.arguments.all.to_mut().insert(name.to_owned(), value);
         }
     }
 
@@ -109,7 +109,7 @@ impl Arguments {
         self.arguments.task = self.value("task", value);
     }
 
-    fn finish(self) -> Result<CallArguments, Rejection> {
+    fn finish(self) -> Result<CallArguments<'static>, Rejection> {
         match self.error {
             Some(error) => Err(Rejection::InvalidArguments { error }),
             None => Ok(self.arguments),

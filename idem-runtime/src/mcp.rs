@@ -119,7 +119,10 @@ struct StatusArgs {
 
 /// The ready, read-only status tool: an operation's state by ref, for the caller's tenant only.
 ///
-/// Add it to your router: `Self::tool_router() + idem_runtime::mcp::status_tool()`.
+/// Add it to your router: `Self::tool_router() + idem_runtime::mcp::status_tool()`, or use
+/// [`checked_router`]. Keep the combined router in a field and serve that one:
+/// `#[tool_handler(router = self.tool_router)]` — a plain `#[tool_handler]` serves
+/// `Self::tool_router()`, which lacks the status tool.
 #[must_use]
 pub fn status_tool<S: HasIdem + Send + Sync + 'static>() -> ToolRouter<S> {
     let schema = json!({
@@ -145,43 +148,66 @@ pub fn status_tool<S: HasIdem + Send + Sync + 'static>() -> ToolRouter<S> {
 }
 
 async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObject>) -> CallToolResult {
-    let error = |text: String| CallToolResult::error(vec![ContentBlock::text(text)]);
     let Some(caller) = caller_of(context).or_else(|| idem.local_caller().cloned()) else {
-        return error(Rejection::NoCaller.to_string());
+        return refusal(&Rejection::NoCaller);
     };
     let args: StatusArgs = match serde_json::from_value(Value::Object(arguments.unwrap_or_default())) {
         Ok(args) => args,
-        Err(_) => return error("pass the operation's ref: {\"ref\": \"<16 hex digits>\"}".to_owned()),
+        Err(_) => {
+            return status_error("bad_request", "pass the operation's ref: {\"ref\": \"<16 hex digits>\"}".to_owned());
+        }
     };
     match idem.status(&caller, &args.reference).await {
         Ok(Some(report)) => {
-            let result = report.result.as_deref().and_then(|bytes| serde_json::from_slice::<Value>(bytes).ok());
+            // The stored result is `{"ok": value}` or `{"err": error}`: show it as such.
+            let stored = report.result.as_deref().and_then(|bytes| serde_json::from_slice::<Value>(bytes).ok());
+            let (result, error) = match stored {
+                Some(Value::Object(mut stored)) => (stored.remove("ok"), stored.remove("err")),
+                _ => (None, None),
+            };
             let advice = match report.state {
                 crate::State::InProgress if report.lease_expired => {
                     "the process running it stopped answering; the next repeat resolves it per the tool's policy"
                 }
                 crate::State::InProgress => "still running; ask again shortly, do not re-submit",
+                crate::State::Completed if error.is_some() => "completed with a final error; a repeat returns it",
                 crate::State::Completed => "completed; a repeat of the same call returns this result",
                 crate::State::Failed => "failed without effect; repeating the call runs it again",
                 _ => "outcome unknown; do not retry, ask an operator to resolve it",
             };
-            let body = json!({
+            let mut body = json!({
                 "ref": report.reference.to_string(),
                 "state": report.state.as_str(),
                 "advice": advice,
                 "expiresAt": report.expires_at,
                 "result": result,
             });
+            if let Some(error) = error {
+                body["error"] = error;
+            }
             let mut done = CallToolResult::structured(body);
             done.is_error = Some(false);
             done
         }
-        Ok(None) => error(format!(
-            "no operation with ref {} exists for you (refs are per tenant and expire with their window)",
-            args.reference.trim()
-        )),
-        Err(status_error) => error(status_error.to_string()),
+        Ok(None) => status_error(
+            "not_found",
+            format!(
+                "no operation with ref {} exists for you (refs are per tenant and expire with their window)",
+                args.reference.trim()
+            ),
+        ),
+        Err(crate::StatusError::Ref(error)) => status_error("bad_request", error.to_string()),
+        Err(status_error_) => status_error("ledger_unavailable", status_error_.to_string()),
     }
+}
+
+/// An `isError` status answer with `_meta.idem.code`.
+fn status_error(code: &str, text: String) -> CallToolResult {
+    let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
+    let mut meta = JsonObject::new();
+    meta.insert("idem".to_owned(), json!({ "code": code }));
+    result.meta = Some(MetaObject(meta));
+    result
 }
 
 /// A listed tool whose `idempotentHint: true` no recipe backs.

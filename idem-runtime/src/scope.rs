@@ -115,6 +115,26 @@ impl Scope {
         TenantTag::of(&self.tenant)
     }
 
+    /// Appends [`Scope::material`] in canonical form, without building the object (members in
+    /// RFC 8785 order: `subject` < `task` < `tenant`).
+    pub(crate) fn write_material(&self, out: &mut Vec<u8>) -> Result<(), crate::canonical::CanonicalError> {
+        out.push(b'{');
+        if let Some(subject) = &self.subject {
+            out.extend_from_slice(b"\"subject\":");
+            crate::canonical::write_canonical_str(subject, out);
+            out.push(b',');
+        }
+        if let Some(task) = &self.task {
+            out.extend_from_slice(b"\"task\":");
+            crate::canonical::write_canonical(task, out)?;
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"tenant\":");
+        crate::canonical::write_canonical_str(&self.tenant, out);
+        out.push(b'}');
+        Ok(())
+    }
+
     /// The scope as key material: an object with `tenant` and, when present, `subject`, `task`.
     #[must_use]
     pub fn material(&self) -> Value {
@@ -127,5 +147,25 @@ impl Scope {
             object.insert("task".to_owned(), task.clone());
         }
         Value::Object(object)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast writer and the canonical form of the material object are the same bytes.
+    #[test]
+    fn written_material_is_the_canonical_material() {
+        let caller = Caller::new("ac\"me\u{1f600}", "al\\ice\n");
+        for scope in [
+            Scope::caller(&caller),
+            Scope::tenant(&caller),
+            Scope::task(&caller, serde_json::json!({ "conv": [1, 2.5, "x"] })),
+        ] {
+            let mut fast = Vec::new();
+            scope.write_material(&mut fast).unwrap();
+            assert_eq!(fast, crate::canonical::to_canonical_vec(&scope.material()).unwrap(), "{scope:?}");
+        }
     }
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_runtime::ledger::sea::{self, SeaOrmLedger};
-use idem_runtime::ledger::{Claim, ClaimRequest, Ledger, Token};
-use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Key, MemoryLedger, Recipe, Rejection, StalePolicy};
+use idem_runtime::ledger::{Ledger, Token};
+use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Key, MemoryLedger, Recipe, Rejection};
 use sea_orm::sqlx;
 use sea_orm::{ConnectionTrait, DbBackend};
 use serde::{Deserialize, Serialize};
@@ -78,7 +78,6 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .bind(now + 30_000)
                 .bind(fp)
                 .bind(tags)
-                .bind(false)
                 .fetch_optional(pool)
                 .await
                 .unwrap();
@@ -428,9 +427,136 @@ async fn bytes_per_row(rows: &mut Vec<Row>, url: &str) {
     drop(conn.execute_unprepared("DROP SCHEMA IF EXISTS idem_bench_rows CASCADE").await);
 }
 
+#[derive(Serialize)]
+struct Charge {
+    order_id: String,
+    card: String,
+    amount_cents: u64,
+    currency: String,
+    description: Option<String>,
+}
+
+fn charge_args(i: u64) -> Charge {
+    Charge {
+        order_id: format!("order-{i}"),
+        card: "tok_visa_4242".into(),
+        amount_cents: 1250 + i,
+        currency: "eur".into(),
+        description: Some("two coffees and a croissant".into()),
+    }
+}
+
+/// Nanoseconds per iteration of `f`, the best of five rounds of `n` (the least disturbed).
+fn nanos_per(n: u64, mut f: impl FnMut(u64)) -> f64 {
+    (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            for i in 0..n {
+                f(i);
+            }
+            start.elapsed().as_secs_f64() * 1e9 / n as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn cpu(rows: &mut Vec<Row>) {
+    use idem_runtime::canonical;
+    use sha2::{Digest, Sha256};
+    let scope = idem_runtime::Scope::caller(&caller());
+    let n = 20_000;
+    // What the orchestration does per call: strict Value, key over two selected fields, fingerprint.
+    let derive = nanos_per(n, |i| {
+        let value = canonical::to_value(&charge_args(i)).unwrap();
+        let serde_json::Value::Object(all) = value else { unreachable!() };
+        let mut selected = serde_json::Map::new();
+        selected.insert("order_id".into(), all["order_id"].clone());
+        selected.insert("amount_cents".into(), all["amount_cents"].clone());
+        std::hint::black_box(Key::derive(&scope, "charge_card", &selected).unwrap());
+        std::hint::black_box(idem_runtime::Fingerprint::of(&all, &[]).unwrap());
+    });
+    let plain = nanos_per(n, |i| {
+        let bytes = serde_json::to_vec(&charge_args(i)).unwrap();
+        std::hint::black_box(Sha256::digest(&bytes));
+    });
+    let canonical_bytes = canonical::to_canonical_vec(&canonical::to_value(&charge_args(1)).unwrap()).unwrap();
+    let sha_only = nanos_per(n, |_| {
+        std::hint::black_box(Sha256::digest(std::hint::black_box(&canonical_bytes)));
+    });
+    let build = nanos_per(n, |i| {
+        std::hint::black_box(charge_args(i));
+    });
+    row(
+        rows,
+        "key + fingerprint, 5-field struct (vs serde_json::to_vec + SHA-256)",
+        format!("{:.0} ns", derive - build),
+        format!("{:.0} ns", plain - build),
+        (derive - build) / (plain - build),
+    );
+    row(
+        rows,
+        "key + fingerprint (vs SHA-256 alone over the canonical bytes)",
+        format!("{:.0} ns", derive - build),
+        format!("{sha_only:.0} ns"),
+        (derive - build) / sha_only,
+    );
+}
+
+async fn wrapped_noop(rows: &mut Vec<Row>) {
+    let n = 20_000u64;
+    let args: Vec<_> = (0..n).map(|i| json!({ "order_id": i, "amount": 1250 })).collect();
+    let mut wrapped = f64::INFINITY;
+    let mut bare = f64::INFINITY;
+    for _ in 0..5 {
+        let idem = Idem::new(MemoryLedger::new());
+        let start = Instant::now();
+        for args in &args {
+            idem.call(&RECIPE, Some(&caller()), args, || async { Ok::<_, Error>(()) }).await.unwrap();
+        }
+        wrapped = wrapped.min(start.elapsed().as_secs_f64() * 1e9 / n as f64);
+        let start = Instant::now();
+        for args in &args {
+            std::hint::black_box(async { Ok::<_, Error>(std::hint::black_box(args)) }.await).unwrap();
+        }
+        bare = bare.min(start.elapsed().as_secs_f64() * 1e9 / n as f64);
+    }
+    row(
+        rows,
+        "wrapped no-op handler, memory ledger: added per call",
+        format!("{:.0} ns", wrapped - bare),
+        format!("{bare:.0} ns bare call"),
+        wrapped / bare.max(1.0),
+    );
+}
+
+/// Statements a first call and a repeat send, counted on the connection (sea-orm's metric callback).
+async fn statements(rows: &mut Vec<Row>, name: &str, url: &str) {
+    let Ok(_) = SeaOrmLedger::connect(url).await else { return };
+    let Ok(mut db) = sea_orm::Database::connect(url).await else { return };
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&sent);
+    db.set_metric_callback(move |_| {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let idem = Idem::new(SeaOrmLedger::from_connection(db));
+    let args = json!({ "order_id": format!("count-{}", Token::random().0) });
+    idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(()) }).await.unwrap();
+    let first = sent.swap(0, std::sync::atomic::Ordering::SeqCst);
+    idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(()) }).await.unwrap();
+    let repeat = sent.swap(0, std::sync::atomic::Ordering::SeqCst);
+    row(
+        rows,
+        format!("{name}: statements sent, first call / repeat"),
+        format!("{first} / {repeat}"),
+        "2 / 1 target".into(),
+        first as f64 / 2.0,
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let mut rows = Vec::new();
+    cpu(&mut rows);
+    wrapped_noop(&mut rows).await;
     let pg_url =
         std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let my_url = std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
@@ -442,6 +568,7 @@ async fn main() {
     for (name, url) in
         [("SQLite (file, FULL)", sqlite_url.as_str()), ("PostgreSQL", pg_url.as_str()), ("MariaDB", my_url.as_str())]
     {
+        statements(&mut rows, name, url).await;
         match SeaOrmLedger::connect(url).await {
             Ok(ledger) => {
                 latency(&mut rows, name, &ledger).await;
@@ -451,8 +578,6 @@ async fn main() {
         }
     }
     bytes_per_row(&mut rows, &pg_url).await;
-    let _ = StalePolicy::Hold;
-    let _ = (Claim::Unknown, None::<ClaimRequest>, Key::from_bytes([0; 32]));
 
     let width = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
     println!("\n| {:<width$} | {:>12} | {:>22} | {:>6} |", "measurement", "idem", "baseline", "ratio");

@@ -108,9 +108,13 @@ def describe(result: Any) -> str:
     idem = idem_meta(result)
     if result.is_error:
         fields = {k: idem[k] for k in ("code", "ref", "differing", "executed", "retry", "statusTool") if k in idem}
-        return f"isError {json.dumps(fields, sort_keys=True)} text={text_of(result)!r}"
-    body = result.structured_content if result.structured_content is not None else text_of(result)
-    return f"ok ref={idem.get('ref')} replayed={idem.get('replayed')} result={json.dumps(body, sort_keys=True)}"
+        codes = json.dumps(fields, sort_keys=True) if fields else "(no _meta.idem)"
+        return f"isError {codes} text={text_of(result)!r}"
+    content = result.structured_content if result.structured_content is not None else text_of(result)
+    body = json.dumps(content, sort_keys=True)
+    if not idem:
+        return f"ok (no _meta.idem) result={body}"
+    return f"ok ref={idem.get('ref')} replayed={idem.get('replayed')} result={body}"
 
 
 def assert_fresh_or_replayed(result: Any, replayed: bool, what: str) -> str:

@@ -17,9 +17,10 @@
 //! can be HOT updates.
 //!
 //! The claim per backend:
-//! - **PostgreSQL**: one statement — `INSERT … ON CONFLICT (key) DO UPDATE … WHERE <claimable>
-//!   RETURNING` inside a CTE, with the existing row selected in the same statement when the
-//!   update's condition does not hold.
+//! - **PostgreSQL**: one statement — `INSERT … ON CONFLICT (key) DO NOTHING RETURNING` inside a
+//!   CTE, with the existing row selected in the same statement when the key is taken. A repeat is
+//!   answered from that read (no lock, no write); only an expired, failed or stale record costs a
+//!   second, conditional `UPDATE … WHERE <claimable> RETURNING`.
 //! - **SQLite**: the same upsert (`RETURNING`, SQLite ≥ 3.35); when it does not claim, a second
 //!   statement reads the record that stood in the way.
 //! - **MySQL/MariaDB**: a plain `INSERT` claims an absent key (the primary key refuses a second);
@@ -98,6 +99,15 @@ impl SeaOrmLedger {
     /// # Errors
     /// The database cannot be reached.
     pub async fn connect_without_migrating(url: &str) -> Result<Self, LedgerError> {
+        Self::connect_with(Self::options(url)).await
+    }
+
+    /// The connection options [`SeaOrmLedger::connect`] uses for `url`: no statement logging,
+    /// 5 s connect and acquire timeouts, a ping only for connections idle 30 s, and for SQLite
+    /// WAL, `synchronous=FULL` and a 10 s busy timeout. Adjust them (the pool size, say) and pass
+    /// them to [`SeaOrmLedger::connect_with`].
+    #[must_use]
+    pub fn options(url: &str) -> ConnectOptions {
         let mut options = ConnectOptions::new(url.to_owned());
         options.sqlx_logging(false).connect_timeout(Duration::from_secs(5)).acquire_timeout(Duration::from_secs(5));
         // A pooled connection is pinged only after it sat idle: saves a round trip per statement.
@@ -106,6 +116,14 @@ impl SeaOrmLedger {
         if url.starts_with("sqlite:") {
             configure_sqlite(&mut options, url);
         }
+        options
+    }
+
+    /// Connects with your own options (start from [`SeaOrmLedger::options`]); does not migrate.
+    ///
+    /// # Errors
+    /// The database cannot be reached.
+    pub async fn connect_with(options: ConnectOptions) -> Result<Self, LedgerError> {
         let db = Database::connect(options).await.map_err(unavailable)?;
         Ok(Self { db })
     }
@@ -182,13 +200,31 @@ impl SeaOrmLedger {
     /// One statement: claim, or return the record in the way. `None` when the record changed
     /// between the statement's snapshot and its conflict check (re-run).
     async fn claim_postgres(&self, request: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
-        let mut values = insert_values(request);
-        values.push(sea_orm::Value::Bool(Some(request.stale == StalePolicy::Hold)));
-        let statement = Statement::from_sql_and_values(DbBackend::Postgres, POSTGRES_CLAIM, values);
+        let statement = Statement::from_sql_and_values(DbBackend::Postgres, POSTGRES_CLAIM, insert_values(request));
         let Some(row) = self.db.query_one_raw(statement).await.map_err(unavailable)? else { return Ok(None) };
         let claimed: i16 = row.try_get_by_index(0).map_err(corrupt)?;
         let row = Row::read(&row, 1)?;
-        Ok(if claimed == 1 { Some(row.won(request)) } else { row.answer(request) })
+        if claimed == 1 {
+            return Ok(Some(Claim::Won(Won::Fresh)));
+        }
+        if let Some(answer) = row.answer(request) {
+            // A repeat: answered from a plain read, no lock, no write.
+            return Ok(Some(answer));
+        }
+        // Expired, failed or stale: take it with a conditional update.
+        let values = vec![
+            key_value(&request.key),
+            token_value(request.token),
+            millis(request.now),
+            millis(request.expires_at),
+            millis(request.lease_until),
+            sea_orm::Value::Bytes(Some(request.fingerprint.to_vec())),
+            sea_orm::Value::Bytes(Some(tags_bytes(&request.arg_tags))),
+            sea_orm::Value::Bool(Some(request.stale == StalePolicy::Hold)),
+        ];
+        let statement = Statement::from_sql_and_values(DbBackend::Postgres, POSTGRES_RECLAIM, values);
+        let row = self.db.query_one_raw(statement).await.map_err(unavailable)?;
+        row.map(|row| Row::read(&row, 0).map(|row| row.won(request))).transpose()
     }
 
     /// The upsert; when it does not claim, a read of the record in the way.
@@ -424,33 +460,42 @@ impl Ledger for SeaOrmLedger {
 /// `$6` lease_until, `$7` fingerprint, `$8` arg_tags, `$9` whether the stale policy is `hold`.
 #[doc(hidden)]
 pub const POSTGRES_CLAIM: &str = "WITH claimed AS (
-            INSERT INTO idem_records AS r
+            INSERT INTO idem_records
                 (key, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
             VALUES ($1, $2, 1, $3, $4, $5, $6, $7, $8, NULL)
-            ON CONFLICT (key) DO UPDATE SET
-                state = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN 1 WHEN $9 THEN 4 ELSE 1 END,
-                token = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             OR NOT $9 THEN EXCLUDED.token ELSE r.token END,
-                created_at = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN EXCLUDED.created_at ELSE r.created_at END,
-                expires_at = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN EXCLUDED.expires_at ELSE r.expires_at END,
-                lease_until = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             OR NOT $9 THEN EXCLUDED.lease_until ELSE r.lease_until END,
-                fingerprint = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN EXCLUDED.fingerprint ELSE r.fingerprint END,
-                arg_tags = CASE WHEN (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-                             THEN EXCLUDED.arg_tags ELSE r.arg_tags END,
-                result = NULL
-            WHERE (r.expires_at <= $4 AND NOT (r.state = 1 AND r.lease_until > $4)) OR r.state = 3
-               OR (r.state = 1 AND r.lease_until <= $4 AND r.fingerprint = EXCLUDED.fingerprint)
-            RETURNING r.state, r.token, r.expires_at, r.lease_until, r.fingerprint, r.arg_tags, r.result
+            ON CONFLICT (key) DO NOTHING
+            RETURNING state, token, expires_at, lease_until, fingerprint, arg_tags, result
         )
         SELECT 1::smallint AS claimed, state, token, expires_at, lease_until, fingerprint, arg_tags, result FROM claimed
         UNION ALL
         SELECT 0::smallint, state, token, expires_at, lease_until, fingerprint, arg_tags, result
         FROM idem_records WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)";
+
+/// The PostgreSQL re-claim of an existing record that was expired, failed or held by a dead
+/// holder: `$1` key, `$2` token, `$3` now, `$4` expires_at, `$5` lease_until, `$6` fingerprint,
+/// `$7` arg_tags, `$8` whether the stale policy is `hold`. Its `WHERE` is evaluated again on the
+/// newest row version, so of two re-claimers only one can win.
+#[doc(hidden)]
+pub const POSTGRES_RECLAIM: &str = "UPDATE idem_records AS r SET
+            state = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+                         THEN 1 WHEN $8 THEN 4 ELSE 1 END,
+            token = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+                         OR NOT $8 THEN $2 ELSE r.token END,
+            created_at = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+                         THEN $3 ELSE r.created_at END,
+            expires_at = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+                         THEN $4 ELSE r.expires_at END,
+            lease_until = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+                         OR NOT $8 THEN $5 ELSE r.lease_until END,
+            fingerprint = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+                         THEN $6 ELSE r.fingerprint END,
+            arg_tags = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+                         THEN $7 ELSE r.arg_tags END,
+            result = NULL
+        WHERE r.key = $1
+          AND ((r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+               OR (r.state = 1 AND r.lease_until <= $3 AND r.fingerprint = $6))
+        RETURNING r.state, r.token, r.expires_at, r.lease_until, r.fingerprint, r.arg_tags, r.result";
 
 /// The SQLite claim, with the parameters of [`POSTGRES_CLAIM`] as `?1`…`?9`.
 #[doc(hidden)]

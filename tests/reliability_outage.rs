@@ -1,0 +1,535 @@
+//! Ledger outage on PostgreSQL, in the middle of a load.
+//!
+//! Eight tasks call distinct operations through a real `SeaOrmLedger` while the ledger is taken
+//! away from under them, two ways:
+//! - `proxy_cut`: the pool reaches PostgreSQL through a small TCP proxy in this process; the
+//!   proxy is cut (every live connection shut down mid-statement, new ones refused) for a few
+//!   hundred milliseconds, several times;
+//! - `terminate`: another connection runs `pg_terminate_backend` on every backend whose
+//!   `application_name` is the pool's, every few tens of milliseconds.
+//!
+//! Promised, and counted on the far side (the handler's own log and the downstream):
+//! - no handler runs without a claim: every key a handler started with has a ledger record;
+//! - every caller is told the truth: an answer is either the result, or `ledger_unavailable`
+//!   from a call whose handler did not run — no other answer, ever;
+//! - after recovery, retrying every call completes it, the effect count at the downstream equals
+//!   the number of distinct operations, and a retry of a call that had succeeded returns the
+//!   same result.
+//!
+//! A call whose completion failed after its effect returned its result to its caller, but its
+//! record stays `in_progress` until the lease runs out. This test uses `stale = "takeover"` with
+//! a downstream that dedupes by the forwarded key, so the retry waits out the lease (answered
+//! `in_flight` meanwhile), takes over, re-runs the handler, and the downstream hands back the
+//! first receipt: the effect stays single and the caller sees the same result. The number of
+//! such calls is printed; under `hold` they would become "outcome unknown" for an operator.
+//!
+//! `lost_claim_acknowledgement` shows two behaviours around an acknowledgement lost on the wire
+//! (see RELIABILITY.md).
+
+#[path = "reliability_support/mod.rs"]
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_runtime::ledger::Resolution;
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::{Caller, Idem, Key, Recipe, Scope, StalePolicy, State, current_operation};
+use sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
+use serde_json::{Map, Value, json};
+use support::{RelError, scale, unique};
+
+static CHARGE: Recipe = Recipe::new("rel_outage_charge", &["order_id"]).stale(StalePolicy::Takeover);
+static CHARGE_HOLD: Recipe = Recipe::new("rel_outage_charge", &["order_id"]);
+
+const TASKS: usize = 8;
+const LEASE: Duration = Duration::from_millis(300);
+
+// ---------------------------------------------------------------------------------------------
+// A TCP proxy that can be cut, or made to swallow the server's answers.
+// ---------------------------------------------------------------------------------------------
+
+struct Proxy {
+    port: u16,
+    up: Arc<AtomicBool>,
+    /// When set, bytes from the server are read and dropped (the request arrives, the answer
+    /// never does).
+    blackhole: Arc<AtomicBool>,
+    live: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(AtomicBool::new(true));
+        let blackhole = Arc::new(AtomicBool::new(false));
+        let live: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (up2, blackhole2, live2) = (Arc::clone(&up), Arc::clone(&blackhole), Arc::clone(&live));
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if !up2.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(target) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                {
+                    let mut live = live2.lock().unwrap();
+                    live.push(client.try_clone().unwrap());
+                    live.push(server.try_clone().unwrap());
+                }
+                let (c_read, s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || pump(c_read, s_write, None));
+                let drop_answers = Arc::clone(&blackhole2);
+                std::thread::spawn(move || pump(server, client, Some(drop_answers)));
+            }
+        });
+        Self { port, up, blackhole, live }
+    }
+
+    /// Shuts down every live connection and refuses new ones until [`Proxy::restore`].
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for stream in self.live.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.blackhole.store(false, Ordering::SeqCst);
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, drop_when: Option<Arc<AtomicBool>>) {
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if drop_when.as_ref().is_some_and(|flag| flag.load(Ordering::SeqCst)) {
+            continue;
+        }
+        if to.write_all(&buffer[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
+/// `url` with its host and port replaced by `127.0.0.1:port`, and the address it named.
+fn through(url: &str, port: u16) -> (String, SocketAddr) {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let (credentials, host) = authority.rsplit_once('@').map_or(("", authority), |(c, h)| (c, h));
+    let host = if host.contains(':') { host.to_owned() } else { format!("{host}:5432") };
+    let target = host.to_socket_addrs().expect("resolve the database host").next().expect("an address");
+    let at = if credentials.is_empty() { String::new() } else { format!("{credentials}@") };
+    (format!("{scheme}://{at}127.0.0.1:{port}/{path}"), target)
+}
+
+fn with_application_name(url: &str, name: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}application_name={name}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The load and its far side.
+// ---------------------------------------------------------------------------------------------
+
+/// The downstream: dedupes by the forwarded key; counts raw attempts.
+#[derive(Default)]
+struct Downstream {
+    applied: Mutex<HashMap<String, (String, String)>>,
+    attempts: AtomicUsize,
+    sequence: AtomicUsize,
+}
+
+impl Downstream {
+    fn charge(&self, key: &str, order: &str) -> String {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        let mut applied = self.applied.lock().unwrap();
+        let n = self.sequence.fetch_add(1, Ordering::SeqCst);
+        applied.entry(key.to_owned()).or_insert_with(|| (order.to_owned(), format!("rcpt-{order}-{n}"))).1.clone()
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    /// (order, key) for every handler start.
+    started: Mutex<Vec<(String, String)>>,
+    /// Results the load got, by order.
+    succeeded: Mutex<BTreeMap<String, String>>,
+    /// Orders answered `ledger_unavailable`.
+    unavailable: Mutex<BTreeSet<String>>,
+    /// `ledger_unavailable` answers from calls whose handler had started (must stay empty).
+    lied: Mutex<Vec<String>>,
+    /// Any other answer (must stay empty).
+    unexpected: Mutex<Vec<String>>,
+}
+
+fn key_of(caller: &Caller, order: &str) -> Key {
+    let mut selected = Map::new();
+    selected.insert("order_id".to_owned(), Value::String(order.to_owned()));
+    Key::derive(&Scope::caller(caller), CHARGE.tool(), &selected).unwrap()
+}
+
+/// One call of the load; `true` when it was answered `ledger_unavailable`.
+async fn call_once(idem: &Idem, caller: &Caller, order: &str, downstream: &Downstream, tally: &Tally) -> bool {
+    let started = AtomicBool::new(false);
+    let arguments = json!({ "order_id": order, "amount_cents": 990 });
+    let result = idem
+        .call(&CHARGE, Some(caller), &arguments, || async {
+            started.store(true, Ordering::SeqCst);
+            let key = current_operation().unwrap().key().to_string();
+            tally.started.lock().unwrap().push((order.to_owned(), key.clone()));
+            let receipt = downstream.charge(&key, order);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            Ok::<_, RelError>(receipt)
+        })
+        .await;
+    match result {
+        Ok(served) => {
+            tally.succeeded.lock().unwrap().insert(order.to_owned(), served.value);
+            false
+        }
+        Err(error) if error.code() == "ledger_unavailable" => {
+            if started.load(Ordering::SeqCst) {
+                tally.lied.lock().unwrap().push(format!("{order}: {error:?}"));
+            }
+            tally.unavailable.lock().unwrap().insert(order.to_owned());
+            true
+        }
+        Err(error) => {
+            tally.unexpected.lock().unwrap().push(format!("{order}: {error:?}"));
+            false
+        }
+    }
+}
+
+enum Fault {
+    ProxyCut(Arc<Proxy>),
+    Terminate { admin: sea_orm::DatabaseConnection, application_name: String },
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outage_by_proxy_cut() {
+    let test = "reliability_outage::outage_by_proxy_cut";
+    let Some((url, _)) = support::connect("postgres", test).await else { return };
+    let proxy = Arc::new(Proxy::start(through(&url, 1).1));
+    let (proxied, _) = through(&url, proxy.port);
+    outage(test, &proxied, Fault::ProxyCut(proxy)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outage_by_terminated_backends() {
+    let test = "reliability_outage::outage_by_terminated_backends";
+    let Some((url, _)) = support::connect("postgres", test).await else { return };
+    let application_name = unique("idem_rel_outage").replace('-', "_");
+    let admin = Database::connect(&url).await.unwrap();
+    outage(test, &with_application_name(&url, &application_name), Fault::Terminate { admin, application_name }).await;
+}
+
+async fn outage(test: &str, url: &str, fault: Fault) {
+    let ledger = SeaOrmLedger::connect(url).await.expect("connect through the fault");
+    let idem = Idem::new(ledger).with_lease(LEASE);
+    let caller = Caller::new(unique("rel-outage-tenant"), "loader");
+    let (downstream, tally) = (Arc::new(Downstream::default()), Arc::new(Tally::default()));
+    let faults_wanted = scale(3, 25);
+    let min_ops_per_task = scale(20, 120);
+    let faults_done = Arc::new(AtomicBool::new(false));
+
+    let mut load = tokio::task::JoinSet::new();
+    for task in 0..TASKS {
+        let (idem, caller, downstream, tally, faults_done) =
+            (idem.clone(), caller.clone(), Arc::clone(&downstream), Arc::clone(&tally), Arc::clone(&faults_done));
+        load.spawn(async move {
+            let mut orders = Vec::new();
+            while orders.len() < min_ops_per_task || !faults_done.load(Ordering::SeqCst) {
+                let order = format!("o{task}-{}", orders.len());
+                let refused = call_once(&idem, &caller, &order, &downstream, &tally).await;
+                orders.push(order);
+                // A caller told `ledger_unavailable` backs off a little, as a client would.
+                tokio::time::sleep(Duration::from_millis(if refused { 15 } else { 3 })).await;
+            }
+            orders
+        });
+    }
+
+    // The faults, while the load runs.
+    let mut injected = 0usize;
+    let mut terminated = 0usize;
+    for round in 0..faults_wanted {
+        tokio::time::sleep(Duration::from_millis(60 + 13 * (round as u64 % 5))).await;
+        match &fault {
+            Fault::ProxyCut(proxy) => {
+                proxy.cut();
+                tokio::time::sleep(Duration::from_millis(150 + 50 * (round as u64 % 4))).await;
+                proxy.restore();
+            }
+            Fault::Terminate { admin, application_name } => {
+                let sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1";
+                let rows = admin
+                    .query_all_raw(Statement::from_sql_and_values(
+                        DbBackend::Postgres,
+                        sql,
+                        vec![application_name.clone().into()],
+                    ))
+                    .await
+                    .unwrap();
+                terminated += rows.len();
+            }
+        }
+        injected += 1;
+    }
+    faults_done.store(true, Ordering::SeqCst);
+    let mut orders = Vec::new();
+    while let Some(task) = load.join_next().await {
+        orders.extend(task.unwrap());
+    }
+
+    // After recovery. No handler without a claim: every started key has a record.
+    let mut without_claim = 0;
+    let started: Vec<(String, String)> = tally.started.lock().unwrap().clone();
+    for (order, key) in &started {
+        assert_eq!(*key, key_of(&caller, order).to_string(), "the forwarded key is the operation's");
+        let reference = key_of(&caller, order).reference().to_string();
+        let found = support::poll(Duration::from_secs(10), || async {
+            idem.status(&caller, &reference).await.ok().map(|status| status.is_some())
+        })
+        .await;
+        if found != Some(true) {
+            without_claim += 1;
+        }
+    }
+    // Completions lost after the effect: the caller got its result, the record is in progress.
+    let succeeded = tally.succeeded.lock().unwrap().clone();
+    let mut completion_lost = 0;
+    for order in succeeded.keys() {
+        let reference = key_of(&caller, order).reference().to_string();
+        let state = support::poll(Duration::from_secs(10), || async {
+            idem.status(&caller, &reference).await.ok().flatten().map(|status| status.state)
+        })
+        .await;
+        if state == Some(State::InProgress) {
+            completion_lost += 1;
+        }
+    }
+
+    // Retry every call until it completes.
+    let (mut in_flight_waits, mut unavailable_after_recovery, mut changed_results, mut not_completed) = (0, 0, 0, 0);
+    let mut unexpected_after = Vec::new();
+    for order in &orders {
+        let arguments = json!({ "order_id": order, "amount_cents": 990 });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let value = loop {
+            let result = idem
+                .call(&CHARGE, Some(&caller), &arguments, || async {
+                    let key = current_operation().unwrap().key().to_string();
+                    tally.started.lock().unwrap().push((order.clone(), key.clone()));
+                    Ok::<_, RelError>(downstream.charge(&key, order))
+                })
+                .await;
+            match result {
+                Ok(served) => break Some(served.value),
+                Err(error) if tokio::time::Instant::now() >= deadline => {
+                    unexpected_after.push(format!("{order}: still {error:?}"));
+                    break None;
+                }
+                Err(error) if error.code() == "in_flight" => in_flight_waits += 1,
+                Err(error) if error.code() == "ledger_unavailable" => unavailable_after_recovery += 1,
+                Err(error) => {
+                    unexpected_after.push(format!("{order}: {error:?}"));
+                    break None;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        };
+        match (value, succeeded.get(order)) {
+            (Some(value), Some(first)) if value != *first => changed_results += 1,
+            (None, _) => not_completed += 1,
+            _ => {}
+        }
+        let reference = key_of(&caller, order).reference().to_string();
+        if idem.status(&caller, &reference).await.unwrap().map(|s| s.state) != Some(State::Completed) {
+            not_completed += 1;
+        }
+    }
+
+    let applied = downstream.applied.lock().unwrap().clone();
+    let mut per_order: BTreeMap<&str, usize> = BTreeMap::new();
+    for (order, _) in applied.values() {
+        *per_order.entry(order.as_str()).or_default() += 1;
+    }
+    let duplicates: usize = per_order.values().map(|n| n.saturating_sub(1)).sum();
+    let attempts = downstream.attempts.load(Ordering::SeqCst);
+    let (lied, unexpected) = (tally.lied.lock().unwrap().clone(), tally.unexpected.lock().unwrap().clone());
+    let unavailable = tally.unavailable.lock().unwrap().len();
+    let fault_name = match &fault {
+        Fault::ProxyCut(_) => format!("proxy cut ×{injected}"),
+        Fault::Terminate { .. } => format!("pg_terminate_backend ×{injected} ({terminated} backends)"),
+    };
+    support::print_table(
+        &format!("ledger outage ({test})"),
+        &[
+            "fault",
+            "operations",
+            "ok in load",
+            "ledger_unavailable in load",
+            "other answers",
+            "handler without claim",
+            "unavailable but handler ran",
+            "completion lost after effect",
+            "retries: in_flight / unavailable",
+            "effects (distinct ops)",
+            "duplicates",
+            "re-runs absorbed by dedupe",
+            "changed results",
+            "not completed",
+        ],
+        &[vec![
+            fault_name,
+            orders.len().to_string(),
+            succeeded.len().to_string(),
+            unavailable.to_string(),
+            (unexpected.len() + unexpected_after.len()).to_string(),
+            without_claim.to_string(),
+            lied.len().to_string(),
+            completion_lost.to_string(),
+            format!("{in_flight_waits} / {unavailable_after_recovery}"),
+            format!("{} ({})", applied.len(), orders.len()),
+            duplicates.to_string(),
+            attempts.saturating_sub(applied.len()).to_string(),
+            changed_results.to_string(),
+            not_completed.to_string(),
+        ]],
+    );
+    assert!(unexpected.is_empty() && unexpected_after.is_empty(), "{unexpected:?} {unexpected_after:?}");
+    assert!(lied.is_empty(), "told nothing was executed, but the handler ran: {lied:?}");
+    assert_eq!(without_claim, 0, "a handler ran without a ledger record");
+    assert_eq!((duplicates, applied.len(), per_order.len()), (0, orders.len(), orders.len()));
+    assert_eq!((changed_results, not_completed), (0, 0));
+    assert!(injected == faults_wanted && orders.len() >= TASKS * min_ops_per_task);
+}
+
+// ---------------------------------------------------------------------------------------------
+// An acknowledgement lost on the wire.
+// ---------------------------------------------------------------------------------------------
+
+/// The claim reaches PostgreSQL and commits, but its answer never comes back (the proxy
+/// swallows it), until the connection is cut.
+///
+/// What the caller is told is right — `ledger_unavailable`, the handler did not run — but the
+/// record the lost claim left is `in_progress`: a retry is answered `in_flight` until the lease
+/// runs out, and then, under the default `hold` policy, "outcome unknown" until an operator
+/// resolves it — although nothing was executed. This test pins that documented path (the way
+/// out is `Idem::resolve`); RELIABILITY.md lists it as a surprise with a suggested fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_claim_acknowledgement() {
+    let test = "reliability_outage::lost_claim_acknowledgement";
+    let Some((url, direct)) = support::connect("postgres", test).await else { return };
+    let proxy = Arc::new(Proxy::start(through(&url, 1).1));
+    let (proxied, _) = through(&url, proxy.port);
+    let through_proxy = Idem::new(SeaOrmLedger::connect(&proxied).await.unwrap()).with_lease(LEASE);
+    let idem = Idem::new(direct).with_lease(LEASE);
+    let caller = Caller::new(unique("rel-ack-tenant"), "loader");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let order = unique("order");
+    let arguments = json!({ "order_id": order, "amount_cents": 990 });
+
+    // Warm the pooled connection: sqlx prepares a statement on first use and waits for that
+    // answer before executing, so only a statement already prepared reaches the server whole.
+    let warm = json!({ "order_id": unique("warm"), "amount_cents": 1 });
+    through_proxy
+        .call(&CHARGE_HOLD, Some(&caller), &warm, || async { Ok::<_, RelError>(String::new()) })
+        .await
+        .unwrap();
+    proxy.blackhole.store(true, Ordering::SeqCst);
+    let pending = {
+        let (through_proxy, caller, runs, arguments) =
+            (through_proxy.clone(), caller.clone(), Arc::clone(&runs), arguments.clone());
+        tokio::spawn(async move {
+            through_proxy
+                .call(&CHARGE_HOLD, Some(&caller), &arguments, || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, RelError>("ran".to_owned())
+                })
+                .await
+        })
+    };
+    // The claim is committed on the server while its answer is being swallowed.
+    let reference = key_of(&caller, &order).reference().to_string();
+    let committed = support::poll(Duration::from_secs(10), || async {
+        idem.status(&caller, &reference).await.unwrap().map(|status| status.state)
+    })
+    .await;
+    assert_eq!(committed, Some(State::InProgress), "the claim committed on the server");
+    proxy.cut();
+    let answer = tokio::time::timeout(Duration::from_secs(10), pending).await.expect("answered after the cut").unwrap();
+    proxy.restore();
+    let error = answer.expect_err("the claim's answer was lost");
+    assert_eq!(error.code(), "ledger_unavailable", "{error:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing was executed");
+
+    // The retry the caller was told is safe.
+    let retry = || {
+        let runs = Arc::clone(&runs);
+        idem.call(&CHARGE_HOLD, Some(&caller), &arguments, move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, RelError>("ran".to_owned())
+        })
+    };
+    let first = retry().await.expect_err("the orphan claim is in the way");
+    assert_eq!(first.code(), "in_flight", "within the lease: {first:?}");
+    let expired = support::poll(Duration::from_secs(10), || async {
+        idem.status(&caller, &reference).await.unwrap().filter(|s| s.lease_expired).map(|_| ())
+    })
+    .await;
+    assert!(expired.is_some());
+    let second = retry().await.expect_err("hold: a stale lease becomes unknown");
+    assert_eq!(second.code(), "outcome_unknown", "{second:?}");
+    // The documented way out.
+    idem.resolve(&caller, &reference, Resolution::NothingHappened).await.unwrap();
+    let done = retry().await.expect("after the operator's resolve the retry runs");
+    assert_eq!((done.value.as_str(), runs.load(Ordering::SeqCst)), ("ran", 1));
+    eprintln!(
+        "lost_claim_acknowledgement: ledger_unavailable (handler not run) -> retry in_flight -> after the lease \
+         outcome_unknown (hold) -> Idem::resolve(NothingHappened) -> retry ran once"
+    );
+}
+
+/// A ledger that accepts the claim and never answers (a half-open connection, a partition after
+/// the request left) keeps `Idem::call` waiting: there is no timeout on ledger statements, so the
+/// caller is never told anything — contrary to "if the ledger cannot be reached, the caller is
+/// told nothing was executed".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: no timeout on ledger statements — a silent ledger makes Idem::call hang (idem.rs:394, sea.rs:204)"]
+async fn a_silent_ledger_is_answered_within_a_bound() {
+    let test = "reliability_outage::a_silent_ledger_is_answered_within_a_bound";
+    let Some((url, _)) = support::connect("postgres", test).await else { return };
+    let proxy = Arc::new(Proxy::start(through(&url, 1).1));
+    let (proxied, _) = through(&url, proxy.port);
+    let idem = Idem::new(SeaOrmLedger::connect(&proxied).await.unwrap()).with_lease(LEASE);
+    let caller = Caller::new(unique("rel-silent-tenant"), "loader");
+    let warm = json!({ "order_id": unique("warm") });
+    idem.call(&CHARGE, Some(&caller), &warm, || async { Ok::<_, RelError>(String::new()) }).await.unwrap();
+    proxy.blackhole.store(true, Ordering::SeqCst);
+    let arguments = json!({ "order_id": unique("o") });
+    let call = idem.call(&CHARGE, Some(&caller), &arguments, || async { Ok::<_, RelError>("ran".to_owned()) });
+    // Generous: ten times the pool's own connect and acquire timeouts (5 s).
+    let answered = tokio::time::timeout(Duration::from_secs(50), call).await;
+    proxy.cut();
+    let answer = answered.expect("Idem::call must answer (ledger_unavailable) within a bound");
+    assert_eq!(answer.unwrap_err().code(), "ledger_unavailable");
+}
