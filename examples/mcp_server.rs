@@ -149,7 +149,7 @@ impl HasIdem for Payments {
 }
 
 fn forwarded_key() -> String {
-    current_operation().map(|operation| operation.key().to_string()).unwrap_or_default()
+    current_operation().map(|operation| operation.idempotency_key()).unwrap_or_default()
 }
 
 #[audit_idempotent]

@@ -64,7 +64,7 @@ impl Payments {
         note: String,
     ) -> Result<Receipt, ChargeError> {
         // The key travels downstream so the processor can dedupe too (its reference field).
-        let reference = current_operation().map(|op| op.key().to_string()).unwrap_or_default();
+        let reference = current_operation().map(|op| op.idempotency_key()).unwrap_or_default();
         let _ = (order_id, card, note);
         if amount_cents > 1_000_000 {
             return Err(ChargeError::Declined);

@@ -209,6 +209,20 @@ pub async fn stale_lease_hold_becomes_unknown(ledger: Arc<dyn Ledger>) {
     assert_eq!(ledger.complete(&first.key, first.token, Outcome::Failed).await, Err(LedgerError::Fenced));
 }
 
+/// A dead holder's lease found after the window ended still goes through the stale policy: no
+/// silent re-run as a fresh operation.
+pub async fn stale_lease_past_its_window_follows_the_policy(ledger: Arc<dyn Ledger>) {
+    let held = ClaimRequest { expires_at: T0 + 10, lease_until: T0 + 5, ..request(T0) };
+    claim(&*ledger, &held).await;
+    assert_eq!(claim(&*ledger, &repeat(&held, T0 + WINDOW * 2)).await, Claim::Unknown, "hold: unknown, not fresh");
+    assert_eq!(claim(&*ledger, &repeat(&held, T0 + WINDOW * 3)).await, Claim::Unknown, "and it stays unknown");
+    let taken = ClaimRequest { stale: StalePolicy::Takeover, expires_at: T0 + 10, lease_until: T0 + 5, ..request(T0) };
+    claim(&*ledger, &taken).await;
+    let again = repeat(&taken, T0 + WINDOW * 2);
+    assert_eq!(claim(&*ledger, &again).await, Claim::Won(Won::Takeover), "takeover is reported as one");
+    complete(&*ledger, &again, Outcome::Completed(b"ok".to_vec())).await;
+}
+
 /// renew: only the holder extends its lease; an extended lease keeps repeats in flight.
 pub async fn renew_extends_only_the_holders_lease(ledger: Arc<dyn Ledger>) {
     let first = ClaimRequest { stale: StalePolicy::Takeover, ..request(T0) };
@@ -274,14 +288,20 @@ pub async fn sweep_is_bounded_and_spares_live_leases(ledger: Arc<dyn Ledger>) {
     for i in 0..25 {
         let r = ClaimRequest { expires_at: base + 10, lease_until: base + 5, ..request(base + i % 3) };
         claim(&*ledger, &r).await;
-        if i % 2 == 0 {
-            complete(&*ledger, &r, Outcome::Completed(b"old".to_vec())).await;
-        }
+        let outcome = if i % 2 == 0 { Outcome::Completed(b"old".to_vec()) } else { Outcome::Failed };
+        complete(&*ledger, &r, outcome).await;
         expired.push(r);
     }
     // Past its window but its holder is alive (a long handler): not swept.
     let live = ClaimRequest { expires_at: base + 10, lease_until: base + 1_000_000, ..request(base) };
     claim(&*ledger, &live).await;
+    // Past its window with a dead holder, or unknown: not swept either — they wait for the
+    // stale policy or an operator, never vanish.
+    let dead = ClaimRequest { expires_at: base + 10, lease_until: base + 5, ..request(base) };
+    claim(&*ledger, &dead).await;
+    let unknown = ClaimRequest { expires_at: base + 10, ..request(base) };
+    claim(&*ledger, &unknown).await;
+    complete(&*ledger, &unknown, Outcome::Unknown).await;
     let now = base + 100;
     assert_eq!(ledger.sweep(now, 10).await.unwrap(), 10);
     assert_eq!(ledger.sweep(now, 10).await.unwrap(), 10);
@@ -293,6 +313,14 @@ pub async fn sweep_is_bounded_and_spares_live_leases(ledger: Arc<dyn Ledger>) {
     let kept = ledger.status(live.tenant, live.key.reference(), now).await.unwrap().expect("live lease kept");
     assert_eq!(kept.state, State::InProgress);
     complete(&*ledger, &live, Outcome::Completed(b"done".to_vec())).await;
+    let kept = ledger.status(dead.tenant, dead.key.reference(), now).await.unwrap().expect("dead holder kept");
+    assert!(kept.lease_expired);
+    let kept = ledger.status(unknown.tenant, unknown.key.reference(), now).await.unwrap().expect("unknown kept");
+    assert_eq!(kept.state, State::Unknown);
+    // Settle them, so a later run's sweep finds nothing of this one's.
+    ledger.resolve(dead.tenant, dead.key.reference(), Resolution::NothingHappened, now).await.unwrap();
+    ledger.resolve(unknown.tenant, unknown.key.reference(), Resolution::NothingHappened, now).await.unwrap();
+    while ledger.sweep(now, 1000).await.unwrap() > 0 {}
 }
 
 /// 200 concurrent claims of one key on a multi-threaded runtime: exactly one wins, every other

@@ -23,6 +23,7 @@ macro_rules! ledger_conformance {
             stale_lease_takeover_fences_the_old_holder,
             stale_lease_reconcile,
             stale_lease_hold_becomes_unknown,
+            stale_lease_past_its_window_follows_the_policy,
             renew_extends_only_the_holders_lease,
             status_is_scoped_to_the_tenant,
             resolve_settles_unknown,

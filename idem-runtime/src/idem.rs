@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
 
 use crate::canonical::CanonicalError;
 use crate::clock::{Clock, SystemClock};
@@ -38,6 +39,8 @@ pub struct Operation {
     tool: &'static str,
     attempt: Won,
     token: Token,
+    /// When the operation's window ends; with the key, it names this operation downstream.
+    window_end: u64,
     /// The size limit `complete_in` enforces (durable ledgers only).
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")), allow(dead_code))]
     max_result_bytes: usize,
@@ -46,10 +49,25 @@ pub struct Operation {
 }
 
 impl Operation {
-    /// The operation's key: forward `key().to_string()` (64 hex digits) downstream.
+    /// The operation's ledger key. It is the same in every window; forward
+    /// [`Operation::idempotency_key`] downstream instead.
     #[must_use]
     pub const fn key(&self) -> &Key {
         &self.key
+    }
+
+    /// The key to forward to the system that owns the side effect (an `Idempotency-Key`
+    /// header, a processor's reference field): 64 hex digits naming this operation in this
+    /// window. A takeover of a dead holder's claim forwards the same value, so the downstream
+    /// can dedupe it; a new operation after the window ended forwards a new one, so a
+    /// downstream that keeps keys longer than the window does not replay an older operation.
+    #[must_use]
+    pub fn idempotency_key(&self) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(b"idem/v1/operation\0");
+        hasher.update(self.key.as_bytes());
+        hasher.update(self.window_end.to_be_bytes());
+        hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect()
     }
 
     /// The short ref callers are given.
@@ -395,6 +413,11 @@ impl Idem {
             Ok(claim) => claim,
             Err(error) => {
                 tracing::error!(tool, %reference, %error, "ledger unavailable; handler not run");
+                // The claim may have committed before its answer was lost: release it (fenced by
+                // our token, so it can touch nothing else), so a retry is not told "in flight".
+                if let Err(release) = self.inner.ledger.complete(&key, request.token, Outcome::Failed).await {
+                    tracing::debug!(tool, %reference, %release, "nothing to release");
+                }
                 return Err(Rejection::LedgerUnavailable { detail: error.to_string() });
             }
         };
@@ -418,11 +441,13 @@ impl Idem {
                 return Err(Rejection::Conflict { reference, differing, missing });
             }
         };
+        let window_end = self.window_end(&request, attempt).await;
         let operation = Operation {
             key,
             tool,
             attempt,
             token: request.token,
+            window_end,
             max_result_bytes: self.inner.max_result_bytes,
             recorded: Arc::default(),
         };
@@ -430,10 +455,11 @@ impl Idem {
         let result = match attempt {
             Won::Reconcile => {
                 tracing::warn!(tool, %reference, "stale lease; reconciling with the downstream");
-                match reconcile(operation.clone()).await {
-                    Reconciled::Happened(result) => result,
-                    Reconciled::NothingHappened => self.run(&request, operation, handler).await,
-                    Reconciled::StillUnknown => {
+                match self.drive(&request, &recorded, reconcile(operation.clone())).await {
+                    Err(panic) => self.unwind(&request, panic).await,
+                    Ok(Reconciled::Happened(result)) => result,
+                    Ok(Reconciled::NothingHappened) => self.run(&request, operation, &recorded, handler).await,
+                    Ok(Reconciled::StillUnknown) => {
                         self.finish(&request, Outcome::Unknown, false).await;
                         return Err(Rejection::OutcomeUnknown { reference });
                     }
@@ -441,11 +467,11 @@ impl Idem {
             }
             Won::Takeover => {
                 tracing::warn!(tool, %reference, "stale lease taken over; running again under a new token");
-                self.run(&request, operation, handler).await
+                self.run(&request, operation, &recorded, handler).await
             }
             Won::Fresh => {
                 tracing::debug!(tool, %reference, "claimed");
-                self.run(&request, operation, handler).await
+                self.run(&request, operation, &recorded, handler).await
             }
         };
         let recorded = recorded.load(std::sync::atomic::Ordering::SeqCst);
@@ -491,40 +517,77 @@ impl Idem {
             arg_tags: fingerprint.tags.clone(),
             token: Token::random(),
             now,
-            expires_at: now.saturating_add(millis(window)),
-            lease_until: now.saturating_add(millis(self.inner.lease)),
+            expires_at: clamp(now.saturating_add(millis(window))),
+            lease_until: clamp(now.saturating_add(millis(self.inner.lease))),
             stale: recipe.stale_policy(),
         };
         Ok((request, fingerprint))
     }
 
-    /// Runs the handler as `operation`, renewing the lease while it runs.
-    async fn run<T, E, F, Fut>(&self, request: &ClaimRequest, operation: Operation, handler: F) -> Result<T, E>
+    /// Runs `future` (the handler, or a reconcile function) while renewing the claim's lease
+    /// beside it, so a long run keeps its claim; a panic is caught and handed back.
+    ///
+    /// The renewal never holds the future up: both are polled together, and renewing stops
+    /// once the handler recorded its result itself ([`Operation::complete_in`]).
+    async fn drive<F: Future>(
+        &self,
+        request: &ClaimRequest,
+        recorded: &std::sync::atomic::AtomicBool,
+        future: F,
+    ) -> std::thread::Result<F::Output> {
+        let mut future = CatchUnwind(Box::pin(future));
+        // A future that finishes on its first poll needs no lease timer.
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx))).await;
+        if let std::task::Poll::Ready(output) = first {
+            return output;
+        }
+        let renewer = async {
+            let every = self.inner.lease / 3;
+            loop {
+                tokio::time::sleep(every).await;
+                if recorded.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
+                let until = self.lease_until();
+                if let Err(error) = self.inner.ledger.renew(&request.key, request.token, until).await {
+                    tracing::warn!(reference = %request.key.reference(), %error, "lease renewal failed");
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            output = &mut future => output,
+            () = renewer => unreachable!("the renewer never ends"),
+        }
+    }
+
+    /// Runs the handler as `operation` under [`Idem::drive`]. A panic records the outcome as
+    /// unknown (the effect may have happened) and then continues unwinding.
+    async fn run<T, E, F, Fut>(
+        &self,
+        request: &ClaimRequest,
+        operation: Operation,
+        recorded: &std::sync::atomic::AtomicBool,
+        handler: F,
+    ) -> Result<T, E>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let every = self.inner.lease / 3;
-        let running = OPERATION.scope(operation, handler());
-        let mut running = std::pin::pin!(running);
-        // A handler that finishes on its first poll needs no lease timer.
-        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(running.as_mut().poll(cx))).await;
-        if let std::task::Poll::Ready(result) = first {
-            return result;
+        match self.drive(request, recorded, OPERATION.scope(operation, handler())).await {
+            Ok(result) => result,
+            Err(panic) => self.unwind(request, panic).await,
         }
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        loop {
-            tokio::select! {
-                biased;
-                result = &mut running => return result,
-                _ = ticker.tick() => {
-                    let until = self.now_ms().saturating_add(millis(self.inner.lease));
-                    if let Err(error) = self.inner.ledger.renew(&request.key, request.token, until).await {
-                        tracing::warn!(reference = %request.key.reference(), %error, "lease renewal failed");
-                    }
-                }
-            }
-        }
+    }
+
+    async fn unwind(&self, request: &ClaimRequest, panic: Box<dyn std::any::Any + Send>) -> ! {
+        tracing::error!(reference = %request.key.reference(), "the handler panicked; recording the outcome as unknown");
+        self.finish(request, Outcome::Unknown, false).await;
+        std::panic::resume_unwind(panic)
+    }
+
+    fn lease_until(&self) -> u64 {
+        clamp(self.now_ms().saturating_add(millis(self.inner.lease)))
     }
 
     /// Stores the handler's result per its classification and hands it back.
@@ -566,12 +629,36 @@ impl Idem {
     /// tool's stale policy.
     async fn finish(&self, request: &ClaimRequest, outcome: Outcome, recorded_by_handler: bool) {
         let reference = request.key.reference();
-        match self.inner.ledger.complete(&request.key, request.token, outcome).await {
-            Ok(()) => {}
-            Err(LedgerError::Fenced) if recorded_by_handler => {
-                tracing::debug!(%reference, "recorded in the handler's own transaction");
+        // A brief ledger outage right after the effect would leave the record in progress until
+        // its lease runs out: retry a few times while the lease is surely still ours.
+        for pause in [50, 250, 1000, 0] {
+            match self.inner.ledger.complete(&request.key, request.token, outcome.clone()).await {
+                Ok(()) => return,
+                Err(LedgerError::Fenced) if recorded_by_handler => {
+                    tracing::debug!(%reference, "recorded in the handler's own transaction");
+                    return;
+                }
+                Err(LedgerError::Unavailable { detail }) if pause > 0 => {
+                    tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                Err(error) => {
+                    tracing::error!(%reference, %error, "could not record the outcome");
+                    return;
+                }
             }
-            Err(error) => tracing::error!(%reference, %error, "could not record the outcome"),
+        }
+    }
+
+    /// When the operation's window ends: the request's own for a fresh claim, the stored one
+    /// for a takeover (one status read, only on that rare path).
+    async fn window_end(&self, request: &ClaimRequest, attempt: Won) -> u64 {
+        if attempt == Won::Fresh {
+            return request.expires_at;
+        }
+        match self.inner.ledger.status(request.tenant, request.key.reference(), request.now).await {
+            Ok(Some(report)) => report.expires_at,
+            _ => request.expires_at,
         }
     }
 
@@ -680,6 +767,28 @@ fn lookup<'a>(arguments: &'a Map<String, Value>, path: &str) -> Option<&'a Value
     let mut segments = path.split('.');
     let first = arguments.get(segments.next()?)?;
     segments.try_fold(first, |value, segment| value.as_object()?.get(segment))
+}
+
+/// Times are stored as signed 64-bit integers by SQL backends: keep them in that range, so
+/// what a claim asks for is what it reads back.
+fn clamp(ms: u64) -> u64 {
+    ms.min(i64::MAX.unsigned_abs())
+}
+
+/// Polls a future, turning a panic into an `Err` (like `futures`' `catch_unwind`).
+struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(output)) => std::task::Poll::Ready(Ok(output)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    }
 }
 
 fn millis(duration: Duration) -> u64 {

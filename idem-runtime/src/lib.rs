@@ -116,7 +116,7 @@ pub use window::{WindowError, parse_window};
 ///     #[idempotent(key = "card, amount_cents", window = "15m", ignore = "note", stale = "takeover")]
 ///     async fn charge_card(&self, charge: Charge) -> Result<String, ChargeError> {
 ///         // Forward the key downstream, e.g. as an `Idempotency-Key` header.
-///         let key = idem_runtime::current_operation().unwrap().key().to_string();
+///         let key = idem_runtime::current_operation().unwrap().idempotency_key();
 ///         Ok(format!("charged {} with reference {key}", charge.amount_cents))
 ///     }
 /// }

@@ -407,3 +407,98 @@ async fn an_unreachable_ledger_never_lets_the_handler_run() {
     assert!(message.contains("nothing was executed") && message.contains("safe to retry"), "{message}");
     assert_eq!(processor.count(), 0);
 }
+
+#[tokio::test]
+async fn a_panicking_handler_leaves_an_unknown_outcome_not_a_stuck_claim() {
+    let idem = Idem::new(MemoryLedger::new());
+    let panicking = idem.clone();
+    let panicked = tokio::spawn(async move {
+        let (caller, args) = (alice(), charge(77, "x"));
+        let broken = || async {
+            if args["amount_cents"] == 77 {
+                panic!("the handler broke after its effect");
+            }
+            Ok::<_, ToolError>(String::new())
+        };
+        drop(panicking.call(&CHARGE, Some(&caller), &args, broken).await);
+    });
+    assert!(panicked.await.unwrap_err().is_panic(), "the panic continues to the caller");
+    let (caller, args) = (alice(), charge(77, "x"));
+    let repeat = idem.call(&CHARGE, Some(&caller), &args, || async { Ok::<_, ToolError>(String::new()) }).await;
+    assert_eq!(repeat.unwrap_err().code(), "outcome_unknown", "recorded at once, not left in flight");
+}
+
+/// A ledger whose first claim commits but whose answer is lost on the way back.
+struct LostAnswer {
+    inner: MemoryLedger,
+    lose: std::sync::atomic::AtomicBool,
+}
+
+impl Ledger for LostAnswer {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        Box::pin(async move {
+            let claim = self.inner.claim(request).await?;
+            if self.lose.swap(false, Ordering::SeqCst) {
+                return Err(LedgerError::Unavailable { detail: "connection reset".into() });
+            }
+            Ok(claim)
+        })
+    }
+    fn renew<'a>(&'a self, key: &'a Key, token: Token, until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.inner.renew(key, token, until)
+    }
+    fn complete<'a>(&'a self, key: &'a Key, token: Token, outcome: Outcome) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.inner.complete(key, token, outcome)
+    }
+    fn status<'a>(&'a self, t: TenantTag, r: Ref, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.inner.status(t, r, now)
+    }
+    fn resolve<'a>(&'a self, t: TenantTag, r: Ref, x: Resolution, now: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.inner.resolve(t, r, x, now)
+    }
+    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
+        self.inner.sweep(now, limit)
+    }
+}
+
+#[tokio::test]
+async fn a_lost_claim_answer_is_released_so_the_retry_runs() {
+    let idem = Idem::new(LostAnswer { inner: MemoryLedger::new(), lose: true.into() });
+    let processor = Processor::default();
+    let error = idem.call(&CHARGE, Some(&alice()), &charge(5, "x"), || processor.charge(5)).await.unwrap_err();
+    assert_eq!(error.code(), "ledger_unavailable");
+    assert_eq!(processor.count(), 0, "nothing ran");
+    // The claim had committed; it was released, so the retry runs instead of hearing "in flight".
+    let retried = idem.call(&CHARGE, Some(&alice()), &charge(5, "x"), || processor.charge(5)).await.unwrap();
+    assert!(!retried.replayed);
+    assert_eq!(processor.count(), 1);
+}
+
+#[tokio::test]
+async fn the_forwarded_key_names_the_operation_in_its_window() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let idem = Idem::new(MemoryLedger::new()).with_clock(clock.clone());
+    let forwarded = || async { Ok::<_, ToolError>(current_operation().unwrap().idempotency_key()) };
+    let first = idem.call(&CHARGE, Some(&alice()), &charge(9, "x"), forwarded).await.unwrap();
+    assert_eq!(first.value.len(), 64);
+    clock.advance(Duration::from_secs(901));
+    let next_window = idem.call(&CHARGE, Some(&alice()), &charge(9, "x"), forwarded).await.unwrap();
+    assert!(!next_window.replayed);
+    assert_eq!(next_window.reference, first.reference, "the same ledger key");
+    assert_ne!(next_window.value, first.value, "a new operation forwards a new key downstream");
+
+    // A takeover of a dead holder forwards the same key as the dead holder did.
+    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
+    let seen = std::sync::Mutex::new(Vec::new());
+    let remember_then_hang = || async {
+        seen.lock().unwrap().push(current_operation().unwrap().idempotency_key());
+        std::future::pending::<()>().await;
+        Ok::<String, ToolError>(String::new())
+    };
+    let (caller, args) = (alice(), charge(10, "x"));
+    let hung = idem.call(&recipe, Some(&caller), &args, remember_then_hang);
+    assert!(tokio::time::timeout(Duration::from_millis(20), hung).await.is_err());
+    clock.advance(Duration::from_secs(31));
+    let taken = idem.call(&recipe, Some(&alice()), &charge(10, "x"), forwarded).await.unwrap();
+    assert_eq!(seen.lock().unwrap().as_slice(), [taken.value], "the downstream can dedupe the takeover");
+}

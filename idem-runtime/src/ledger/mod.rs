@@ -243,9 +243,13 @@ pub(crate) struct RecordView<'a> {
 }
 
 impl RecordView<'_> {
-    /// Past its window and not protected by a live lease.
+    /// Past its window, with an outcome that is settled: completed, or failed without effect.
+    ///
+    /// An in-progress record never expires by its window — a dead holder's operation goes
+    /// through the tool's stale policy, never a silent re-run — and neither does an unknown
+    /// one: it waits for an operator's [`Ledger::resolve`].
     pub(crate) fn expired(&self, now: u64) -> bool {
-        self.expires_at <= now && !(self.state == State::InProgress && self.lease_until > now)
+        self.expires_at <= now && matches!(self.state, State::Completed | State::Failed)
     }
 
     /// The decision for `request`.
@@ -352,7 +356,7 @@ pub trait Ledger: Send + Sync + 'static {
         now: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>>;
 
-    /// Deletes at most `limit` records that have expired by `now` (never one under a live lease),
+    /// Deletes at most `limit` settled (completed or failed) records whose window ended by `now`,
     /// returning how many. Call it repeatedly until it returns less than `limit`.
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>>;
 }

@@ -338,7 +338,7 @@ impl SeaOrmLedger {
         let sql = sql(
             backend,
             "SELECT key, state, created_at, expires_at, lease_until, result FROM idem_records \
-             WHERE key >= ? AND key <= ? AND tenant = ? AND NOT (expires_at <= ? AND NOT (state = 1 AND lease_until > ?)) \
+             WHERE key >= ? AND key <= ? AND tenant = ? AND NOT (expires_at <= ? AND state IN (2, 3)) \
              LIMIT 1",
         );
         let (low, high) = ref_range(reference);
@@ -346,7 +346,6 @@ impl SeaOrmLedger {
             sea_orm::Value::Bytes(Some(low)),
             sea_orm::Value::Bytes(Some(high)),
             tenant_value(tenant),
-            millis(now),
             millis(now),
         ];
         let row =
@@ -393,20 +392,20 @@ impl SeaOrmLedger {
         // afresh between the subquery and the delete is spared.
         let (sql, values) = if backend == DbBackend::MySql {
             (
-                "DELETE FROM idem_records WHERE expires_at <= ? AND NOT (state = 1 AND lease_until > ?) \
+                "DELETE FROM idem_records WHERE expires_at <= ? AND state IN (2, 3) \
                  ORDER BY expires_at LIMIT ?"
                     .to_owned(),
-                vec![millis(now), millis(now), sea_orm::Value::BigInt(Some(limit))],
+                vec![millis(now), sea_orm::Value::BigInt(Some(limit))],
             )
         } else {
             (
                 sql(
                     backend,
                     "DELETE FROM idem_records WHERE key IN (SELECT key FROM idem_records \
-                     WHERE expires_at <= ? AND NOT (state = 1 AND lease_until > ?) ORDER BY expires_at LIMIT ?) \
-                     AND expires_at <= ? AND NOT (state = 1 AND lease_until > ?)",
+                     WHERE expires_at <= ? AND state IN (2, 3) ORDER BY expires_at LIMIT ?) \
+                     AND expires_at <= ? AND state IN (2, 3)",
                 ),
-                vec![millis(now), millis(now), sea_orm::Value::BigInt(Some(limit)), millis(now), millis(now)],
+                vec![millis(now), sea_orm::Value::BigInt(Some(limit)), millis(now)],
             )
         };
         let done =
@@ -477,23 +476,23 @@ pub const POSTGRES_CLAIM: &str = "WITH claimed AS (
 /// newest row version, so of two re-claimers only one can win.
 #[doc(hidden)]
 pub const POSTGRES_RECLAIM: &str = "UPDATE idem_records AS r SET
-            state = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+            state = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
                          THEN 1 WHEN $8 THEN 4 ELSE 1 END,
-            token = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+            token = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
                          OR NOT $8 THEN $2 ELSE r.token END,
-            created_at = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+            created_at = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
                          THEN $3 ELSE r.created_at END,
-            expires_at = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+            expires_at = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
                          THEN $4 ELSE r.expires_at END,
-            lease_until = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+            lease_until = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
                          OR NOT $8 THEN $5 ELSE r.lease_until END,
-            fingerprint = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+            fingerprint = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
                          THEN $6 ELSE r.fingerprint END,
-            arg_tags = CASE WHEN (r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+            arg_tags = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
                          THEN $7 ELSE r.arg_tags END,
             result = NULL
         WHERE r.key = $1
-          AND ((r.expires_at <= $3 AND NOT (r.state = 1 AND r.lease_until > $3)) OR r.state = 3
+          AND ((r.expires_at <= $3 AND r.state = 2) OR r.state = 3
                OR (r.state = 1 AND r.lease_until <= $3 AND r.fingerprint = $6))
         RETURNING r.state, r.token, r.expires_at, r.lease_until, r.fingerprint, r.arg_tags, r.result";
 
@@ -503,22 +502,22 @@ pub const SQLITE_CLAIM: &str = "INSERT INTO idem_records
                 (key, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
             VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7, ?8, NULL)
             ON CONFLICT (key) DO UPDATE SET
-                state = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                state = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
                              THEN 1 WHEN ?9 THEN 4 ELSE 1 END,
-                token = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                token = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
                              OR NOT ?9 THEN excluded.token ELSE token END,
-                created_at = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                created_at = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
                              THEN excluded.created_at ELSE created_at END,
-                expires_at = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                expires_at = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
                              THEN excluded.expires_at ELSE expires_at END,
-                lease_until = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                lease_until = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
                              OR NOT ?9 THEN excluded.lease_until ELSE lease_until END,
-                fingerprint = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                fingerprint = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
                              THEN excluded.fingerprint ELSE fingerprint END,
-                arg_tags = CASE WHEN (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+                arg_tags = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
                              THEN excluded.arg_tags ELSE arg_tags END,
                 result = NULL
-            WHERE (expires_at <= ?4 AND NOT (state = 1 AND lease_until > ?4)) OR state = 3
+            WHERE (expires_at <= ?4 AND state = 2) OR state = 3
                OR (state = 1 AND lease_until <= ?4 AND fingerprint = excluded.fingerprint)
             RETURNING state, token, expires_at, lease_until, fingerprint, arg_tags, result";
 
