@@ -118,7 +118,7 @@ fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut ItemFn) -> (Stri
     let Some(index) = item.attrs.iter().position(is_tool) else {
         return (explicit.unwrap_or(fn_name), false);
     };
-    let tool = match ToolAttr::read(&item.attrs[index]) {
+    let mut tool = match ToolAttr::read(&item.attrs[index]) {
         Ok(tool) => tool,
         Err(error) => {
             cx.push(error);
@@ -140,6 +140,16 @@ fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut ItemFn) -> (Stri
         );
     }
     let name = explicit.or_else(|| tool.name.as_ref().map(syn::LitStr::value)).unwrap_or(fn_name);
+    // rmcp infers `outputSchema` from a `Json<T>` return type, which the rewrite to
+    // `ToolOutcome<…>` hides from it: state the schema it would have inferred.
+    if recipe.inherent.is_none()
+        && !tool.has("output_schema")
+        && let ReturnType::Type(_, ret) = &item.sig.output
+        && let Some(inner) = json_output(ret)
+    {
+        let krate = &recipe.krate;
+        tool.push(syn::parse_quote!(output_schema = #krate::mcp::output_schema::<#inner>()));
+    }
     match tool.with_idempotent_hint(&item.attrs[index]) {
         Ok(rewritten) => item.attrs[index] = rewritten,
         Err(error) => cx.push(error),
@@ -261,6 +271,31 @@ fn is_plain_value(ty: &Type) -> bool {
         Type::Paren(paren) => is_plain_value(&paren.elem),
         Type::Slice(_) | Type::Array(_) | Type::Tuple(_) => true,
         other => last_segment_is(other, PLAIN),
+    }
+}
+
+/// `T` of a `Json<T>`.
+fn json_inner(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else { return None };
+    let segment = path.path.segments.last().filter(|segment| segment.ident == "Json")?;
+    let syn::PathArguments::AngleBracketed(args) = &segment.arguments else { return None };
+    match args.args.first()? {
+        syn::GenericArgument::Type(inner) => Some(inner),
+        _ => None,
+    }
+}
+
+/// `T` of a `Json<T>` or `Result<Json<T>, E>` return type (as rmcp's `#[tool]` reads it).
+fn json_output(ty: &Type) -> Option<&Type> {
+    if let Some(inner) = json_inner(ty) {
+        return Some(inner);
+    }
+    let Type::Path(path) = ty else { return None };
+    let segment = path.path.segments.last().filter(|segment| segment.ident == "Result")?;
+    let syn::PathArguments::AngleBracketed(args) = &segment.arguments else { return None };
+    match args.args.first()? {
+        syn::GenericArgument::Type(ok) => json_inner(ok),
+        _ => None,
     }
 }
 

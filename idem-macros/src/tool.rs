@@ -69,6 +69,16 @@ impl ToolAttr {
         Ok(None)
     }
 
+    /// Whether `#[tool(...)]` sets `name` itself (e.g. `output_schema`).
+    pub fn has(&self, name: &str) -> bool {
+        self.args.iter().any(|meta| meta.path().is_ident(name))
+    }
+
+    /// Adds an argument (e.g. an `output_schema` that rmcp can no longer infer).
+    pub fn push(&mut self, meta: Meta) {
+        self.args.push(meta);
+    }
+
     /// The attribute with `idempotent_hint = true` in its annotations (added if absent).
     pub fn with_idempotent_hint(mut self, original: &Attribute) -> syn::Result<Attribute> {
         if self.idempotent.is_none() {

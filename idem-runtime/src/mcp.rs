@@ -111,6 +111,13 @@ impl<T: Serialize + schemars::JsonSchema + 'static> IntoCallToolResult for Json<
     }
 }
 
+/// The `outputSchema` rmcp would infer for a `Json<T>` result; `#[idempotent]` states it for
+/// the tools it rewrites.
+#[must_use]
+pub fn output_schema<T: schemars::JsonSchema + 'static>() -> Arc<JsonObject> {
+    rmcp::handler::server::common::schema_for_output::<T>()
+}
+
 #[derive(Deserialize)]
 struct StatusArgs {
     #[serde(rename = "ref")]

@@ -450,7 +450,12 @@ impl Ledger for LostAnswer {
     fn complete<'a>(&'a self, key: &'a Key, token: Token, outcome: Outcome) -> BoxFuture<'a, Result<(), LedgerError>> {
         self.inner.complete(key, token, outcome)
     }
-    fn status<'a>(&'a self, t: TenantTag, r: Ref, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+    fn status<'a>(
+        &'a self,
+        t: TenantTag,
+        r: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
         self.inner.status(t, r, now)
     }
     fn resolve<'a>(&'a self, t: TenantTag, r: Ref, x: Resolution, now: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
