@@ -309,11 +309,22 @@ async fn inject(context: &Context, point: &'static str, policy: StalePolicy) -> 
             Err(_) => Reconciled::StillUnknown,
         }
     };
-    let retried = match policy {
-        StalePolicy::Reconcile => {
-            idem.call_reconciling(recipe(policy), Some(caller), &arguments, reconcile, charge).await
+    // A renewal the child sent just before it died could still land; then the retry is told
+    // `in_flight` until that lease runs out too. Bounded.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let retried = loop {
+        let retried = match policy {
+            StalePolicy::Reconcile => {
+                idem.call_reconciling(recipe(policy), Some(caller), &arguments, reconcile, charge).await
+            }
+            _ => idem.call(recipe(policy), Some(caller), &arguments, charge).await,
+        };
+        match &retried {
+            Err(error) if error.code() == "in_flight" && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            _ => break retried,
         }
-        _ => idem.call(recipe(policy), Some(caller), &arguments, charge).await,
     };
     run.first_answer = match &retried {
         Ok(served) if served.replayed => "replay".to_owned(),

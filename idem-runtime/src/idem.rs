@@ -21,6 +21,8 @@ use crate::scope::{Caller, Scope};
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long a claim is held without renewal; a running handler renews it every third of this.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// How long one ledger statement may take before the ledger counts as unavailable.
+pub const DEFAULT_LEDGER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest stored result accepted by default.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
 
@@ -213,6 +215,7 @@ struct Inner {
     retention: Duration,
     max_result_bytes: usize,
     local_caller: Option<Caller>,
+    ledger_timeout: Duration,
 }
 
 impl std::fmt::Debug for Idem {
@@ -244,6 +247,7 @@ impl Idem {
                 retention: DEFAULT_RETENTION,
                 max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
                 local_caller: None,
+                ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
             }),
         }
     }
@@ -260,6 +264,7 @@ impl Idem {
                     retention: old.retention,
                     max_result_bytes: old.max_result_bytes,
                     local_caller: old.local_caller.clone(),
+                    ledger_timeout: old.ledger_timeout,
                 };
                 change(&mut inner);
                 self.inner = Arc::new(inner);
@@ -293,6 +298,13 @@ impl Idem {
     #[must_use]
     pub fn with_max_result_bytes(self, max: usize) -> Self {
         self.configure(|inner| inner.max_result_bytes = max)
+    }
+
+    /// How long one ledger operation may take (default 10 s). A ledger that does not answer in
+    /// time is unavailable: the handler does not run, and the caller is told so.
+    #[must_use]
+    pub fn with_ledger_timeout(self, timeout: Duration) -> Self {
+        self.configure(|inner| inner.ledger_timeout = timeout.max(Duration::from_millis(1)))
     }
 
     /// The caller to use when none is given and none is in scope ([`with_caller`]): the
@@ -337,7 +349,9 @@ impl Idem {
     /// once per key, and answers repeats from the ledger. `caller` falls back to the one in
     /// scope ([`with_caller`]) and then to the local caller; with none, the call is refused.
     ///
-    /// `arguments` must be a JSON object of the tool's arguments by name.
+    /// `arguments` must be a JSON object of the tool's arguments by name. Build it from Rust
+    /// values with [`crate::canonical::to_value`], not `serde_json::json!`/`to_value`: those turn
+    /// NaN and infinities into `null` before idem can refuse them. (`#[idempotent]` does this.)
     ///
     /// # Errors
     /// The handler's own error, or `E::from_rejection` of why it did not run.
@@ -409,15 +423,11 @@ impl Idem {
         let (request, fingerprint) = self.prepare(recipe, caller, &arguments)?;
         let key = request.key;
         let reference = key.reference();
-        let claim = match self.inner.ledger.claim(&request).await {
+        let claim = match self.bounded(self.inner.ledger.claim(&request)).await {
             Ok(claim) => claim,
             Err(error) => {
                 tracing::error!(tool, %reference, %error, "ledger unavailable; handler not run");
-                // The claim may have committed before its answer was lost: release it (fenced by
-                // our token, so it can touch nothing else), so a retry is not told "in flight".
-                if let Err(release) = self.inner.ledger.complete(&key, request.token, Outcome::Failed).await {
-                    tracing::debug!(tool, %reference, %release, "nothing to release");
-                }
+                self.release_lost_claim(&request);
                 return Err(Rejection::LedgerUnavailable { detail: error.to_string() });
             }
         };
@@ -549,7 +559,7 @@ impl Idem {
                     continue;
                 }
                 let until = self.lease_until();
-                if let Err(error) = self.inner.ledger.renew(&request.key, request.token, until).await {
+                if let Err(error) = self.bounded(self.inner.ledger.renew(&request.key, request.token, until)).await {
                     tracing::warn!(reference = %request.key.reference(), %error, "lease renewal failed");
                 }
             }
@@ -584,6 +594,43 @@ impl Idem {
         tracing::error!(reference = %request.key.reference(), "the handler panicked; recording the outcome as unknown");
         self.finish(request, Outcome::Unknown, false).await;
         std::panic::resume_unwind(panic)
+    }
+
+    /// `operation`, or [`LedgerError::Unavailable`] once the ledger timeout has passed.
+    async fn bounded<T>(&self, operation: impl Future<Output = Result<T, LedgerError>>) -> Result<T, LedgerError> {
+        match tokio::time::timeout(self.inner.ledger_timeout, operation).await {
+            Ok(result) => result,
+            Err(_) => Err(LedgerError::Unavailable {
+                detail: format!("no answer within {} ms", self.inner.ledger_timeout.as_millis()),
+            }),
+        }
+    }
+
+    /// The claim may have committed before its answer was lost. Release it — fenced by our
+    /// token, so it can touch nothing else — in the background until it works or the lease
+    /// ends, so the retry the caller was told is safe runs instead of hearing "in flight" (or,
+    /// under `hold`, "outcome unknown") although nothing ran.
+    fn release_lost_claim(&self, request: &ClaimRequest) {
+        let (ledger, key, token) = (Arc::clone(&self.inner.ledger), request.key, request.token);
+        let (timeout, lease) = (self.inner.ledger_timeout, self.inner.lease);
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + lease;
+            let mut pause = Duration::from_millis(20);
+            loop {
+                match tokio::time::timeout(timeout, ledger.complete(&key, token, Outcome::Failed)).await {
+                    Ok(Ok(())) => {
+                        tracing::info!(reference = %key.reference(), "released a claim whose answer was lost");
+                        return;
+                    }
+                    Ok(Err(LedgerError::Unavailable { .. })) | Err(_) if tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                    // Fenced: the claim never committed, or was already settled.
+                    _ => return,
+                }
+            }
+        });
     }
 
     fn lease_until(&self) -> u64 {
@@ -632,7 +679,7 @@ impl Idem {
         // A brief ledger outage right after the effect would leave the record in progress until
         // its lease runs out: retry a few times while the lease is surely still ours.
         for pause in [50, 250, 1000, 0] {
-            match self.inner.ledger.complete(&request.key, request.token, outcome.clone()).await {
+            match self.bounded(self.inner.ledger.complete(&request.key, request.token, outcome.clone())).await {
                 Ok(()) => return,
                 Err(LedgerError::Fenced) if recorded_by_handler => {
                     tracing::debug!(%reference, "recorded in the handler's own transaction");
@@ -656,7 +703,7 @@ impl Idem {
         if attempt == Won::Fresh {
             return request.expires_at;
         }
-        match self.inner.ledger.status(request.tenant, request.key.reference(), request.now).await {
+        match self.bounded(self.inner.ledger.status(request.tenant, request.key.reference(), request.now)).await {
             Ok(Some(report)) => report.expires_at,
             _ => request.expires_at,
         }

@@ -51,8 +51,9 @@ pub const DATABASE_URL_ENV: &str = "IDEM_DATABASE_URL";
 /// directory.
 pub const DEFAULT_SQLITE_URL: &str = "sqlite://.idem/ledger.sqlite3?mode=rwc";
 
-/// How many times a claim re-runs when a concurrent change slipped between its statements.
-const CLAIM_ATTEMPTS: usize = 16;
+/// How many times a claim re-runs when a concurrent change slipped between its statements
+/// (it backs off a little from the fourth on, so a burst of churn can settle).
+const CLAIM_ATTEMPTS: u32 = 64;
 
 /// A [`Ledger`] on a relational database through sea-orm.
 #[derive(Debug, Clone)]
@@ -183,7 +184,10 @@ impl SeaOrmLedger {
     }
 
     async fn claim_now(&self, request: &ClaimRequest) -> Result<Claim, LedgerError> {
-        for _ in 0..CLAIM_ATTEMPTS {
+        for attempt in 0..CLAIM_ATTEMPTS {
+            if attempt >= 4 {
+                tokio::time::sleep(Duration::from_millis(u64::from(attempt.min(20)))).await;
+            }
             let answer = match self.db.get_database_backend() {
                 DbBackend::Postgres => self.claim_postgres(request).await?,
                 DbBackend::MySql => self.claim_mysql(request).await?,
