@@ -622,11 +622,12 @@ impl Idem {
                         tracing::info!(reference = %key.reference(), "released a claim whose answer was lost");
                         return;
                     }
-                    Ok(Err(LedgerError::Unavailable { .. })) | Err(_) if tokio::time::Instant::now() < deadline => {
+                    // Unavailable, timed out, or fenced (the claim may still be committing after a
+                    // timeout, or never did): try again until the lease would have ended.
+                    _ if tokio::time::Instant::now() < deadline => {
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(Duration::from_secs(1));
                     }
-                    // Fenced: the claim never committed, or was already settled.
                     _ => return,
                 }
             }
