@@ -274,10 +274,10 @@ fn is_plain_value(ty: &Type) -> bool {
     }
 }
 
-/// `T` of a `Json<T>`.
-fn json_inner(ty: &Type) -> Option<&Type> {
+/// The first type argument of `ty` when its last path segment is `name` (`T` of `Json<T>`).
+fn first_type_argument<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
     let Type::Path(path) = ty else { return None };
-    let segment = path.path.segments.last().filter(|segment| segment.ident == "Json")?;
+    let segment = path.path.segments.last().filter(|segment| segment.ident == name)?;
     let syn::PathArguments::AngleBracketed(args) = &segment.arguments else { return None };
     match args.args.first()? {
         syn::GenericArgument::Type(inner) => Some(inner),
@@ -287,16 +287,8 @@ fn json_inner(ty: &Type) -> Option<&Type> {
 
 /// `T` of a `Json<T>` or `Result<Json<T>, E>` return type (as rmcp's `#[tool]` reads it).
 fn json_output(ty: &Type) -> Option<&Type> {
-    if let Some(inner) = json_inner(ty) {
-        return Some(inner);
-    }
-    let Type::Path(path) = ty else { return None };
-    let segment = path.path.segments.last().filter(|segment| segment.ident == "Result")?;
-    let syn::PathArguments::AngleBracketed(args) = &segment.arguments else { return None };
-    match args.args.first()? {
-        syn::GenericArgument::Type(ok) => json_inner(ok),
-        _ => None,
-    }
+    let ok = first_type_argument(ty, "Result").unwrap_or(ty);
+    first_type_argument(ok, "Json")
 }
 
 fn last_segment_is(ty: &Type, names: &[&str]) -> bool {

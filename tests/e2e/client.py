@@ -310,6 +310,9 @@ async def check_tools_list(client: Client) -> None:
     assert read_only == READ_ONLY_TOOLS, (
         f"readOnlyHint: true on {sorted(read_only)}, expected {sorted(READ_ONLY_TOOLS)}"
     )
+    # The keyed tools return Json<T>: idem states the outputSchema its rewrite hides from rmcp.
+    without_schema = {tool.name for tool in listing.tools if tool.name in KEYED_TOOLS and not tool.output_schema}
+    assert not without_schema, f"keyed tools without an outputSchema: {sorted(without_schema)}"
 
 
 async def check_sequential_repeat(client: Client) -> Any:
