@@ -451,7 +451,12 @@ impl Idem {
                 return Err(Rejection::Conflict { reference, differing, missing });
             }
         };
-        let window_end = self.window_end(&request, attempt).await;
+        let Some(window_end) = self.window_end(&request, attempt).await else {
+            // A takeover must forward the dead holder's key; without it, running could make a
+            // second effect downstream. Leave the claim to its lease: the next repeat retries.
+            tracing::error!(tool, %reference, "could not read the operation's window; handler not run");
+            return Err(Rejection::LedgerUnavailable { detail: "the operation's record could not be read".to_owned() });
+        };
         let operation = Operation {
             key,
             tool,
@@ -699,14 +704,15 @@ impl Idem {
     }
 
     /// When the operation's window ends: the request's own for a fresh claim, the stored one
-    /// for a takeover (one status read, only on that rare path).
-    async fn window_end(&self, request: &ClaimRequest, attempt: Won) -> u64 {
+    /// for a takeover (one status read, only on that rare path), or `None` if it cannot be read.
+    async fn window_end(&self, request: &ClaimRequest, attempt: Won) -> Option<u64> {
         if attempt == Won::Fresh {
-            return request.expires_at;
+            return Some(request.expires_at);
         }
-        match self.bounded(self.inner.ledger.status(request.tenant, request.key.reference(), request.now)).await {
-            Ok(Some(report)) => report.expires_at,
-            _ => request.expires_at,
+        let report = self.bounded(self.inner.ledger.status(request.tenant, request.key.reference(), request.now));
+        match report.await {
+            Ok(Some(report)) => Some(report.expires_at),
+            _ => None,
         }
     }
 
