@@ -248,9 +248,17 @@ async fn late_holder_through_idem(backend: &str) {
             Err(error) => error.code().to_owned(),
         };
         *a_answers.entry(a_answer).or_insert(0usize) += 1;
-        match (&b, &again) {
-            (Ok(b), Ok(again)) if b.value == "B" && !b.replayed && again.value == "B" && again.replayed => {
-                b_stored += 1
+        match (&b, &again, &a) {
+            // The late holder's caller is answered with the operation's one recorded result.
+            (Ok(b), Ok(again), Ok(a))
+                if b.value == "B"
+                    && !b.replayed
+                    && again.value == "B"
+                    && again.replayed
+                    && a.value == "B"
+                    && a.replayed =>
+            {
+                b_stored += 1;
             }
             _ => violations.push(format!("round {round}: B {b:?}, repeat {again:?}, A {a:?}")),
         }

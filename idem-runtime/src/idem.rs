@@ -490,7 +490,11 @@ impl Idem {
             }
         };
         let recorded = recorded.load(std::sync::atomic::Ordering::SeqCst);
-        let value = self.record(&request, result, recorded).await;
+        let (value, fenced) = self.record(&request, result, recorded).await;
+        if fenced && let Some(stored) = self.stored_result(&request).await {
+            // Superseded: the answer is the new holder's, the one every repeat gets too.
+            return decode::<T, E>(&stored, reference).map(|value| Served { value, replayed: true, reference });
+        }
         Ok(Served { value, replayed: false, reference })
     }
 
@@ -644,7 +648,9 @@ impl Idem {
     }
 
     /// Stores the handler's result per its classification and hands it back.
-    async fn record<T, E>(&self, request: &ClaimRequest, result: Result<T, E>, recorded: bool) -> Result<T, E>
+    /// Returns the result and whether its completion was refused because the claim had been
+    /// taken over meanwhile.
+    async fn record<T, E>(&self, request: &ClaimRequest, result: Result<T, E>, recorded: bool) -> (Result<T, E>, bool)
     where
         T: Serialize,
         E: IdempotentError,
@@ -657,8 +663,8 @@ impl Idem {
                 ErrorClass::Unknown => Outcome::Unknown,
             },
         };
-        self.finish(request, outcome, recorded).await;
-        result
+        let fenced = self.finish(request, outcome, recorded).await;
+        (result, fenced)
     }
 
     fn encode<S: Serialize>(&self, request: &ClaimRequest, stored: &S) -> Outcome {
@@ -680,16 +686,22 @@ impl Idem {
     /// Completes the claim. A failure here is logged, never hidden behind the caller's result:
     /// the effect happened, the record stays in progress, and its lease runs out into the
     /// tool's stale policy.
-    async fn finish(&self, request: &ClaimRequest, outcome: Outcome, recorded_by_handler: bool) {
+    /// Returns whether the claim turned out to be superseded (fenced) — its holder's result was
+    /// not recorded.
+    async fn finish(&self, request: &ClaimRequest, outcome: Outcome, recorded_by_handler: bool) -> bool {
         let reference = request.key.reference();
         // A brief ledger outage right after the effect would leave the record in progress until
         // its lease runs out: retry a few times while the lease is surely still ours.
         for pause in [50, 250, 1000, 0] {
             match self.bounded(self.inner.ledger.complete(&request.key, request.token, outcome.clone())).await {
-                Ok(()) => return,
+                Ok(()) => return false,
                 Err(LedgerError::Fenced) if recorded_by_handler => {
                     tracing::debug!(%reference, "recorded in the handler's own transaction");
-                    return;
+                    return false;
+                }
+                Err(LedgerError::Fenced) => {
+                    tracing::warn!(%reference, "the claim was taken over while the handler ran; its result is not recorded");
+                    return true;
                 }
                 Err(LedgerError::Unavailable { detail }) if pause > 0 => {
                     tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
@@ -697,9 +709,19 @@ impl Idem {
                 }
                 Err(error) => {
                     tracing::error!(%reference, %error, "could not record the outcome");
-                    return;
+                    return false;
                 }
             }
+        }
+        false
+    }
+
+    /// The stored result of a completed operation, if the ledger has one.
+    async fn stored_result(&self, request: &ClaimRequest) -> Option<Vec<u8>> {
+        let status = self.inner.ledger.status(request.tenant, request.key.reference(), self.now_ms());
+        match self.bounded(status).await {
+            Ok(Some(report)) if report.state == crate::ledger::State::Completed => report.result,
+            _ => None,
         }
     }
 
