@@ -62,6 +62,17 @@ pub async fn absent_key_is_claimed(ledger: Arc<dyn Ledger>) {
     assert!(!status.lease_expired);
 }
 
+/// The same claim sent again (its first answer was lost) is recognised as the one that won;
+/// another caller's claim is still in flight.
+pub async fn resent_claim_is_recognised_as_won(ledger: Arc<dyn Ledger>) {
+    let first = request(T0);
+    assert_eq!(claim(&*ledger, &first).await, Claim::Won(Won::Fresh));
+    assert_eq!(claim(&*ledger, &first).await, Claim::Won(Won::Fresh), "the same token again");
+    assert!(matches!(claim(&*ledger, &repeat(&first, T0 + 1)).await, Claim::InFlight { .. }));
+    complete(&*ledger, &first, Outcome::Completed(b"once".to_vec())).await;
+    assert_eq!(claim(&*ledger, &first).await, Claim::Replay { result: b"once".to_vec() }, "settled: a replay");
+}
+
 /// in_progress with a live lease: a repeat is told "in flight" at once.
 pub async fn live_lease_is_in_flight(ledger: Arc<dyn Ledger>) {
     let first = request(T0);

@@ -13,6 +13,7 @@ macro_rules! ledger_conformance {
     ($make:expr) => {
         $crate::ledger_conformance!(@cases $make;
             absent_key_is_claimed,
+            resent_claim_is_recognised_as_won,
             live_lease_is_in_flight,
             completed_is_replayed_byte_for_byte,
             failed_is_claimed_again,

@@ -423,7 +423,14 @@ impl Idem {
         let (request, fingerprint) = self.prepare(recipe, caller, &arguments)?;
         let key = request.key;
         let reference = key.reference();
-        let claim = match self.bounded(self.inner.ledger.claim(&request)).await {
+        let first = self.bounded(self.inner.ledger.claim(&request)).await;
+        // A pooled connection the server dropped fails one statement; send the claim once more
+        // (same token: if the first one committed, the ledger recognises it as ours).
+        let claim = match first {
+            Err(LedgerError::Unavailable { .. }) => self.bounded(self.inner.ledger.claim(&request)).await,
+            other => other,
+        };
+        let claim = match claim {
             Ok(claim) => claim,
             Err(error) => {
                 tracing::error!(tool, %reference, %error, "ledger unavailable; handler not run");

@@ -428,17 +428,17 @@ async fn a_panicking_handler_leaves_an_unknown_outcome_not_a_stuck_claim() {
     assert_eq!(repeat.unwrap_err().code(), "outcome_unknown", "recorded at once, not left in flight");
 }
 
-/// A ledger whose first claim commits but whose answer is lost on the way back.
+/// A ledger whose first `lose` claims commit but whose answers are lost on the way back.
 struct LostAnswer {
     inner: MemoryLedger,
-    lose: std::sync::atomic::AtomicBool,
+    lose: AtomicUsize,
 }
 
 impl Ledger for LostAnswer {
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
         Box::pin(async move {
             let claim = self.inner.claim(request).await?;
-            if self.lose.swap(false, Ordering::SeqCst) {
+            if self.lose.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
                 return Err(LedgerError::Unavailable { detail: "connection reset".into() });
             }
             Ok(claim)
@@ -467,8 +467,17 @@ impl Ledger for LostAnswer {
 }
 
 #[tokio::test]
+async fn one_lost_claim_answer_is_recovered_by_sending_the_claim_again() {
+    let idem = Idem::new(LostAnswer { inner: MemoryLedger::new(), lose: AtomicUsize::new(1) });
+    let processor = Processor::default();
+    let served = idem.call(&CHARGE, Some(&alice()), &charge(5, "x"), || processor.charge(5)).await.unwrap();
+    assert!(!served.replayed, "the re-sent claim (same token) is recognised as the one that won");
+    assert_eq!(processor.count(), 1);
+}
+
+#[tokio::test]
 async fn a_lost_claim_answer_is_released_so_the_retry_runs() {
-    let idem = Idem::new(LostAnswer { inner: MemoryLedger::new(), lose: true.into() });
+    let idem = Idem::new(LostAnswer { inner: MemoryLedger::new(), lose: AtomicUsize::new(2) });
     let processor = Processor::default();
     let error = idem.call(&CHARGE, Some(&alice()), &charge(5, "x"), || processor.charge(5)).await.unwrap_err();
     assert_eq!(error.code(), "ledger_unavailable");

@@ -248,6 +248,7 @@ pub(crate) enum Verdict {
 /// The parts of a stored record a claim decides on.
 pub(crate) struct RecordView<'a> {
     pub state: State,
+    pub token: Token,
     pub expires_at: u64,
     pub lease_until: u64,
     pub fingerprint: &'a [u8],
@@ -270,6 +271,10 @@ impl RecordView<'_> {
         let now = request.now;
         if self.expired(now) || self.state == State::Failed {
             return Verdict::Fresh;
+        }
+        if self.state == State::InProgress && self.token == request.token {
+            // This very request won already: its answer was lost and it was sent again.
+            return Verdict::Answer(Claim::Won(Won::Fresh));
         }
         if self.fingerprint != request.fingerprint {
             return Verdict::Answer(Claim::Conflict { arg_tags: self.arg_tags.to_vec() });

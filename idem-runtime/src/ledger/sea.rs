@@ -644,6 +644,7 @@ impl Row {
     fn view(&self) -> RecordView<'_> {
         RecordView {
             state: self.state,
+            token: self.token,
             expires_at: self.expires_at,
             lease_until: self.lease_until,
             fingerprint: &self.fingerprint,
