@@ -109,6 +109,28 @@ impl fmt::Display for CanonicalError {
     }
 }
 
+impl CanonicalError {
+    /// This error, its path prefixed with the argument `name` it occurred in.
+    pub(crate) fn within(self, name: &str) -> Self {
+        if name.is_empty() {
+            return self;
+        }
+        let join = |path: String| match path.as_str() {
+            "" => name.to_owned(),
+            p if p.starts_with('[') => format!("{name}{p}"),
+            p => format!("{name}.{p}"),
+        };
+        match self {
+            Self::NonFinite { path } => Self::NonFinite { path: join(path) },
+            Self::InexactInteger { path, value } => Self::InexactInteger { path: join(path), value },
+            Self::TooDeep { path, limit } => Self::TooDeep { path: join(path), limit },
+            Self::DuplicateKey { path, key } => Self::DuplicateKey { path: join(path), key },
+            Self::NonStringKey { path } => Self::NonStringKey { path: join(path) },
+            other => other,
+        }
+    }
+}
+
 impl std::error::Error for CanonicalError {}
 
 /// Names the offending part of a value in an error message.

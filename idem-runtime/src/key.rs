@@ -227,28 +227,11 @@ fn write_object<'a>(
         canonical::write_canonical_str(name, out);
         out.push(b':');
         let start = out.len();
-        canonical::write_canonical(value, out).map_err(|error| within(error, name))?;
+        canonical::write_canonical(value, out).map_err(|error| error.within(name))?;
         on_member(name, &out[start..]);
     }
     out.push(b'}');
     Ok(())
-}
-
-/// Prefixes the path of `error` with the argument `name` it occurred in.
-fn within(error: CanonicalError, name: &str) -> CanonicalError {
-    let join = |path: String| match path.as_str() {
-        "" => name.to_owned(),
-        p if p.starts_with('[') => format!("{name}{p}"),
-        p => format!("{name}.{p}"),
-    };
-    match error {
-        CanonicalError::NonFinite { path } => CanonicalError::NonFinite { path: join(path) },
-        CanonicalError::InexactInteger { path, value } => CanonicalError::InexactInteger { path: join(path), value },
-        CanonicalError::TooDeep { path, limit } => CanonicalError::TooDeep { path: join(path), limit },
-        CanonicalError::DuplicateKey { path, key } => CanonicalError::DuplicateKey { path: join(path), key },
-        CanonicalError::NonStringKey { path } => CanonicalError::NonStringKey { path: join(path) },
-        other => other,
-    }
 }
 
 fn fnv1a16(bytes: &[u8]) -> [u8; 2] {

@@ -71,7 +71,7 @@ impl Arguments {
         match canonical::to_value(value) {
             Ok(value) => Some(value),
             Err(error) => {
-                self.error.get_or_insert(prefix(error, name));
+                self.error.get_or_insert(error.within(name));
                 None
             }
         }
@@ -117,28 +117,6 @@ impl Arguments {
     }
 }
 
-fn prefix(error: CanonicalError, name: &str) -> CanonicalError {
-    if name.is_empty() {
-        return error;
-    }
-    match error {
-        CanonicalError::NonFinite { path } => CanonicalError::NonFinite { path: join(name, &path) },
-        CanonicalError::InexactInteger { path, value } => {
-            CanonicalError::InexactInteger { path: join(name, &path), value }
-        }
-        CanonicalError::TooDeep { path, limit } => CanonicalError::TooDeep { path: join(name, &path), limit },
-        other => other,
-    }
-}
-
-fn join(name: &str, path: &str) -> String {
-    match path {
-        "" => name.to_owned(),
-        p if p.starts_with('[') => format!("{name}{p}"),
-        p => format!("{name}.{p}"),
-    }
-}
-
 /// The `Idem` named by `idem = expr` (an `Idem`, a reference to one, or anything that borrows one).
 pub fn handle<I: Borrow<Idem> + ?Sized>(idem: &I) -> Idem {
     idem.borrow().clone()
@@ -176,11 +154,8 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = R>,
 {
-    let Some(idem) = idem else { return R::from_result(Err(no_idem())) };
-    let handler = || async { handler().await.into_result() };
     let never = |_| async { Reconciled::StillUnknown };
-    let served = idem.execute(recipe, caller.as_ref(), arguments.finish(), never, handler).await;
-    R::from_result(flatten(served))
+    run_reconciling(idem, recipe, caller, arguments, never, handler).await
 }
 
 /// Runs a handler under a `reconcile` recipe.

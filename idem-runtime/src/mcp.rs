@@ -14,7 +14,6 @@
 //! extensions ([`require_bearer`] is a small one to replace with your own validation); over
 //! stdio, the handle's configured local identity ([`Idem::with_local_caller`]). Neither: refused.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
@@ -303,10 +302,4 @@ pub async fn require_bearer(
         }
         None => (http::StatusCode::UNAUTHORIZED, "a valid bearer token is required").into_response(),
     }
-}
-
-/// The name of the status tool, for listings.
-#[must_use]
-pub fn status_tool_name() -> Cow<'static, str> {
-    Cow::Borrowed(STATUS_TOOL)
 }
