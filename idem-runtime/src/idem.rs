@@ -513,12 +513,14 @@ impl Idem {
         arguments: &'a CallArguments<'_>,
     ) -> Result<(ClaimRequest, Fingerprint<'a>), Rejection> {
         let caller = match caller {
-            Some(caller) => caller.clone(),
-            None => CALLER
-                .try_with(Clone::clone)
-                .ok()
-                .or_else(|| self.inner.local_caller.clone())
-                .ok_or(Rejection::NoCaller)?,
+            Some(caller) => std::borrow::Cow::Borrowed(caller),
+            None => std::borrow::Cow::Owned(
+                CALLER
+                    .try_with(Clone::clone)
+                    .ok()
+                    .or_else(|| self.inner.local_caller.clone())
+                    .ok_or(Rejection::NoCaller)?,
+            ),
         };
         let invalid = |error| Rejection::InvalidArguments { error };
         let scope = match (recipe.scope_rule(), &arguments.task) {
