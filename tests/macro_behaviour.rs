@@ -76,7 +76,7 @@ impl Shop {
 
     #[idempotent(key = "order_id, customer.id", window = "1h")]
     async fn place(&self, order: Order) -> Result<String, ShopError> {
-        let key = current_operation().expect("inside the handler").key().to_string();
+        let key = current_operation().expect("inside the handler").idempotency_key();
         self.forwarded.lock().unwrap().push(key.clone());
         if self.hold {
             self.release.notified().await;

@@ -150,7 +150,7 @@ async fn crash_injection(backend: &str) {
                 let kept_child_result =
                     run.child_receipt.as_ref().is_none_or(|receipt| run.final_value.as_ref() == Some(receipt));
                 let matches_downstream = run.final_value.is_some()
-                    && run.order_receipt(&context.downstream, &context.caller).as_ref() == run.final_value.as_ref();
+                    && run.order_receipt(&context.downstream).as_ref() == run.final_value.as_ref();
                 if applied == 0 || !kept_child_result || !matches_downstream {
                     lost += 1;
                     failures.push(format!("{point}/{name}: lost {run:?} (applied {applied})"));
@@ -210,8 +210,8 @@ async fn crash_injection(backend: &str) {
 
 impl Run {
     /// The downstream's receipt for this run's operation.
-    fn order_receipt(&self, downstream: &FileDownstream, caller: &Caller) -> Option<String> {
-        downstream.lookup(&key_of(caller, &self.order).to_string()).unwrap()
+    fn order_receipt(&self, downstream: &FileDownstream) -> Option<String> {
+        downstream.receipt_of_order(&self.order).unwrap()
     }
 }
 
@@ -300,10 +300,10 @@ async fn inject(context: &Context, point: &'static str, policy: StalePolicy) -> 
     let downstream = &context.downstream;
     let charge = || async {
         let operation = current_operation().expect("inside the handler");
-        downstream.charge(&operation.key().to_string(), &order).map_err(|e| RelError::Effect(e.to_string()))
+        downstream.charge(&operation.idempotency_key(), &order).map_err(|e| RelError::Effect(e.to_string()))
     };
     let reconcile = |operation: idem_runtime::Operation| async move {
-        match downstream.lookup(&operation.key().to_string()) {
+        match downstream.lookup(&operation.idempotency_key()) {
             Ok(Some(receipt)) => Reconciled::Happened(Ok(receipt)),
             Ok(None) => Reconciled::NothingHappened,
             Err(_) => Reconciled::StillUnknown,
@@ -344,7 +344,7 @@ async fn inject(context: &Context, point: &'static str, policy: StalePolicy) -> 
             // and resolves; the repeat then replays or runs.
             let status = idem.status(caller, &reference).await.unwrap().expect("an unknown record");
             assert_eq!(status.state, State::Unknown);
-            let resolution = match downstream.lookup(&key_of(caller, &order).to_string()).unwrap() {
+            let resolution = match downstream.receipt_of_order(&order).unwrap() {
                 Some(receipt) => Resolution::Completed(stored_ok(&receipt)),
                 None => Resolution::NothingHappened,
             };

@@ -193,9 +193,10 @@ async fn call_once(idem: &Idem, caller: &Caller, order: &str, downstream: &Downs
     let result = idem
         .call(&CHARGE, Some(caller), &arguments, || async {
             started.store(true, Ordering::SeqCst);
-            let key = current_operation().unwrap().key().to_string();
-            tally.started.lock().unwrap().push((order.to_owned(), key.clone()));
-            let receipt = downstream.charge(&key, order);
+            let operation = current_operation().unwrap();
+            tally.started.lock().unwrap().push((order.to_owned(), operation.key().to_string()));
+            // The downstream dedupes on what users forward.
+            let receipt = downstream.charge(&operation.idempotency_key(), order);
             tokio::time::sleep(Duration::from_millis(2)).await;
             Ok::<_, RelError>(receipt)
         })
@@ -350,9 +351,9 @@ async fn outage(test: &str, url: &str, fault: Fault) {
         let value = loop {
             let result = idem
                 .call(&CHARGE, Some(&caller), &arguments, || async {
-                    let key = current_operation().unwrap().key().to_string();
-                    tally.started.lock().unwrap().push((order.clone(), key.clone()));
-                    Ok::<_, RelError>(downstream.charge(&key, order))
+                    let operation = current_operation().unwrap();
+                    tally.started.lock().unwrap().push((order.clone(), operation.key().to_string()));
+                    Ok::<_, RelError>(downstream.charge(&operation.idempotency_key(), order))
                 })
                 .await;
             match result {

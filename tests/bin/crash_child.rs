@@ -91,7 +91,7 @@ async fn run(url: &str, dir: &str, tenant: &str, order: &str, point: &str, lease
     let served = idem
         .call(&CHARGE, Some(&caller), &arguments, || async {
             let operation = current_operation().ok_or_else(|| ChildError::Downstream("no operation".into()))?;
-            let reference = operation.key().to_string();
+            let reference = operation.idempotency_key();
             if point == "claim" {
                 say(&format!("AT claim {reference}"));
                 std::future::pending::<()>().await;

@@ -87,6 +87,21 @@ impl FileDownstream {
         Ok(counts)
     }
 
+    /// The receipt of the one applied effect of `order`, found by the business operation rather
+    /// than by a key the test recomputes: `None` if there is none, or more than one.
+    pub fn receipt_of_order(&self, order: &str) -> io::Result<Option<String>> {
+        let mut found = Vec::new();
+        for entry in fs::read_dir(self.dir.join("applied"))? {
+            let text = fs::read_to_string(entry?.path())?;
+            if let Some((applied, receipt)) = text.split_once(' ')
+                && applied == order
+            {
+                found.push(receipt.to_owned());
+            }
+        }
+        Ok(if found.len() == 1 { found.pop() } else { None })
+    }
+
     /// Applied effects per order (a duplicate is a count above one).
     pub fn applied_by_order(&self) -> io::Result<BTreeMap<String, usize>> {
         let mut counts = BTreeMap::new();
