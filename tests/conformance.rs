@@ -14,6 +14,12 @@ use idem_runtime::{Key, StalePolicy, TenantTag};
 const T0: u64 = 1_900_000_000_000;
 const WINDOW: u64 = 60_000;
 const LEASE: u64 = 5_000;
+/// How long an unsettled record is kept past its window.
+const UNSETTLED: u64 = 1_000_000;
+/// How long a settled result is kept past its settling, at least.
+const GRACE: u64 = 30_000;
+/// No grace: a completed record lives until its window ends.
+const NO_GRACE: u64 = 0;
 
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
@@ -33,15 +39,24 @@ fn request(now: u64) -> ClaimRequest {
         arg_tags: vec![[1, 1, 2, 2], [3, 3, 4, 4]],
         token: Token::random(),
         now,
-        expires_at: now + WINDOW,
+        window_end: now + WINDOW,
+        expires_at: now + WINDOW + UNSETTLED,
         lease_until: now + LEASE,
         stale: StalePolicy::Hold,
+        clock_trusted: true,
     }
 }
 
 /// The same operation claimed again by another caller at `now`.
 fn repeat(first: &ClaimRequest, now: u64) -> ClaimRequest {
-    ClaimRequest { token: Token::random(), now, expires_at: now + WINDOW, lease_until: now + LEASE, ..first.clone() }
+    ClaimRequest {
+        token: Token::random(),
+        now,
+        window_end: now + WINDOW,
+        expires_at: now + WINDOW + UNSETTLED,
+        lease_until: now + LEASE,
+        ..first.clone()
+    }
 }
 
 async fn claim(ledger: &dyn Ledger, request: &ClaimRequest) -> Claim {
@@ -49,16 +64,16 @@ async fn claim(ledger: &dyn Ledger, request: &ClaimRequest) -> Claim {
 }
 
 async fn complete(ledger: &dyn Ledger, request: &ClaimRequest, outcome: Outcome) {
-    ledger.complete(&request.key, request.token, outcome).await.expect("complete");
+    ledger.complete(&request.key, request.token, outcome, NO_GRACE).await.expect("complete");
 }
 
 /// absent → in_progress: the first claim wins.
 pub async fn absent_key_is_claimed(ledger: Arc<dyn Ledger>) {
     let first = request(T0);
-    assert_eq!(claim(&*ledger, &first).await, Claim::Won(Won::Fresh));
+    assert_eq!(claim(&*ledger, &first).await.won(), Some(Won::Fresh));
     let status = ledger.status(first.tenant, first.key.reference(), T0).await.unwrap().expect("record");
     assert_eq!(status.state, State::InProgress);
-    assert_eq!((status.created_at, status.expires_at), (T0, T0 + WINDOW));
+    assert_eq!((status.created_at, status.window_end), (T0, T0 + WINDOW));
     assert!(!status.lease_expired);
 }
 
@@ -66,8 +81,12 @@ pub async fn absent_key_is_claimed(ledger: Arc<dyn Ledger>) {
 /// another caller's claim is still in flight.
 pub async fn resent_claim_is_recognised_as_won(ledger: Arc<dyn Ledger>) {
     let first = request(T0);
-    assert_eq!(claim(&*ledger, &first).await, Claim::Won(Won::Fresh));
-    assert_eq!(claim(&*ledger, &first).await, Claim::Won(Won::Fresh), "the same token again");
+    assert_eq!(claim(&*ledger, &first).await.won(), Some(Won::Fresh));
+    assert_eq!(
+        claim(&*ledger, &first).await,
+        Claim::Won { attempt: Won::Fresh, window_end: T0 + WINDOW },
+        "the same token again"
+    );
     assert!(matches!(claim(&*ledger, &repeat(&first, T0 + 1)).await, Claim::InFlight { .. }));
     complete(&*ledger, &first, Outcome::Completed(b"once".to_vec())).await;
     assert_eq!(claim(&*ledger, &first).await, Claim::Replay { result: b"once".to_vec() }, "settled: a replay");
@@ -80,7 +99,7 @@ pub async fn live_lease_is_in_flight(ledger: Arc<dyn Ledger>) {
     let again = repeat(&first, T0 + LEASE - 1);
     assert_eq!(claim(&*ledger, &again).await, Claim::InFlight { lease_until: T0 + LEASE });
     // The loser's token holds nothing.
-    assert_eq!(ledger.complete(&first.key, again.token, Outcome::Failed).await, Err(LedgerError::Fenced));
+    assert_eq!(ledger.complete(&first.key, again.token, Outcome::Failed, NO_GRACE).await, Err(LedgerError::Fenced));
 }
 
 /// completed: every repeat gets the stored bytes, byte for byte.
@@ -95,7 +114,7 @@ pub async fn completed_is_replayed_byte_for_byte(ledger: Arc<dyn Ledger>) {
     let status = ledger.status(first.tenant, first.key.reference(), T0 + 2).await.unwrap().expect("record");
     assert_eq!((status.state, status.result), (State::Completed, Some(stored)));
     // Completing twice is refused: the claim has ended.
-    assert_eq!(ledger.complete(&first.key, first.token, Outcome::Failed).await, Err(LedgerError::Fenced));
+    assert_eq!(ledger.complete(&first.key, first.token, Outcome::Failed, NO_GRACE).await, Err(LedgerError::Fenced));
 }
 
 /// failed (nothing happened): the next repeat claims anew, and the old token is void.
@@ -106,9 +125,9 @@ pub async fn failed_is_claimed_again(ledger: Arc<dyn Ledger>) {
     let status = ledger.status(first.tenant, first.key.reference(), T0 + 1).await.unwrap().expect("record");
     assert_eq!(status.state, State::Failed);
     let again = repeat(&first, T0 + 10);
-    assert_eq!(claim(&*ledger, &again).await, Claim::Won(Won::Fresh));
+    assert_eq!(claim(&*ledger, &again).await.won(), Some(Won::Fresh));
     assert_eq!(
-        ledger.complete(&first.key, first.token, Outcome::Completed(b"x".to_vec())).await,
+        ledger.complete(&first.key, first.token, Outcome::Completed(b"x".to_vec()), NO_GRACE).await,
         Err(LedgerError::Fenced)
     );
     complete(&*ledger, &again, Outcome::Completed(b"second".to_vec())).await;
@@ -148,7 +167,7 @@ pub async fn failed_record_takes_new_arguments(ledger: Arc<dyn Ledger>) {
     claim(&*ledger, &first).await;
     complete(&*ledger, &first, Outcome::Failed).await;
     let other = ClaimRequest { fingerprint: [8; 32], ..repeat(&first, T0 + 1) };
-    assert_eq!(claim(&*ledger, &other).await, Claim::Won(Won::Fresh));
+    assert_eq!(claim(&*ledger, &other).await.won(), Some(Won::Fresh));
     complete(&*ledger, &other, Outcome::Completed(b"new".to_vec())).await;
     let back = repeat(&first, T0 + 2);
     assert!(matches!(claim(&*ledger, &back).await, Claim::Conflict { .. }));
@@ -163,7 +182,7 @@ pub async fn window_edge(ledger: Arc<dyn Ledger>) {
     let inside = repeat(&first, T0 + WINDOW - 1);
     assert_eq!(claim(&*ledger, &inside).await, Claim::Replay { result: b"first".to_vec() });
     let outside = repeat(&first, T0 + WINDOW + 1);
-    assert_eq!(claim(&*ledger, &outside).await, Claim::Won(Won::Fresh));
+    assert_eq!(claim(&*ledger, &outside).await.won(), Some(Won::Fresh));
     let status = ledger.status(first.tenant, first.key.reference(), T0 + WINDOW + 2).await.unwrap().expect("record");
     assert_eq!((status.state, status.created_at), (State::InProgress, T0 + WINDOW + 1));
     // The new operation's window starts at its own claim, not at a clock bucket.
@@ -177,11 +196,11 @@ pub async fn stale_lease_takeover_fences_the_old_holder(ledger: Arc<dyn Ledger>)
     let first = ClaimRequest { stale: StalePolicy::Takeover, ..request(T0) };
     claim(&*ledger, &first).await;
     let second = repeat(&first, T0 + LEASE + 1);
-    assert_eq!(claim(&*ledger, &second).await, Claim::Won(Won::Takeover));
+    assert_eq!(claim(&*ledger, &second).await.won(), Some(Won::Takeover));
     // A third caller while the new holder's lease is live: in flight.
     assert!(matches!(claim(&*ledger, &repeat(&first, T0 + LEASE + 2)).await, Claim::InFlight { .. }));
     complete(&*ledger, &second, Outcome::Completed(b"new holder".to_vec())).await;
-    let late = ledger.complete(&first.key, first.token, Outcome::Completed(b"late".to_vec())).await;
+    let late = ledger.complete(&first.key, first.token, Outcome::Completed(b"late".to_vec()), NO_GRACE).await;
     assert_eq!(late, Err(LedgerError::Fenced));
     assert_eq!(ledger.renew(&first.key, first.token, T0 + 100_000).await, Err(LedgerError::Fenced));
     assert_eq!(
@@ -190,7 +209,7 @@ pub async fn stale_lease_takeover_fences_the_old_holder(ledger: Arc<dyn Ledger>)
     );
     // The takeover kept the operation's window: it still expires from the first claim.
     let status = ledger.status(first.tenant, first.key.reference(), T0 + LEASE + 4).await.unwrap().expect("record");
-    assert_eq!((status.created_at, status.expires_at), (T0, T0 + WINDOW));
+    assert_eq!((status.created_at, status.window_end), (T0, T0 + WINDOW));
 }
 
 /// reconcile: a stale lease is taken for reconciliation, fenced like a takeover.
@@ -198,8 +217,8 @@ pub async fn stale_lease_reconcile(ledger: Arc<dyn Ledger>) {
     let first = ClaimRequest { stale: StalePolicy::Reconcile, ..request(T0) };
     claim(&*ledger, &first).await;
     let second = repeat(&first, T0 + LEASE + 1);
-    assert_eq!(claim(&*ledger, &second).await, Claim::Won(Won::Reconcile));
-    assert_eq!(ledger.complete(&first.key, first.token, Outcome::Failed).await, Err(LedgerError::Fenced));
+    assert_eq!(claim(&*ledger, &second).await.won(), Some(Won::Reconcile));
+    assert_eq!(ledger.complete(&first.key, first.token, Outcome::Failed, NO_GRACE).await, Err(LedgerError::Fenced));
     complete(&*ledger, &second, Outcome::Completed(b"reconciled".to_vec())).await;
     assert_eq!(
         claim(&*ledger, &repeat(&first, T0 + LEASE + 2)).await,
@@ -207,7 +226,9 @@ pub async fn stale_lease_reconcile(ledger: Arc<dyn Ledger>) {
     );
 }
 
-/// hold: a stale lease becomes unknown; nothing re-runs, and the dead holder cannot complete.
+/// hold: a stale lease becomes unknown and nothing re-runs — but the holder may be alive and
+/// late (a paused process, a slow downstream): its own completion is still recorded, and then
+/// replayed. (Before issue 10 its completion was refused and the result lost for good.)
 pub async fn stale_lease_hold_becomes_unknown(ledger: Arc<dyn Ledger>) {
     let first = request(T0);
     claim(&*ledger, &first).await;
@@ -217,21 +238,181 @@ pub async fn stale_lease_hold_becomes_unknown(ledger: Arc<dyn Ledger>) {
     assert_eq!(claim(&*ledger, &repeat(&first, T0 + LEASE + 2)).await, Claim::Unknown);
     let status = ledger.status(first.tenant, first.key.reference(), T0 + LEASE + 3).await.unwrap().expect("record");
     assert_eq!(status.state, State::Unknown);
-    assert_eq!(ledger.complete(&first.key, first.token, Outcome::Failed).await, Err(LedgerError::Fenced));
+    assert_eq!(ledger.renew(&first.key, first.token, T0 + 100_000).await, Err(LedgerError::Fenced), "no revival");
+    complete(&*ledger, &first, Outcome::Completed(b"late but done".to_vec())).await;
+    assert_eq!(
+        claim(&*ledger, &repeat(&first, T0 + LEASE + 4)).await,
+        Claim::Replay { result: b"late but done".to_vec() }
+    );
+    // Another holder's token still completes nothing.
+    let stranger = ledger.complete(&first.key, Token::random(), Outcome::Failed, NO_GRACE).await;
+    assert_eq!(stranger, Err(LedgerError::Fenced));
 }
 
-/// A dead holder's lease found after the window ended still goes through the stale policy: no
-/// silent re-run as a fresh operation.
-pub async fn stale_lease_past_its_window_follows_the_policy(ledger: Arc<dyn Ledger>) {
-    let held = ClaimRequest { expires_at: T0 + 10, lease_until: T0 + 5, ..request(T0) };
+/// An operator's verdict on an unknown record is never overwritten by the late holder.
+pub async fn late_holder_never_overwrites_an_operators_verdict(ledger: Arc<dyn Ledger>) {
+    let first = request(T0);
+    claim(&*ledger, &first).await;
+    assert_eq!(claim(&*ledger, &repeat(&first, T0 + LEASE + 1)).await, Claim::Unknown);
+    let reference = first.key.reference();
+    let verdict = Resolution::Completed(b"operator".to_vec());
+    ledger.resolve(first.tenant, reference, verdict, T0 + LEASE + 2, T0 + LEASE + 2).await.unwrap();
+    let late = ledger.complete(&first.key, first.token, Outcome::Completed(b"late".to_vec()), NO_GRACE).await;
+    assert_eq!(late, Err(LedgerError::Fenced));
+    assert_eq!(claim(&*ledger, &repeat(&first, T0 + LEASE + 3)).await, Claim::Replay { result: b"operator".to_vec() });
+}
+
+/// A re-sent claim (its first answer was lost) that had won a takeover is told it won a
+/// takeover, with the operation's own window end — not a fresh operation with a new one.
+pub async fn resent_takeover_claim_is_still_a_takeover(ledger: Arc<dyn Ledger>) {
+    for (policy, how) in [(StalePolicy::Takeover, Won::Takeover), (StalePolicy::Reconcile, Won::Reconcile)] {
+        let first = ClaimRequest { stale: policy, ..request(T0) };
+        claim(&*ledger, &first).await;
+        let second = repeat(&first, T0 + LEASE + 1);
+        let won = Claim::Won { attempt: how, window_end: T0 + WINDOW };
+        assert_eq!(claim(&*ledger, &second).await, won);
+        assert_eq!(claim(&*ledger, &second).await, won, "re-sent: how it won, and the operation's window");
+    }
+}
+
+/// A takeover is reported as one even when the request's own window end happens to equal the
+/// operation's (the backends once inferred it from that equality).
+pub async fn takeover_is_reported_even_with_an_equal_window_end(ledger: Arc<dyn Ledger>) {
+    let first = ClaimRequest { stale: StalePolicy::Takeover, ..request(T0) };
+    claim(&*ledger, &first).await;
+    let second = ClaimRequest { window_end: first.window_end, ..repeat(&first, T0 + LEASE + 1) };
+    assert_eq!(claim(&*ledger, &second).await.won(), Some(Won::Takeover));
+}
+
+/// A release undoes only what its claim did: a fresh claim becomes failed (nothing ran), a
+/// takeover gives its lease back and the operation stays in progress, so its stale policy still
+/// applies — with the operation's own window. A token that holds nothing releases nothing.
+pub async fn release_undoes_only_its_own_claim(ledger: Arc<dyn Ledger>) {
+    let fresh = request(T0);
+    claim(&*ledger, &fresh).await;
+    assert_eq!(ledger.release(&fresh.key, Token::random()).await, Err(LedgerError::Fenced));
+    ledger.release(&fresh.key, fresh.token).await.expect("the holder releases");
+    let status = ledger.status(fresh.tenant, fresh.key.reference(), T0 + 1).await.unwrap().expect("record");
+    assert_eq!(status.state, State::Failed);
+    assert_eq!(claim(&*ledger, &repeat(&fresh, T0 + 2)).await.won(), Some(Won::Fresh));
+    assert_eq!(ledger.release(&fresh.key, fresh.token).await, Err(LedgerError::Fenced), "nothing left to undo");
+
+    let dead = ClaimRequest { stale: StalePolicy::Takeover, ..request(T0) };
+    claim(&*ledger, &dead).await;
+    let taker = repeat(&dead, T0 + LEASE + 1);
+    assert_eq!(claim(&*ledger, &taker).await.won(), Some(Won::Takeover));
+    ledger.release(&taker.key, taker.token).await.expect("the taker releases");
+    let status = ledger.status(dead.tenant, dead.key.reference(), T0 + LEASE + 2).await.unwrap().expect("record");
+    assert_eq!((status.state, status.lease_expired), (State::InProgress, true), "maybe happened stays maybe");
+    let next = repeat(&dead, T0 + LEASE + 3);
+    assert_eq!(claim(&*ledger, &next).await, Claim::Won { attempt: Won::Takeover, window_end: T0 + WINDOW });
+
+    let held = request(T0);
     claim(&*ledger, &held).await;
-    assert_eq!(claim(&*ledger, &repeat(&held, T0 + WINDOW * 2)).await, Claim::Unknown, "hold: unknown, not fresh");
-    assert_eq!(claim(&*ledger, &repeat(&held, T0 + WINDOW * 3)).await, Claim::Unknown, "and it stays unknown");
-    let taken = ClaimRequest { stale: StalePolicy::Takeover, expires_at: T0 + 10, lease_until: T0 + 5, ..request(T0) };
-    claim(&*ledger, &taken).await;
-    let again = repeat(&taken, T0 + WINDOW * 2);
-    assert_eq!(claim(&*ledger, &again).await, Claim::Won(Won::Takeover), "takeover is reported as one");
-    complete(&*ledger, &again, Outcome::Completed(b"ok".to_vec())).await;
+    complete(&*ledger, &held, Outcome::Completed(b"done".to_vec())).await;
+    assert_eq!(ledger.release(&held.key, held.token).await, Err(LedgerError::Fenced), "a settled record stays");
+}
+
+/// A claimer whose clock is not known to agree with the ledger's acts on no time: a lapsed
+/// lease is answered "in flight", a record past its window is still the same operation.
+pub async fn untrusted_clock_acts_on_no_time(ledger: Arc<dyn Ledger>) {
+    let first = ClaimRequest { stale: StalePolicy::Takeover, ..request(T0) };
+    claim(&*ledger, &first).await;
+    let skewed = ClaimRequest { clock_trusted: false, ..repeat(&first, T0 + LEASE + 1) };
+    assert!(matches!(claim(&*ledger, &skewed).await, Claim::InFlight { .. }), "no takeover on an untrusted clock");
+    let held = request(T0);
+    claim(&*ledger, &held).await;
+    let skewed = ClaimRequest { clock_trusted: false, ..repeat(&held, T0 + LEASE + 1) };
+    assert!(matches!(claim(&*ledger, &skewed).await, Claim::InFlight { .. }), "no flip to unknown either");
+    complete(&*ledger, &held, Outcome::Completed(b"kept".to_vec())).await;
+    let late = ClaimRequest { clock_trusted: false, ..repeat(&held, T0 + WINDOW + 1) };
+    assert_eq!(claim(&*ledger, &late).await, Claim::Replay { result: b"kept".to_vec() }, "no early window end");
+    assert_eq!(claim(&*ledger, &repeat(&held, T0 + WINDOW + 1)).await.won(), Some(Won::Fresh));
+}
+
+/// A result that settles after its window (a handler slower than its window) stays replayable
+/// for the grace it was completed with; an operator's verdict likewise.
+pub async fn late_result_stays_replayable_for_its_grace(ledger: Arc<dyn Ledger>) {
+    let slow = ClaimRequest { lease_until: T0 + 2 * WINDOW, ..request(T0) };
+    claim(&*ledger, &slow).await;
+    let settled = T0 + WINDOW + 10_000;
+    let outcome = Outcome::Completed(b"slow".to_vec());
+    ledger.complete(&slow.key, slow.token, outcome, settled + GRACE).await.expect("complete");
+    assert_eq!(claim(&*ledger, &repeat(&slow, settled + 1)).await, Claim::Replay { result: b"slow".to_vec() });
+    let status = ledger.status(slow.tenant, slow.key.reference(), settled + GRACE - 1).await.unwrap();
+    assert_eq!(status.map(|s| s.state), Some(State::Completed), "status finds it too");
+    assert_eq!(claim(&*ledger, &repeat(&slow, settled + GRACE + 1)).await.won(), Some(Won::Fresh));
+
+    let unknown = request(T0);
+    claim(&*ledger, &unknown).await;
+    complete(&*ledger, &unknown, Outcome::Unknown).await;
+    let next_day = T0 + WINDOW + 86_400_000;
+    let verdict = Resolution::Completed(b"found".to_vec());
+    let reference = unknown.key.reference();
+    ledger.resolve(unknown.tenant, reference, verdict, next_day, next_day + GRACE).await.unwrap();
+    let status = ledger.status(unknown.tenant, reference, next_day + GRACE - 1).await.unwrap().expect("the verdict");
+    assert_eq!((status.state, status.result), (State::Completed, Some(b"found".to_vec())));
+}
+
+/// Unsettled records do not lock their key forever: once the window ended, a repeat starts a new
+/// operation (a new window, so a new forwarded key) and the old record stays for the operator —
+/// its status, its resolution — until its unsettled retention passes.
+pub async fn unsettled_past_its_window_is_superseded(ledger: Arc<dyn Ledger>) {
+    let unknown = request(T0);
+    claim(&*ledger, &unknown).await;
+    complete(&*ledger, &unknown, Outcome::Unknown).await;
+    assert_eq!(claim(&*ledger, &repeat(&unknown, T0 + WINDOW - 1)).await, Claim::Unknown, "inside its window");
+    let after = T0 + WINDOW + 1;
+    let next = repeat(&unknown, after);
+    assert_eq!(claim(&*ledger, &next).await, Claim::Won { attempt: Won::Fresh, window_end: after + WINDOW });
+    let reference = unknown.key.reference();
+    let current = ledger.status(unknown.tenant, reference, after + 1).await.unwrap().expect("the new operation");
+    assert_eq!((current.state, current.superseded), (State::InProgress, false));
+    // The operator can still settle the old one while the new one runs.
+    let verdict = Resolution::Completed(b"it did happen".to_vec());
+    ledger.resolve(unknown.tenant, reference, verdict, after + 2, after + 2).await.expect("resolve the old one");
+    complete(&*ledger, &next, Outcome::Completed(b"second".to_vec())).await;
+    assert_eq!(claim(&*ledger, &repeat(&unknown, after + 3)).await, Claim::Replay { result: b"second".to_vec() });
+
+    // A dead holder past its window, any policy: a new operation too.
+    for stale in [StalePolicy::Hold, StalePolicy::Takeover, StalePolicy::Reconcile] {
+        let dead = ClaimRequest { stale, ..request(T0) };
+        claim(&*ledger, &dead).await;
+        let next = repeat(&dead, T0 + WINDOW + 1);
+        assert_eq!(claim(&*ledger, &next).await.won(), Some(Won::Fresh), "{stale:?}");
+        let late = ledger.complete(&dead.key, dead.token, Outcome::Completed(b"late".to_vec()), NO_GRACE).await;
+        assert_eq!(late, Ok(()), "the late holder records on its own, superseded record");
+        let current = ledger.status(dead.tenant, dead.key.reference(), T0 + WINDOW + 2).await.unwrap();
+        assert_eq!(current.map(|s| s.state), Some(State::InProgress), "the new operation is untouched");
+    }
+}
+
+/// Keys sharing their first 8 bytes (their ref) in one tenant are told apart where the full key
+/// is known.
+pub async fn lookup_uses_the_full_key(ledger: Arc<dyn Ledger>) {
+    let a = request(T0);
+    let mut b_key = *a.key.as_bytes();
+    b_key[31] ^= 0xff;
+    let b = ClaimRequest { key: Key::from_bytes(b_key), token: Token::random(), ..a.clone() };
+    claim(&*ledger, &a).await;
+    complete(&*ledger, &a, Outcome::Completed(b"a".to_vec())).await;
+    claim(&*ledger, &b).await;
+    assert_eq!(a.key.reference(), b.key.reference());
+    let found = ledger.lookup(&b.key, T0 + 1).await.unwrap().expect("b's record");
+    assert_eq!((found.state, found.result), (State::InProgress, None));
+    let found = ledger.lookup(&a.key, T0 + 1).await.unwrap().expect("a's record");
+    assert_eq!(found.result, Some(b"a".to_vec()));
+    let missing = Key::from_bytes(random_bytes());
+    assert_eq!(ledger.lookup(&missing, T0 + 1).await.unwrap(), None);
+}
+
+/// Many arguments are stored and named, not refused as a transient failure.
+pub async fn many_arguments_are_stored(ledger: Arc<dyn Ledger>) {
+    let tags: Vec<[u8; 4]> = (0..2_000u32).map(u32::to_be_bytes).collect();
+    let first = ClaimRequest { arg_tags: tags.clone(), ..request(T0) };
+    assert_eq!(claim(&*ledger, &first).await.won(), Some(Won::Fresh));
+    let other = ClaimRequest { fingerprint: [8; 32], ..repeat(&first, T0 + 1) };
+    assert_eq!(claim(&*ledger, &other).await, Claim::Conflict { arg_tags: tags });
 }
 
 /// renew: only the holder extends its lease; an extended lease keeps repeats in flight.
@@ -241,7 +422,7 @@ pub async fn renew_extends_only_the_holders_lease(ledger: Arc<dyn Ledger>) {
     ledger.renew(&first.key, first.token, T0 + 3 * LEASE).await.expect("holder renews");
     assert_eq!(claim(&*ledger, &repeat(&first, T0 + 2 * LEASE)).await, Claim::InFlight { lease_until: T0 + 3 * LEASE });
     assert_eq!(ledger.renew(&first.key, Token::random(), T0 + 9 * LEASE).await, Err(LedgerError::Fenced));
-    assert_eq!(claim(&*ledger, &repeat(&first, T0 + 3 * LEASE + 1)).await, Claim::Won(Won::Takeover));
+    assert_eq!(claim(&*ledger, &repeat(&first, T0 + 3 * LEASE + 1)).await.won(), Some(Won::Takeover));
 }
 
 /// status: by ref, in the caller's tenant only; another tenant learns nothing.
@@ -255,7 +436,7 @@ pub async fn status_is_scoped_to_the_tenant(ledger: Arc<dyn Ledger>) {
     let other_tenant = TenantTag(random_bytes());
     assert_eq!(ledger.status(other_tenant, reference, T0 + 1).await.unwrap(), None);
     assert_eq!(
-        ledger.resolve(other_tenant, reference, Resolution::NothingHappened, T0 + 1).await,
+        ledger.resolve(other_tenant, reference, Resolution::NothingHappened, T0 + 1, T0 + 1).await,
         Err(LedgerError::NotFound)
     );
     let unknown_ref = Key::from_bytes(random_bytes()).reference();
@@ -270,10 +451,10 @@ pub async fn resolve_settles_unknown(ledger: Arc<dyn Ledger>) {
     claim(&*ledger, &happened).await;
     complete(&*ledger, &happened, Outcome::Unknown).await;
     let reference = happened.key.reference();
-    ledger.resolve(happened.tenant, reference, Resolution::Completed(b"found".to_vec()), T0 + 1).await.unwrap();
+    ledger.resolve(happened.tenant, reference, Resolution::Completed(b"found".to_vec()), T0 + 1, T0 + 1).await.unwrap();
     assert_eq!(claim(&*ledger, &repeat(&happened, T0 + 2)).await, Claim::Replay { result: b"found".to_vec() });
     assert_eq!(
-        ledger.resolve(happened.tenant, reference, Resolution::NothingHappened, T0 + 3).await,
+        ledger.resolve(happened.tenant, reference, Resolution::NothingHappened, T0 + 3, T0 + 3).await,
         Err(LedgerError::NotResolvable { state: State::Completed })
     );
 
@@ -281,13 +462,13 @@ pub async fn resolve_settles_unknown(ledger: Arc<dyn Ledger>) {
     claim(&*ledger, &dead).await;
     let reference = dead.key.reference();
     assert_eq!(
-        ledger.resolve(dead.tenant, reference, Resolution::NothingHappened, T0 + 1).await,
+        ledger.resolve(dead.tenant, reference, Resolution::NothingHappened, T0 + 1, T0 + 1).await,
         Err(LedgerError::NotResolvable { state: State::InProgress }),
         "a live lease cannot be resolved from outside"
     );
-    ledger.resolve(dead.tenant, reference, Resolution::NothingHappened, T0 + LEASE + 1).await.unwrap();
-    assert_eq!(ledger.complete(&dead.key, dead.token, Outcome::Unknown).await, Err(LedgerError::Fenced));
-    assert_eq!(claim(&*ledger, &repeat(&dead, T0 + LEASE + 2)).await, Claim::Won(Won::Fresh));
+    ledger.resolve(dead.tenant, reference, Resolution::NothingHappened, T0 + LEASE + 1, T0 + LEASE + 1).await.unwrap();
+    assert_eq!(ledger.complete(&dead.key, dead.token, Outcome::Unknown, NO_GRACE).await, Err(LedgerError::Fenced));
+    assert_eq!(claim(&*ledger, &repeat(&dead, T0 + LEASE + 2)).await.won(), Some(Won::Fresh));
 }
 
 /// sweep: deletes expired records in bounded batches and never a record under a live lease.
@@ -297,20 +478,35 @@ pub async fn sweep_is_bounded_and_spares_live_leases(ledger: Arc<dyn Ledger>) {
     while ledger.sweep(base + 100, 1000).await.unwrap() > 0 {}
     let mut expired = Vec::new();
     for i in 0..25 {
-        let r = ClaimRequest { expires_at: base + 10, lease_until: base + 5, ..request(base + i % 3) };
+        let r = ClaimRequest {
+            window_end: base + 10,
+            expires_at: base + 10 + UNSETTLED,
+            lease_until: base + 5,
+            ..request(base + i % 3)
+        };
         claim(&*ledger, &r).await;
         let outcome = if i % 2 == 0 { Outcome::Completed(b"old".to_vec()) } else { Outcome::Failed };
         complete(&*ledger, &r, outcome).await;
         expired.push(r);
     }
     // Past its window but its holder is alive (a long handler): not swept.
-    let live = ClaimRequest { expires_at: base + 10, lease_until: base + 1_000_000, ..request(base) };
+    let live = ClaimRequest {
+        window_end: base + 10,
+        expires_at: base + 10 + UNSETTLED,
+        lease_until: base + 10 * UNSETTLED,
+        ..request(base)
+    };
     claim(&*ledger, &live).await;
-    // Past its window with a dead holder, or unknown: not swept either — they wait for the
-    // stale policy or an operator, never vanish.
-    let dead = ClaimRequest { expires_at: base + 10, lease_until: base + 5, ..request(base) };
+    // Past its window with a dead holder, or unknown: not swept either until their unsettled
+    // retention passes — they wait for a repeat or an operator first.
+    let dead = ClaimRequest {
+        window_end: base + 10,
+        expires_at: base + 10 + UNSETTLED,
+        lease_until: base + 5,
+        ..request(base)
+    };
     claim(&*ledger, &dead).await;
-    let unknown = ClaimRequest { expires_at: base + 10, ..request(base) };
+    let unknown = ClaimRequest { window_end: base + 10, expires_at: base + 10 + UNSETTLED, ..request(base) };
     claim(&*ledger, &unknown).await;
     complete(&*ledger, &unknown, Outcome::Unknown).await;
     let now = base + 100;
@@ -328,10 +524,31 @@ pub async fn sweep_is_bounded_and_spares_live_leases(ledger: Arc<dyn Ledger>) {
     assert!(kept.lease_expired);
     let kept = ledger.status(unknown.tenant, unknown.key.reference(), now).await.unwrap().expect("unknown kept");
     assert_eq!(kept.state, State::Unknown);
-    // Settle them, so a later run's sweep finds nothing of this one's.
-    ledger.resolve(dead.tenant, dead.key.reference(), Resolution::NothingHappened, now).await.unwrap();
-    ledger.resolve(unknown.tenant, unknown.key.reference(), Resolution::NothingHappened, now).await.unwrap();
-    while ledger.sweep(now, 1000).await.unwrap() > 0 {}
+    // Once their unsettled retention passed, they go too — the table stays bounded — but never a
+    // record under a live lease.
+    let later = base + 10 + UNSETTLED;
+    let live_again = ClaimRequest {
+        window_end: base + 10,
+        expires_at: base + 10 + UNSETTLED,
+        lease_until: later + 1_000_000,
+        ..request(base)
+    };
+    claim(&*ledger, &live_again).await;
+    let mut swept = 0;
+    loop {
+        let n = ledger.sweep(later, 1000).await.unwrap();
+        swept += n;
+        if n == 0 {
+            break;
+        }
+    }
+    assert_eq!(swept, 3, "the live holder's record, the dead holder's and the unknown one");
+    assert_eq!(ledger.status(dead.tenant, dead.key.reference(), later).await.unwrap(), None);
+    assert_eq!(ledger.status(unknown.tenant, unknown.key.reference(), later).await.unwrap(), None);
+    let kept = ledger.status(live_again.tenant, live_again.key.reference(), later).await.unwrap();
+    assert!(kept.is_some(), "a live lease is never swept");
+    complete(&*ledger, &live_again, Outcome::Completed(b"done".to_vec())).await;
+    while ledger.sweep(later + 1, 1000).await.unwrap() > 0 {}
 }
 
 /// 200 concurrent claims of one key on a multi-threaded runtime: exactly one wins, every other
@@ -351,7 +568,7 @@ pub async fn two_hundred_concurrent_claims_one_winner(ledger: Arc<dyn Ledger>) {
     let (mut won, mut in_flight) = (0, 0);
     for task in tasks {
         match task.await.expect("task") {
-            Ok(Claim::Won(Won::Fresh)) => won += 1,
+            Ok(Claim::Won { attempt: Won::Fresh, .. }) => won += 1,
             Ok(Claim::InFlight { .. }) => in_flight += 1,
             other => panic!("unexpected answer to a concurrent claim: {other:?}"),
         }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Recipe, Rejection, current_operation};
+use idem_runtime::{
+    Caller, Clock, ErrorClass, Idem, IdempotentError, Recipe, Rejection, StalePolicy, SystemClock, current_operation,
+};
 use sea_orm::{ConnectionTrait, Database, DbBackend, Statement, TransactionTrait};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -68,7 +70,12 @@ macro_rules! on_every_backend {
     };
 }
 
-on_every_backend!(restart_keeps_the_stored_result, handler_transaction_commits_with_the_result, statements_per_call);
+on_every_backend!(
+    restart_keeps_the_stored_result,
+    handler_transaction_commits_with_the_result,
+    statements_per_call,
+    a_replica_whose_clock_runs_ahead_does_not_take_over,
+);
 
 /// Complete an operation, drop every connection, open a new ledger on the same database, repeat:
 /// the stored result, and no second execution.
@@ -190,8 +197,13 @@ async fn statements_per_call(backend: &str) {
         counter.fetch_add(1, Ordering::SeqCst);
     });
     let idem = Idem::new(SeaOrmLedger::from_connection(db));
-    let args = json!({ "order_id": unique("o") });
     let handler = || async { Ok::<_, Error>("done".to_owned()) };
+    // The handle reads the database's clock once per third of a lease (its skew), not per call:
+    // one call first, so the count below is of calls alone.
+    idem.call(&PLACE, Some(&alice()), &json!({ "order_id": unique("o") }), handler).await.unwrap();
+    let clock_read = sent.swap(0, Ordering::SeqCst) - 2;
+    assert_eq!(clock_read, 1, "{backend}: one clock read");
+    let args = json!({ "order_id": unique("o") });
     idem.call(&PLACE, Some(&alice()), &args, handler).await.unwrap();
     let first = sent.swap(0, Ordering::SeqCst);
     assert!(idem.call(&PLACE, Some(&alice()), &args, handler).await.unwrap().replayed);
@@ -221,4 +233,114 @@ async fn a_broken_ledger_never_lets_the_handler_run() {
 async fn an_unreachable_server_is_an_error_at_connect() {
     let error = SeaOrmLedger::connect("postgres://postgres@127.0.0.1:1/none").await.unwrap_err();
     assert!(error.to_string().contains("unavailable"), "{error}");
+}
+
+/// The system clock, `ahead` milliseconds fast: a replica whose clock is off.
+struct Fast {
+    ahead: u64,
+}
+
+impl Clock for Fast {
+    fn now_ms(&self) -> u64 {
+        SystemClock.now_ms() + self.ahead
+    }
+}
+
+/// Issue 10.4: two replicas on one database, the second's clock 25 s fast, a 20 s lease held by
+/// a live holder on the first: the second measures its skew against the database's clock, so
+/// its repeat is answered "in flight" instead of taking the operation over (before, it read the
+/// lease as lapsed and ran the handler a second time).
+async fn a_replica_whose_clock_runs_ahead_does_not_take_over(backend: &str) {
+    let Some(url) = url(backend, "a_replica_whose_clock_runs_ahead_does_not_take_over").await else { return };
+    static TAKEOVER: Recipe = Recipe::new("skewed_charge", &["order_id"]).stale(StalePolicy::Takeover);
+    let lease = std::time::Duration::from_secs(20);
+    let holder = Idem::new(SeaOrmLedger::connect(&url).await.unwrap()).with_lease(lease);
+    let fast =
+        Idem::new(SeaOrmLedger::connect(&url).await.unwrap()).with_lease(lease).with_clock(Fast { ahead: 25_000 });
+    let args = json!({ "order_id": unique("o") });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let running = {
+        let (holder, args, runs, release) = (holder.clone(), args.clone(), Arc::clone(&runs), Arc::clone(&release));
+        tokio::spawn(async move {
+            holder
+                .call(&TAKEOVER, Some(&alice()), &args, || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    release.notified().await;
+                    Ok::<_, Error>("first".to_owned())
+                })
+                .await
+        })
+    };
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let repeat = fast
+        .call(&TAKEOVER, Some(&alice()), &args, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>("second".to_owned())
+        })
+        .await;
+    assert!(matches!(&repeat, Err(Error::Idem(code)) if code == "in_flight"), "{backend}: {repeat:?}");
+    release.notify_one();
+    assert_eq!(running.await.unwrap().unwrap().value, "first");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: one execution");
+    let skew = fast.ledger_now().abs_diff(SystemClock.now_ms());
+    assert!(skew < 2_000, "{backend}: the fast replica states times on the database's clock ({skew} ms off)");
+}
+
+/// A table made by the first schema (no `attempt`, no `window_end`) is brought up to date by
+/// `migrate`, and its records keep their meaning: the old `expires_at` was the window end.
+#[tokio::test]
+async fn a_first_schema_table_is_upgraded_by_migrate() {
+    let Some(url) = url("sqlite", "a_first_schema_table_is_upgraded_by_migrate").await else { return };
+    let db = Database::connect(&url).await.unwrap();
+    db.execute_unprepared(
+        "CREATE TABLE idem_records (key BLOB PRIMARY KEY NOT NULL, tenant INTEGER NOT NULL, state INTEGER NOT NULL,
+            token INTEGER NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+            lease_until INTEGER NOT NULL, fingerprint BLOB NOT NULL, arg_tags BLOB NOT NULL, result BLOB)
+            WITHOUT ROWID",
+    )
+    .await
+    .unwrap();
+    let now = SystemClock.now_ms();
+    let args = json!({ "order_id": "kept" });
+    // A completed record written by the first schema: claim and complete through a throwaway
+    // ledger is not possible on the old table, so write the row the old code wrote.
+    let key = idem_runtime::Key::derive(
+        &idem_runtime::Scope::caller(&alice()),
+        PLACE.tool(),
+        args.as_object()
+            .map(|all| {
+                let mut selected = serde_json::Map::new();
+                selected.insert("order_id".to_owned(), all["order_id"].clone());
+                selected
+            })
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap();
+    let fingerprint = idem_runtime::Fingerprint::of(args.as_object().unwrap(), &[]).unwrap();
+    let insert = Statement::from_sql_and_values(
+        DbBackend::Sqlite,
+        "INSERT INTO idem_records VALUES (?, ?, 2, 1, ?, ?, 0, ?, ?, ?)",
+        vec![
+            key.as_bytes().to_vec().into(),
+            i64::from_be_bytes(idem_runtime::TenantTag::of("acme").0).into(),
+            i64::try_from(now).unwrap().into(),
+            i64::try_from(now + 3_600_000).unwrap().into(),
+            fingerprint.digest.to_vec().into(),
+            fingerprint.tags.concat().into(),
+            br#"{"ok":"from the first schema"}"#.to_vec().into(),
+        ],
+    );
+    db.execute_raw(insert).await.unwrap();
+    let ledger = SeaOrmLedger::connect(&url).await.expect("migrate upgrades the table");
+    SeaOrmLedger::connect(&url).await.expect("and a second migrate finds nothing to do");
+    let idem = Idem::new(ledger);
+    let served = idem.call(&PLACE, Some(&alice()), &args, || async { Ok::<_, Error>("ran".to_owned()) }).await;
+    let served = served.unwrap();
+    assert_eq!((served.value.as_str(), served.replayed), ("from the first schema", true));
+    let status = idem.status(&alice(), &served.reference.to_string()).await.unwrap().unwrap();
+    assert_eq!(status.window_end, now + 3_600_000, "the old expires_at is the window end");
 }

@@ -9,9 +9,10 @@
 //!   with A's stored result (a replay), or B took over first and A is fenced — never both
 //!   "succeeding", which would be two executions with one stored result.
 //! - `late_holder_through_idem`: the same through `Idem::call` on two handles (two "replicas")
-//!   sharing the ledger; A's clock is frozen, so its renewals cannot keep its lease, and B's
-//!   clock is a minute ahead, so B sees A's lease lapsed and takes over (`stale = "takeover"`).
-//!   B's result is stored and replayed; A's late result never overwrites it.
+//!   sharing the ledger; A is paused — its renewals never reach the ledger — so its 300 ms lease
+//!   lapses, and B takes over (`stale = "takeover"`). B's result is stored and replayed; A's late
+//!   result never overwrites it. (A skewed clock no longer fakes a lapsed lease: each replica
+//!   states its times on the ledger's clock.)
 
 #[path = "reliability_support/mod.rs"]
 mod support;
@@ -19,8 +20,10 @@ mod support;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use idem_runtime::ledger::{Claim, ClaimRequest, Ledger, LedgerError, Outcome, State, Token, Won};
-use idem_runtime::{Caller, Clock, Idem, Key, ManualClock, MemoryLedger, Recipe, StalePolicy, SystemClock, TenantTag};
+use idem_runtime::ledger::{
+    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, State, StatusReport, Token, Won,
+};
+use idem_runtime::{Caller, Clock, Idem, Key, MemoryLedger, Recipe, Ref, StalePolicy, SystemClock, TenantTag};
 use serde_json::json;
 use support::scale;
 use support::{RelError, unique};
@@ -63,13 +66,16 @@ fn requests() -> (ClaimRequest, ClaimRequest) {
         arg_tags: vec![[1, 2, 3, 4]],
         token: Token::random(),
         now,
+        window_end: now + 3_600_000,
         expires_at: now + 3_600_000,
         lease_until: now + 50,
         stale: StalePolicy::Takeover,
+        clock_trusted: true,
     };
     let b = ClaimRequest {
         token: Token::random(),
         now: now + 100,
+        window_end: now + 100 + 3_600_000,
         expires_at: now + 100 + 3_600_000,
         lease_until: now + 100 + 60_000,
         ..a.clone()
@@ -88,14 +94,14 @@ async fn completions_race_after_takeover(backend: &str) {
     let (mut b_stored, mut a_fenced, mut violations) = (0, 0, Vec::new());
     for round in 0..rounds {
         let (a, b) = requests();
-        assert_eq!(ledger.claim(&a).await.unwrap(), Claim::Won(Won::Fresh));
-        assert_eq!(ledger.claim(&b).await.unwrap(), Claim::Won(Won::Takeover), "A's lease lapsed");
+        assert_eq!(ledger.claim(&a).await.unwrap().won(), Some(Won::Fresh));
+        assert_eq!(ledger.claim(&b).await.unwrap().won(), Some(Won::Takeover), "A's lease lapsed");
         let barrier = Arc::new(tokio::sync::Barrier::new(3));
         let spawn_complete = |request: ClaimRequest, bytes: &'static [u8]| {
             let (ledger, barrier) = (Arc::clone(&ledger), Arc::clone(&barrier));
             tokio::spawn(async move {
                 barrier.wait().await;
-                ledger.complete(&request.key, request.token, Outcome::Completed(bytes.to_vec())).await
+                ledger.complete(&request.key, request.token, Outcome::Completed(bytes.to_vec()), 0).await
             })
         };
         // Alternate who is spawned first, so neither always starts ahead.
@@ -146,7 +152,7 @@ async fn takeover_races_the_late_completion(backend: &str) {
     let (mut a_first, mut b_first, mut violations) = (0, 0, Vec::new());
     for round in 0..rounds {
         let (a, b) = requests();
-        assert_eq!(ledger.claim(&a).await.unwrap(), Claim::Won(Won::Fresh));
+        assert_eq!(ledger.claim(&a).await.unwrap().won(), Some(Won::Fresh));
         let barrier = Arc::new(tokio::sync::Barrier::new(2));
         // On odd rounds A starts a few milliseconds late, so both orders are exercised on every
         // backend (a takeover claim takes more statements than a completion on some).
@@ -156,7 +162,7 @@ async fn takeover_races_the_late_completion(backend: &str) {
             tokio::spawn(async move {
                 barrier.wait().await;
                 tokio::time::sleep(delay).await;
-                ledger.complete(&a.key, a.token, Outcome::Completed(b"\"A\"".to_vec())).await
+                ledger.complete(&a.key, a.token, Outcome::Completed(b"\"A\"".to_vec()), 0).await
             })
         };
         let takeover = {
@@ -164,8 +170,8 @@ async fn takeover_races_the_late_completion(backend: &str) {
             tokio::spawn(async move {
                 barrier.wait().await;
                 let claim = ledger.claim(&b).await.unwrap();
-                let completed = if claim == Claim::Won(Won::Takeover) {
-                    Some(ledger.complete(&b.key, b.token, Outcome::Completed(b"\"B\"".to_vec())).await)
+                let completed = if claim.won() == Some(Won::Takeover) {
+                    Some(ledger.complete(&b.key, b.token, Outcome::Completed(b"\"B\"".to_vec()), 0).await)
                 } else {
                     None
                 };
@@ -180,7 +186,7 @@ async fn takeover_races_the_late_completion(backend: &str) {
             {
                 a_first += 1;
             }
-            (Err(LedgerError::Fenced), Claim::Won(Won::Takeover), Some(Ok(())))
+            (Err(LedgerError::Fenced), Claim::Won { attempt: Won::Takeover, .. }, Some(Ok(())))
                 if record == (State::Completed, Some(b"\"B\"".to_vec())) =>
             {
                 b_first += 1;
@@ -208,13 +214,11 @@ static TAKEOVER: Recipe = Recipe::new("rel_fencing_charge", &["order_id"]).stale
 async fn late_holder_through_idem(backend: &str) {
     let Some(ledger) = ledger(backend, "reliability_fencing::late_holder_through_idem").await else { return };
     let rounds = scale(10, 200);
-    let now = SystemClock.now_ms();
     let (mut b_stored, mut a_answers, mut violations) = (0, BTreeMap::new(), Vec::new());
     for round in 0..rounds {
-        let replica_a = Idem::from_shared(Arc::clone(&ledger))
-            .with_clock(ManualClock::new(now))
-            .with_lease(std::time::Duration::from_millis(300));
-        let replica_b = Idem::from_shared(Arc::clone(&ledger)).with_clock(ManualClock::new(now + 60_000));
+        let paused: Arc<dyn Ledger> = Arc::new(Paused(Arc::clone(&ledger)));
+        let replica_a = Idem::from_shared(paused).with_lease(std::time::Duration::from_millis(300));
+        let replica_b = Idem::from_shared(Arc::clone(&ledger));
         let caller = Caller::new(unique("rel-fence-tenant"), "agent");
         let arguments = json!({ "order_id": unique("order") });
         let (claimed_tx, claimed) = tokio::sync::oneshot::channel();
@@ -232,10 +236,8 @@ async fn late_holder_through_idem(backend: &str) {
             })
         };
         claimed.await.unwrap();
-        if round % 2 == 1 {
-            // Let A's renewal timer fire a few times first (it cannot extend a frozen clock's lease).
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        }
+        // A's renewal timer fires, but its renewals never land: its lease lapses.
+        tokio::time::sleep(std::time::Duration::from_millis(if round % 2 == 1 { 450 } else { 350 })).await;
         let b = replica_b.call(&TAKEOVER, Some(&caller), &arguments, || async { Ok::<_, RelError>("B".to_owned()) });
         let b = b.await;
         release.notify_one();
@@ -275,4 +277,56 @@ async fn late_holder_through_idem(backend: &str) {
         ]],
     );
     assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// A replica that is paused: its lease renewals never reach the ledger (they hang), everything
+/// else does.
+struct Paused(Arc<dyn Ledger>);
+
+impl Ledger for Paused {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        self.0.claim(request)
+    }
+    fn renew<'a>(&'a self, _: &'a Key, _: Token, _: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(std::future::pending())
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.0.complete(key, token, outcome, keep)
+    }
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.0.release(key, token)
+    }
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.0.lookup(key, now)
+    }
+    fn status<'a>(
+        &'a self,
+        t: TenantTag,
+        r: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.0.status(t, r, now)
+    }
+    fn resolve<'a>(
+        &'a self,
+        t: TenantTag,
+        r: Ref,
+        x: Resolution,
+        now: u64,
+        keep: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.0.resolve(t, r, x, now, keep)
+    }
+    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
+        self.0.sweep(now, limit)
+    }
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        self.0.now()
+    }
 }

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -25,6 +26,17 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_LEDGER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest stored result accepted by default.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
+/// How long a completed result stays replayable after it settles, even if its window ended
+/// meanwhile (a handler slower than its window).
+pub const DEFAULT_SETTLE_GRACE: Duration = Duration::from_secs(60);
+/// How long an operator's verdict ([`Idem::resolve`]) stays readable and replayable.
+pub const DEFAULT_VERDICT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How long an operation that never settled (unknown, or in progress under a dead holder) is
+/// kept past its window for an operator, before the sweep may delete it.
+pub const DEFAULT_UNSETTLED_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How many background ledger jobs (releasing a lost claim, retrying a completion) one handle
+/// runs at once; past this, a lost claim is left to its lease.
+const BACKGROUND_JOBS: usize = 32;
 
 tokio::task_local! {
     static OPERATION: Operation;
@@ -32,9 +44,9 @@ tokio::task_local! {
 }
 
 /// The operation a handler is running as: read it with [`current_operation`] and forward
-/// [`Operation::key`] to the system that owns the side effect (an `Idempotency-Key` header, a
-/// processor's reference field). Only that system can close the window between the effect and
-/// the record.
+/// [`Operation::idempotency_key`] to the system that owns the side effect (an
+/// `Idempotency-Key` header, a processor's reference field). Only that system can close the
+/// window between the effect and the record.
 #[derive(Debug, Clone)]
 pub struct Operation {
     key: Key,
@@ -43,11 +55,21 @@ pub struct Operation {
     token: Token,
     /// When the operation's window ends; with the key, it names this operation downstream.
     window_end: u64,
-    /// The size limit `complete_in` enforces (durable ledgers only).
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")), allow(dead_code))]
-    max_result_bytes: usize,
+    /// The handle it runs under (its clock, limits and grace).
+    idem: Idem,
+    /// What the renewer knows of the lease.
+    lease: Arc<LeaseState>,
     /// Set once the handler recorded the result in its own transaction.
-    recorded: Arc<std::sync::atomic::AtomicBool>,
+    recorded: Arc<AtomicBool>,
+}
+
+/// The lease as the renewer last saw it.
+#[derive(Debug)]
+struct LeaseState {
+    /// Until when the ledger confirmed the lease (ledger time).
+    until: AtomicU64,
+    /// The ledger refused a renewal: the claim was taken over or settled by someone else.
+    fenced: AtomicBool,
 }
 
 impl Operation {
@@ -90,6 +112,22 @@ impl Operation {
         self.token
     }
 
+    /// When this operation's window ends (milliseconds since the Unix epoch, ledger time).
+    #[must_use]
+    pub const fn window_end(&self) -> u64 {
+        self.window_end
+    }
+
+    /// Whether this run may no longer hold its claim: a renewal was refused (another replica
+    /// took the operation over, or an operator settled it), or no renewal has been confirmed
+    /// for the whole lease (the ledger is unreachable, or this process was paused). Ask before
+    /// an effect that the downstream cannot dedupe: if it is `true`, return an error that says
+    /// nothing happened instead of acting.
+    #[must_use]
+    pub fn lease_lost(&self) -> bool {
+        self.lease.fenced.load(Ordering::SeqCst) || self.idem.ledger_now() >= self.lease.until.load(Ordering::SeqCst)
+    }
+
     /// Stores `value` as this operation's result on `conn` — a transaction of the handler's own
     /// — so the handler's writes and the stored result commit or roll back together. The
     /// handler then returns `Ok(value)` as usual; if its transaction rolled back, idem records
@@ -118,20 +156,23 @@ impl Operation {
         C: sea_orm::ConnectionTrait,
         T: Serialize,
     {
+        let max = self.idem.inner.max_result_bytes;
         let bytes = serde_json::to_vec(&Stored::<&T, ()>::Ok(value))
             .map_err(|error| LedgerError::Corrupt { detail: format!("the result cannot be stored: {error}") })?;
-        if bytes.len() > self.max_result_bytes {
+        if bytes.len() > max {
             return Err(LedgerError::Corrupt {
-                detail: format!("the result is {} bytes, above the limit of {}", bytes.len(), self.max_result_bytes),
+                detail: format!("the result is {} bytes, above the limit of {max}", bytes.len()),
             });
         }
-        crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, Outcome::Completed(bytes)).await?;
-        self.recorded.store(true, std::sync::atomic::Ordering::SeqCst);
+        let keep_until = self.idem.keep_until(self.idem.inner.grace);
+        let outcome = Outcome::Completed(bytes);
+        crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, outcome, keep_until).await?;
+        self.recorded.store(true, Ordering::SeqCst);
         Ok(())
     }
 
     /// Whether this run took over a dead holder's claim: the downstream may already have seen
-    /// this key, and must dedupe by it.
+    /// this operation's idempotency key, and must dedupe by it.
     #[must_use]
     pub fn is_takeover(&self) -> bool {
         self.attempt != Won::Fresh
@@ -208,14 +249,35 @@ pub struct Idem {
     inner: Arc<Inner>,
 }
 
+#[derive(Clone)]
 struct Inner {
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
     lease: Duration,
     retention: Duration,
+    grace: Duration,
+    verdict_retention: Duration,
+    unsettled_retention: Duration,
     max_result_bytes: usize,
     local_caller: Option<Caller>,
     ledger_timeout: Duration,
+    /// Whether the ledger timeout was set by hand (then a lease too short for it is refused).
+    ledger_timeout_set: bool,
+    /// This handle's clock against the ledger's.
+    skew: Arc<std::sync::Mutex<Option<Skew>>>,
+    /// Bounds the background ledger work (lost-claim releases, completion retries).
+    background: Arc<tokio::sync::Semaphore>,
+}
+
+/// A measurement of this handle's clock against the ledger's.
+#[derive(Clone, Copy, Debug)]
+struct Skew {
+    /// When it was taken, by this handle's clock.
+    at: u64,
+    /// Ledger time minus local time, in milliseconds.
+    offset: i64,
+    /// Whether times corrected by it can be acted on (see [`ClaimRequest::clock_trusted`]).
+    trusted: bool,
 }
 
 impl std::fmt::Debug for Idem {
@@ -245,31 +307,24 @@ impl Idem {
                 clock: Arc::new(SystemClock),
                 lease: DEFAULT_LEASE,
                 retention: DEFAULT_RETENTION,
+                grace: DEFAULT_SETTLE_GRACE,
+                verdict_retention: DEFAULT_VERDICT_RETENTION,
+                unsettled_retention: DEFAULT_UNSETTLED_RETENTION,
                 max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
                 local_caller: None,
                 ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
+                ledger_timeout_set: false,
+                skew: Arc::default(),
+                background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_JOBS)),
             }),
         }
     }
 
     fn configure(mut self, change: impl FnOnce(&mut Inner)) -> Self {
-        match Arc::get_mut(&mut self.inner) {
-            Some(inner) => change(inner),
-            None => {
-                let old = &self.inner;
-                let mut inner = Inner {
-                    ledger: Arc::clone(&old.ledger),
-                    clock: Arc::clone(&old.clock),
-                    lease: old.lease,
-                    retention: old.retention,
-                    max_result_bytes: old.max_result_bytes,
-                    local_caller: old.local_caller.clone(),
-                    ledger_timeout: old.ledger_timeout,
-                };
-                change(&mut inner);
-                self.inner = Arc::new(inner);
-            }
-        }
+        let inner = Arc::make_mut(&mut self.inner);
+        change(inner);
+        // A new clock, ledger or lease makes the old skew measurement meaningless.
+        inner.skew = Arc::default();
         self
     }
 
@@ -281,16 +336,58 @@ impl Idem {
 
     /// How long a claim is held before a repeat may treat its holder as dead (default 30 s).
     /// A running handler renews it every third of this, so it bounds detection of a crash, not
-    /// the handler's running time.
+    /// the handler's running time. A ledger timeout left at its default is lowered to half the
+    /// lease.
+    ///
+    /// # Panics
+    /// If a ledger timeout set with [`Idem::with_ledger_timeout`] is not under half of `lease`:
+    /// a claim whose answer could take longer than its lease could be taken over before its
+    /// holder learns it won.
     #[must_use]
     pub fn with_lease(self, lease: Duration) -> Self {
-        self.configure(|inner| inner.lease = lease.max(Duration::from_millis(3)))
+        let lease = lease.max(Duration::from_millis(3));
+        self.configure(|inner| {
+            inner.lease = lease;
+            if inner.ledger_timeout > lease / 2 {
+                assert!(
+                    !inner.ledger_timeout_set,
+                    "the ledger timeout ({:?}) must be under half the lease ({lease:?}): lower it with \
+                     `with_ledger_timeout` before shortening the lease, or keep a longer lease",
+                    inner.ledger_timeout
+                );
+                inner.ledger_timeout = lease / 2;
+            }
+        })
     }
 
     /// How long records of recipes without a window live (default 24 h).
     #[must_use]
     pub fn with_retention(self, retention: Duration) -> Self {
         self.configure(|inner| inner.retention = retention)
+    }
+
+    /// How long a completed result stays replayable after it settles even if its window ended
+    /// meanwhile (default 60 s): the caller of a handler slower than its window can still
+    /// collect the result.
+    #[must_use]
+    pub fn with_settle_grace(self, grace: Duration) -> Self {
+        self.configure(|inner| inner.grace = grace)
+    }
+
+    /// How long an operator's verdict ([`Idem::resolve`]) stays readable and replayable, at
+    /// least (default 24 h).
+    #[must_use]
+    pub fn with_verdict_retention(self, retention: Duration) -> Self {
+        self.configure(|inner| inner.verdict_retention = retention)
+    }
+
+    /// How long an operation that never settled — unknown, or in progress under a holder that
+    /// died — is kept past its window for an operator (default 7 days). Once its window has
+    /// ended, a repeat starts a new operation (with a new idempotency key) and the old record
+    /// stays beside it, visible to [`Idem::status`] and [`Idem::resolve`], until this passes.
+    #[must_use]
+    pub fn with_unsettled_retention(self, retention: Duration) -> Self {
+        self.configure(|inner| inner.unsettled_retention = retention)
     }
 
     /// The largest result stored for replay (default 1 MiB). A larger result is returned to its
@@ -300,11 +397,26 @@ impl Idem {
         self.configure(|inner| inner.max_result_bytes = max)
     }
 
-    /// How long one ledger operation may take (default 10 s). A ledger that does not answer in
-    /// time is unavailable: the handler does not run, and the caller is told so.
+    /// How long one ledger operation may take (default 10 s, and at most half the lease). A
+    /// ledger that does not answer in time is unavailable: the handler does not run, and the
+    /// caller is told so.
+    ///
+    /// # Panics
+    /// If `timeout` is not under half the lease: a claim answered after its lease ran out
+    /// could already belong to someone else. Set a longer lease first ([`Idem::with_lease`]).
     #[must_use]
     pub fn with_ledger_timeout(self, timeout: Duration) -> Self {
-        self.configure(|inner| inner.ledger_timeout = timeout.max(Duration::from_millis(1)))
+        let timeout = timeout.max(Duration::from_millis(1));
+        self.configure(|inner| {
+            assert!(
+                timeout <= inner.lease / 2,
+                "the ledger timeout ({timeout:?}) must be under half the lease ({:?}): a claim answered after \
+                 its lease ran out could already belong to someone else; set a longer lease with `with_lease` first",
+                inner.lease
+            );
+            inner.ledger_timeout = timeout;
+            inner.ledger_timeout_set = true;
+        })
     }
 
     /// The caller to use when none is given and none is in scope ([`with_caller`]): the
@@ -345,6 +457,69 @@ impl Idem {
         self.inner.clock.now_ms()
     }
 
+    /// Now on the ledger's clock, as last measured (this handle's clock corrected by the
+    /// measured skew; uncorrected before the first measurement).
+    #[must_use]
+    pub fn ledger_now(&self) -> u64 {
+        let offset = self.skew().map_or(0, |skew| skew.offset);
+        self.now_ms().saturating_add_signed(offset)
+    }
+
+    fn skew(&self) -> Option<Skew> {
+        *self.inner.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Now on the ledger's clock, and whether it can be acted on. Measures the skew against the
+    /// ledger's clock when the last measurement is older than a third of the lease: one extra
+    /// statement per handle that often, never per call.
+    async fn ledger_time(&self) -> (u64, bool) {
+        let local = self.now_ms();
+        let every = millis(self.inner.lease / 3).max(1);
+        let last = self.skew();
+        if let Some(skew) = last
+            && local >= skew.at
+            && local - skew.at < every
+        {
+            return (local.saturating_add_signed(skew.offset), skew.trusted);
+        }
+        let before = self.now_ms();
+        let answer = self.bounded(self.inner.ledger.now()).await;
+        let after = self.now_ms();
+        let quarter = millis(self.inner.lease / 4);
+        let skew = match answer {
+            // The ledger keeps no clock of its own: every handle on it shares this process's.
+            Ok(None) => Skew { at: after, offset: 0, trusted: true },
+            Ok(Some(ledger)) => {
+                let midpoint = before / 2 + after / 2;
+                let offset = i64::try_from(i128::from(ledger) - i128::from(midpoint)).unwrap_or(0);
+                let uncertain = after.saturating_sub(before) / 2 > quarter;
+                // A clock that jumped since the last measurement is not acted on until it holds.
+                let jumped = last.is_some_and(|last| last.offset.abs_diff(offset) > quarter);
+                if uncertain || jumped {
+                    tracing::warn!(
+                        offset,
+                        uncertain,
+                        jumped,
+                        "clock against the ledger's is not settled; \
+                        no takeovers or window ends are acted on until it is"
+                    );
+                }
+                Skew { at: after, offset, trusted: !uncertain && !jumped }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not read the ledger's clock; no takeovers until it can be read");
+                Skew { at: after, offset: last.map_or(0, |skew| skew.offset), trusted: false }
+            }
+        };
+        *self.inner.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(skew);
+        (after.saturating_add_signed(skew.offset), skew.trusted)
+    }
+
+    /// Ledger time `after` from now.
+    fn keep_until(&self, after: Duration) -> u64 {
+        clamp(self.ledger_now().saturating_add(millis(after)))
+    }
+
     /// Runs `handler` as the operation `recipe` derives from `caller` and `arguments`, at most
     /// once per key, and answers repeats from the ledger. `caller` falls back to the one in
     /// scope ([`with_caller`]) and then to the local caller; with none, the call is refused.
@@ -372,8 +547,8 @@ impl Idem {
     }
 
     /// [`Idem::call`] for a recipe with the `reconcile` stale policy: when a claim finds a dead
-    /// holder's lease, `reconcile` asks the downstream what happened (by the operation's key)
-    /// before anything runs again.
+    /// holder's lease, `reconcile` asks the downstream what happened (by the operation's
+    /// idempotency key) before anything runs again.
     ///
     /// # Errors
     /// As [`Idem::call`].
@@ -420,26 +595,12 @@ impl Idem {
     {
         let tool = recipe.tool();
         let arguments = arguments?;
-        let (request, fingerprint) = self.prepare(recipe, caller, &arguments)?;
+        let (now, clock_trusted) = self.ledger_time().await;
+        let (request, fingerprint) = self.prepare(recipe, caller, &arguments, now, clock_trusted)?;
         let key = request.key;
         let reference = key.reference();
-        let first = self.bounded(self.inner.ledger.claim(&request)).await;
-        // A pooled connection the server dropped fails one statement; send the claim once more
-        // (same token: if the first one committed, the ledger recognises it as ours).
-        let claim = match first {
-            Err(LedgerError::Unavailable { .. }) => self.bounded(self.inner.ledger.claim(&request)).await,
-            other => other,
-        };
-        let claim = match claim {
-            Ok(claim) => claim,
-            Err(error) => {
-                tracing::error!(tool, %reference, %error, "ledger unavailable; handler not run");
-                self.release_lost_claim(&request);
-                return Err(Rejection::LedgerUnavailable { detail: error.to_string() });
-            }
-        };
-        let attempt = match claim {
-            Claim::Won(attempt) => attempt,
+        let (attempt, window_end) = match self.claim(&request).await? {
+            Claim::Won { attempt, window_end } => (attempt, window_end),
             Claim::Replay { result } => {
                 tracing::info!(tool, %reference, "replay");
                 return decode::<T, E>(&result, reference).map(|value| Served { value, replayed: true, reference });
@@ -458,46 +619,49 @@ impl Idem {
                 return Err(Rejection::Conflict { reference, differing, missing });
             }
         };
-        let Some(window_end) = self.window_end(&request, attempt).await else {
-            // A takeover must forward the dead holder's key; without it, running could make a
-            // second effect downstream. Leave the claim to its lease: the next repeat retries.
-            tracing::error!(tool, %reference, "could not read the operation's window; handler not run");
-            return Err(Rejection::LedgerUnavailable { detail: "the operation's record could not be read".to_owned() });
-        };
+        let lease = Arc::new(LeaseState { until: AtomicU64::new(request.lease_until), fenced: AtomicBool::new(false) });
         let operation = Operation {
             key,
             tool,
             attempt,
             token: request.token,
             window_end,
-            max_result_bytes: self.inner.max_result_bytes,
+            idem: self.clone(),
+            lease: Arc::clone(&lease),
             recorded: Arc::default(),
         };
+        if operation.lease_lost() {
+            // The answer came after the lease it granted ran out: another replica may hold the
+            // operation by now. Give the claim back (fenced by our token) and run nothing.
+            tracing::error!(tool, %reference, "the claim was answered after its lease ended; handler not run");
+            self.release_lost_claim(&request);
+            return Err(Rejection::LedgerUnavailable { detail: "the ledger answered too late".to_owned() });
+        }
         let recorded = Arc::clone(&operation.recorded);
         let result = match attempt {
             Won::Reconcile => {
                 tracing::warn!(tool, %reference, "stale lease; reconciling with the downstream");
-                match self.drive(&request, &recorded, reconcile(operation.clone())).await {
-                    Err(panic) => self.unwind(&request, panic).await,
+                match self.drive(&request, &lease, &recorded, reconcile(operation.clone())).await {
+                    Err(panic) => self.unwind(&request, &lease, panic).await,
                     Ok(Reconciled::Happened(result)) => result,
-                    Ok(Reconciled::NothingHappened) => self.run(&request, operation, &recorded, handler).await,
+                    Ok(Reconciled::NothingHappened) => self.run(&request, operation, &lease, &recorded, handler).await,
                     Ok(Reconciled::StillUnknown) => {
-                        self.finish(&request, Outcome::Unknown, false).await;
+                        self.finish(&request, &lease, Outcome::Unknown, false).await;
                         return Err(Rejection::OutcomeUnknown { reference });
                     }
                 }
             }
             Won::Takeover => {
                 tracing::warn!(tool, %reference, "stale lease taken over; running again under a new token");
-                self.run(&request, operation, &recorded, handler).await
+                self.run(&request, operation, &lease, &recorded, handler).await
             }
             Won::Fresh => {
                 tracing::debug!(tool, %reference, "claimed");
-                self.run(&request, operation, &recorded, handler).await
+                self.run(&request, operation, &lease, &recorded, handler).await
             }
         };
-        let recorded = recorded.load(std::sync::atomic::Ordering::SeqCst);
-        let (value, fenced) = self.record(&request, result, recorded).await;
+        let recorded = recorded.load(Ordering::SeqCst);
+        let (value, fenced) = self.record(&request, &lease, result, recorded).await;
         if fenced && let Some(stored) = self.stored_result(&request).await {
             // Superseded: the answer is the new holder's, the one every repeat gets too.
             return decode::<T, E>(&stored, reference).map(|value| Served { value, replayed: true, reference });
@@ -505,12 +669,39 @@ impl Idem {
         Ok(Served { value, replayed: false, reference })
     }
 
-    /// Derives the claim for a call, or the rejection that stops it before the ledger.
+    /// Sends the claim; a claim that fails is sent once more with the same token (a pooled
+    /// connection the server dropped fails one statement; if the first send committed, the
+    /// ledger recognises it as ours and says how it won). A claim that still fails after a send
+    /// whose answer was lost is released in the background.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, Rejection> {
+        let reference = request.key.reference();
+        let first = self.bounded(self.inner.ledger.claim(request)).await;
+        let (claim, ambiguous) = match first {
+            Err(error @ (LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. })) => {
+                let again = self.bounded(self.inner.ledger.claim(request)).await;
+                let ambiguous = error.is_ambiguous() || again.as_ref().is_err_and(LedgerError::is_ambiguous);
+                (again, ambiguous)
+            }
+            other => (other, false),
+        };
+        claim.map_err(|error| {
+            tracing::error!(%reference, %error, ambiguous, "ledger unavailable; handler not run");
+            if ambiguous {
+                self.release_lost_claim(request);
+            }
+            Rejection::LedgerUnavailable { detail: error.to_string() }
+        })
+    }
+
+    /// Derives the claim for a call at ledger time `now`, or the rejection that stops it before
+    /// the ledger.
     fn prepare<'a>(
         &self,
         recipe: &Recipe,
         caller: Option<&Caller>,
         arguments: &'a CallArguments<'_>,
+        now: u64,
+        clock_trusted: bool,
     ) -> Result<(ClaimRequest, Fingerprint<'a>), Rejection> {
         let caller = match caller {
             Some(caller) => std::borrow::Cow::Borrowed(caller),
@@ -536,8 +727,8 @@ impl Idem {
         let (all, selected) = (&*arguments.all, &arguments.selected);
         let key = Key::derive(&scope, recipe.tool(), selected).map_err(invalid)?;
         let fingerprint = Fingerprint::of(all, recipe.ignored()).map_err(invalid)?;
-        let now = self.now_ms();
         let window = recipe.window_duration().unwrap_or(self.inner.retention);
+        let window_end = clamp(now.saturating_add(millis(window)));
         let request = ClaimRequest {
             key,
             tenant: scope.tenant_tag(),
@@ -545,47 +736,63 @@ impl Idem {
             arg_tags: fingerprint.tags.clone(),
             token: Token::random(),
             now,
-            expires_at: clamp(now.saturating_add(millis(window))),
+            window_end,
+            expires_at: clamp(window_end.saturating_add(millis(self.inner.unsettled_retention))),
             lease_until: clamp(now.saturating_add(millis(self.inner.lease))),
             stale: recipe.stale_policy(),
+            clock_trusted,
         };
         Ok((request, fingerprint))
     }
 
-    /// Runs `future` (the handler, or a reconcile function) while renewing the claim's lease
-    /// beside it, so a long run keeps its claim; a panic is caught and handed back.
-    ///
-    /// The renewal never holds the future up: both are polled together, and renewing stops
-    /// once the handler recorded its result itself ([`Operation::complete_in`]).
+    /// Runs `future` (the handler, or a reconcile function) while a task of its own renews the
+    /// claim's lease, so a long run keeps its claim — even a handler that blocks its thread —
+    /// and a refused renewal shows in [`Operation::lease_lost`]. A panic is caught and handed
+    /// back.
     async fn drive<F: Future>(
         &self,
         request: &ClaimRequest,
-        recorded: &std::sync::atomic::AtomicBool,
+        lease: &Arc<LeaseState>,
+        recorded: &Arc<AtomicBool>,
         future: F,
     ) -> std::thread::Result<F::Output> {
         let mut future = CatchUnwind(Box::pin(future));
-        // A future that finishes on its first poll needs no lease timer.
+        // A future that finishes on its first poll needs no renewals.
         let first = std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx))).await;
         if let std::task::Poll::Ready(output) = first {
             return output;
         }
-        let renewer = async {
-            let every = self.inner.lease / 3;
-            loop {
-                tokio::time::sleep(every).await;
-                if recorded.load(std::sync::atomic::Ordering::SeqCst) {
+        let renewal = self.clone().renew(request.key, request.token, Arc::clone(lease), Arc::clone(recorded));
+        let _stop = AbortOnDrop(tokio::spawn(renewal));
+        // Let the renewer start (and set its timer) before the handler goes on: a handler that
+        // then blocks its thread would otherwise keep a task spawned on this thread from ever
+        // starting.
+        tokio::task::yield_now().await;
+        future.await
+    }
+
+    /// Renews the lease every third of it until stopped, the handler recorded its result itself,
+    /// or the ledger refuses (the claim is someone else's now).
+    async fn renew(self, key: Key, token: Token, lease: Arc<LeaseState>, recorded: Arc<AtomicBool>) {
+        let every = self.inner.lease / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            if recorded.load(Ordering::SeqCst) {
+                return;
+            }
+            let until = self.keep_until(self.inner.lease);
+            match self.bounded(self.inner.ledger.renew(&key, token, until)).await {
+                Ok(()) => lease.until.fetch_max(until, Ordering::SeqCst),
+                Err(LedgerError::Fenced) => {
+                    tracing::warn!(reference = %key.reference(), "lease renewal refused: the claim is no longer ours");
+                    lease.fenced.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(reference = %key.reference(), %error, "lease renewal failed");
                     continue;
                 }
-                let until = self.lease_until();
-                if let Err(error) = self.bounded(self.inner.ledger.renew(&request.key, request.token, until)).await {
-                    tracing::warn!(reference = %request.key.reference(), %error, "lease renewal failed");
-                }
-            }
-        };
-        tokio::select! {
-            biased;
-            output = &mut future => output,
-            () = renewer => unreachable!("the renewer never ends"),
+            };
         }
     }
 
@@ -595,71 +802,86 @@ impl Idem {
         &self,
         request: &ClaimRequest,
         operation: Operation,
-        recorded: &std::sync::atomic::AtomicBool,
+        lease: &Arc<LeaseState>,
+        recorded: &Arc<AtomicBool>,
         handler: F,
     ) -> Result<T, E>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        match self.drive(request, recorded, OPERATION.scope(operation, handler())).await {
+        match self.drive(request, lease, recorded, OPERATION.scope(operation, handler())).await {
             Ok(result) => result,
-            Err(panic) => self.unwind(request, panic).await,
+            Err(panic) => self.unwind(request, lease, panic).await,
         }
     }
 
-    async fn unwind(&self, request: &ClaimRequest, panic: Box<dyn std::any::Any + Send>) -> ! {
+    async fn unwind(&self, request: &ClaimRequest, lease: &LeaseState, panic: Box<dyn std::any::Any + Send>) -> ! {
         tracing::error!(reference = %request.key.reference(), "the handler panicked; recording the outcome as unknown");
-        self.finish(request, Outcome::Unknown, false).await;
+        self.finish(request, lease, Outcome::Unknown, false).await;
         std::panic::resume_unwind(panic)
     }
 
-    /// `operation`, or [`LedgerError::Unavailable`] once the ledger timeout has passed.
+    /// `operation`, or [`LedgerError::Ambiguous`] once the ledger timeout has passed (the
+    /// statement may still commit).
     async fn bounded<T>(&self, operation: impl Future<Output = Result<T, LedgerError>>) -> Result<T, LedgerError> {
         match tokio::time::timeout(self.inner.ledger_timeout, operation).await {
             Ok(result) => result,
-            Err(_) => Err(LedgerError::Unavailable {
+            Err(_) => Err(LedgerError::Ambiguous {
                 detail: format!("no answer within {} ms", self.inner.ledger_timeout.as_millis()),
             }),
         }
     }
 
-    /// The claim may have committed before its answer was lost. Release it — fenced by our
-    /// token, so it can touch nothing else — in the background until it works or the lease
-    /// ends, so the retry the caller was told is safe runs instead of hearing "in flight" (or,
-    /// under `hold`, "outcome unknown") although nothing ran.
+    /// The claim may have committed before its answer was lost. Undo it — fenced by our token,
+    /// and only what it did: a fresh claim becomes failed, a takeover gives its lease back — so
+    /// the retry the caller was told is safe runs instead of hearing "in flight" although
+    /// nothing ran. In the background, a few times over at most one lease, and stopping at the
+    /// first answer; at most [`BACKGROUND_JOBS`] at once per handle, past which the claim is
+    /// left to run out its lease.
     fn release_lost_claim(&self, request: &ClaimRequest) {
-        let (ledger, key, token) = (Arc::clone(&self.inner.ledger), request.key, request.token);
-        let (timeout, lease) = (self.inner.ledger_timeout, self.inner.lease);
+        let (key, token) = (request.key, request.token);
+        let Ok(permit) = Arc::clone(&self.inner.background).try_acquire_owned() else {
+            tracing::warn!(reference = %key.reference(), "too much background work; a lost claim is left to its lease");
+            return;
+        };
+        let idem = self.clone();
         tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + lease;
-            let mut pause = Duration::from_millis(20);
+            let _permit = permit;
+            let deadline = tokio::time::Instant::now() + idem.inner.lease;
+            let mut pause = idem.inner.lease / 16;
             loop {
-                match tokio::time::timeout(timeout, ledger.complete(&key, token, Outcome::Failed)).await {
-                    Ok(Ok(())) => {
+                match idem.bounded(idem.inner.ledger.release(&key, token)).await {
+                    Ok(()) => {
                         tracing::info!(reference = %key.reference(), "released a claim whose answer was lost");
                         return;
                     }
-                    // Unavailable, timed out, or fenced (the claim may still be committing after a
-                    // timeout, or never did): try again until the lease would have ended.
-                    _ if tokio::time::Instant::now() < deadline => {
+                    // Nothing of ours to undo: the claim never committed, or is someone else's.
+                    Err(LedgerError::Fenced) => return,
+                    Err(_) if tokio::time::Instant::now() + pause < deadline => {
                         tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(1));
+                        pause *= 2;
                     }
-                    _ => return,
+                    Err(error) => {
+                        tracing::warn!(reference = %key.reference(), %error, "could not release a lost claim; \
+                            it runs out its lease");
+                        return;
+                    }
                 }
             }
         });
     }
 
-    fn lease_until(&self) -> u64 {
-        clamp(self.now_ms().saturating_add(millis(self.inner.lease)))
-    }
-
     /// Stores the handler's result per its classification and hands it back.
     /// Returns the result and whether its completion was refused because the claim had been
     /// taken over meanwhile.
-    async fn record<T, E>(&self, request: &ClaimRequest, result: Result<T, E>, recorded: bool) -> (Result<T, E>, bool)
+    async fn record<T, E>(
+        &self,
+        request: &ClaimRequest,
+        lease: &LeaseState,
+        result: Result<T, E>,
+        recorded: bool,
+    ) -> (Result<T, E>, bool)
     where
         T: Serialize,
         E: IdempotentError,
@@ -672,7 +894,7 @@ impl Idem {
                 ErrorClass::Unknown => Outcome::Unknown,
             },
         };
-        let fenced = self.finish(request, outcome, recorded).await;
+        let fenced = self.finish(request, lease, outcome, recorded).await;
         (result, fenced)
     }
 
@@ -693,26 +915,18 @@ impl Idem {
     }
 
     /// Completes the claim. A failure here is logged, never hidden behind the caller's result:
-    /// the effect happened, the record stays in progress, and its lease runs out into the
-    /// tool's stale policy.
+    /// the effect happened. A few quick retries while the caller waits, then more in the
+    /// background until the lease would have run out twice over — a late result is still
+    /// recorded under `hold` (its record went unknown, not to someone else), and a
+    /// recorded result is what every repeat needs.
     /// Returns whether the claim turned out to be superseded (fenced) — its holder's result was
     /// not recorded.
-    async fn finish(&self, request: &ClaimRequest, outcome: Outcome, recorded_by_handler: bool) -> bool {
+    async fn finish(&self, request: &ClaimRequest, lease: &LeaseState, outcome: Outcome, recorded: bool) -> bool {
         let reference = request.key.reference();
-        // A brief ledger outage right after the effect would leave the record in progress until
-        // its lease runs out: retry a few times while the lease is surely still ours.
-        for pause in [50, 250, 1000, 0] {
-            match self.bounded(self.inner.ledger.complete(&request.key, request.token, outcome.clone())).await {
-                Ok(()) => return false,
-                Err(LedgerError::Fenced) if recorded_by_handler => {
-                    tracing::debug!(%reference, "recorded in the handler's own transaction");
-                    return false;
-                }
-                Err(LedgerError::Fenced) => {
-                    tracing::warn!(%reference, "the claim was taken over while the handler ran; its result is not recorded");
-                    return true;
-                }
-                Err(LedgerError::Unavailable { detail }) if pause > 0 => {
+        for pause in [50, 250, 1000] {
+            match self.complete_once(request, &outcome, recorded).await {
+                Ok(fenced) => return fenced,
+                Err(LedgerError::Unavailable { detail } | LedgerError::Ambiguous { detail }) => {
                     tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
                     tokio::time::sleep(Duration::from_millis(pause)).await;
                 }
@@ -722,27 +936,61 @@ impl Idem {
                 }
             }
         }
+        let Ok(permit) = Arc::clone(&self.inner.background).try_acquire_owned() else {
+            tracing::error!(%reference, "could not record the outcome, and too much background work to keep trying");
+            return false;
+        };
+        let (idem, request) = (self.clone(), request.clone());
+        let until = lease.until.load(Ordering::SeqCst).saturating_add(millis(self.inner.lease));
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut pause = Duration::from_millis(500);
+            while idem.ledger_now() < until {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                match idem.complete_once(&request, &outcome, recorded).await {
+                    Ok(_) => return,
+                    Err(LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. }) => {}
+                    Err(error) => {
+                        tracing::error!(reference = %request.key.reference(), %error, "could not record the outcome");
+                        return;
+                    }
+                }
+            }
+            tracing::error!(reference = %request.key.reference(), "gave up recording the outcome; its record \
+                stays in progress and its lease runs out into the tool's stale policy");
+        });
         false
     }
 
-    /// The stored result of a completed operation, if the ledger has one.
-    async fn stored_result(&self, request: &ClaimRequest) -> Option<Vec<u8>> {
-        let status = self.inner.ledger.status(request.tenant, request.key.reference(), self.now_ms());
-        match self.bounded(status).await {
-            Ok(Some(report)) if report.state == crate::ledger::State::Completed => report.result,
-            _ => None,
+    /// One completion: `Ok(true)` if the claim was superseded, `Ok(false)` once recorded.
+    async fn complete_once(
+        &self,
+        request: &ClaimRequest,
+        outcome: &Outcome,
+        recorded: bool,
+    ) -> Result<bool, LedgerError> {
+        let keep_until = self.keep_until(self.inner.grace);
+        let complete = self.inner.ledger.complete(&request.key, request.token, outcome.clone(), keep_until);
+        match self.bounded(complete).await {
+            Ok(()) => Ok(false),
+            Err(LedgerError::Fenced) if recorded => {
+                tracing::debug!(reference = %request.key.reference(), "recorded in the handler's own transaction");
+                Ok(false)
+            }
+            Err(LedgerError::Fenced) => {
+                tracing::warn!(reference = %request.key.reference(),
+                    "the claim was taken over while the handler ran; its result is not recorded");
+                Ok(true)
+            }
+            Err(error) => Err(error),
         }
     }
 
-    /// When the operation's window ends: the request's own for a fresh claim, the stored one
-    /// for a takeover (one status read, only on that rare path), or `None` if it cannot be read.
-    async fn window_end(&self, request: &ClaimRequest, attempt: Won) -> Option<u64> {
-        if attempt == Won::Fresh {
-            return Some(request.expires_at);
-        }
-        let report = self.bounded(self.inner.ledger.status(request.tenant, request.key.reference(), request.now));
-        match report.await {
-            Ok(Some(report)) => Some(report.expires_at),
+    /// The stored result of a completed operation, read by its full key, if the ledger has one.
+    async fn stored_result(&self, request: &ClaimRequest) -> Option<Vec<u8>> {
+        match self.bounded(self.inner.ledger.lookup(&request.key, self.ledger_now())).await {
+            Ok(Some(report)) if report.state == crate::ledger::State::Completed => report.result,
             _ => None,
         }
     }
@@ -754,18 +1002,22 @@ impl Idem {
     pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
         let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
         let tenant = crate::key::TenantTag::of(caller.tenant());
-        self.inner.ledger.status(tenant, reference, self.now_ms()).await.map_err(StatusError::Ledger)
+        let (now, _) = self.ledger_time().await;
+        self.inner.ledger.status(tenant, reference, now).await.map_err(StatusError::Ledger)
     }
 
     /// Settles an unknown (or dead-holder) operation of the caller's tenant: the operator path
-    /// out of "outcome unknown".
+    /// out of "outcome unknown". The verdict stays readable (and a completed one replayable)
+    /// for the verdict retention at least.
     ///
     /// # Errors
     /// A malformed ref, no such operation, or one that is not unknown.
     pub async fn resolve(&self, caller: &Caller, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
         let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
         let tenant = crate::key::TenantTag::of(caller.tenant());
-        self.inner.ledger.resolve(tenant, reference, resolution, self.now_ms()).await.map_err(StatusError::Ledger)
+        let (now, _) = self.ledger_time().await;
+        let keep_until = clamp(now.saturating_add(millis(self.inner.verdict_retention)));
+        self.inner.ledger.resolve(tenant, reference, resolution, now, keep_until).await.map_err(StatusError::Ledger)
     }
 
     /// Deletes expired records, `batch` at a time, until none are left; returns how many.
@@ -776,13 +1028,23 @@ impl Idem {
         let batch = batch.max(1);
         let mut total = 0;
         loop {
-            let swept = self.inner.ledger.sweep(self.now_ms(), batch).await?;
+            let (now, _) = self.ledger_time().await;
+            let swept = self.inner.ledger.sweep(now, batch).await?;
             total += swept;
             if swept < batch {
                 tracing::debug!(swept = total, "sweep done");
                 return Ok(total);
             }
         }
+    }
+}
+
+/// Aborts a spawned task when dropped (the renewer, when its handler finishes or is dropped).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -374,33 +374,100 @@ async fn status_and_resolve_for_the_callers_tenant() {
     assert_eq!(after.unwrap().value, 7, "resolved as not happened: the repeat runs");
 }
 
-/// A ledger that cannot be reached.
-struct Down;
+/// A ledger with faults injected on the way back: claims that commit but whose answer is lost,
+/// a ledger that is down for every call, and a count of every call made to it.
+#[derive(Default)]
+struct Faulty {
+    inner: Arc<MemoryLedger>,
+    /// Claims that commit and then lose their answer (ambiguous, like a dropped connection).
+    lose: AtomicUsize,
+    /// Whether every call fails before it reaches the ledger.
+    down: std::sync::atomic::AtomicBool,
+    /// Whether every call is sent but its answer is lost (the statement never commits).
+    silent: std::sync::atomic::AtomicBool,
+    /// Every call made.
+    calls: AtomicUsize,
+}
 
-impl Ledger for Down {
-    fn claim<'a>(&'a self, _: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        Box::pin(async { Err(LedgerError::Unavailable { detail: "connection refused".into() }) })
+impl Faulty {
+    fn fault<T: Send + 'static>(&self) -> Option<BoxFuture<'static, Result<T, LedgerError>>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Some(Box::pin(async { Err(LedgerError::Unavailable { detail: "connection refused".into() }) }));
+        }
+        if self.silent.load(Ordering::SeqCst) {
+            return Some(Box::pin(async { Err(LedgerError::Ambiguous { detail: "connection reset".into() }) }));
+        }
+        None
     }
-    fn renew<'a>(&'a self, _: &'a Key, _: Token, _: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(async { Err(LedgerError::Unavailable { detail: "connection refused".into() }) })
+}
+
+impl Ledger for Faulty {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        if let Some(fault) = self.fault() {
+            return fault;
+        }
+        Box::pin(async move {
+            let claim = self.inner.claim(request).await?;
+            if self.lose.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                return Err(LedgerError::Ambiguous { detail: "connection reset".into() });
+            }
+            Ok(claim)
+        })
     }
-    fn complete<'a>(&'a self, _: &'a Key, _: Token, _: Outcome) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(async { Err(LedgerError::Unavailable { detail: "connection refused".into() }) })
+    fn renew<'a>(&'a self, key: &'a Key, token: Token, until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.renew(key, token, until))
     }
-    fn status<'a>(&'a self, _: TenantTag, _: Ref, _: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        Box::pin(async { Err(LedgerError::Unavailable { detail: "connection refused".into() }) })
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.complete(key, token, outcome, keep_until))
     }
-    fn resolve<'a>(&'a self, _: TenantTag, _: Ref, _: Resolution, _: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(async { Err(LedgerError::Unavailable { detail: "connection refused".into() }) })
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.release(key, token))
     }
-    fn sweep(&self, _: u64, _: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
-        Box::pin(async { Err(LedgerError::Unavailable { detail: "connection refused".into() }) })
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.lookup(key, now))
     }
+    fn status<'a>(
+        &'a self,
+        t: TenantTag,
+        r: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.status(t, r, now))
+    }
+    fn resolve<'a>(
+        &'a self,
+        t: TenantTag,
+        r: Ref,
+        x: Resolution,
+        now: u64,
+        keep: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.resolve(t, r, x, now, keep))
+    }
+    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.sweep(now, limit))
+    }
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.now())
+    }
+}
+
+fn down() -> Faulty {
+    let faulty = Faulty::default();
+    faulty.down.store(true, Ordering::SeqCst);
+    faulty
 }
 
 #[tokio::test]
 async fn an_unreachable_ledger_never_lets_the_handler_run() {
-    let (idem, processor) = (Idem::new(Down), Processor::default());
+    let (idem, processor) = (Idem::new(down()), Processor::default());
     let error = idem.call(&CHARGE, Some(&alice()), &charge(500, "x"), || processor.charge(500)).await.unwrap_err();
     let ToolError::Rejected { code, message } = error else { panic!() };
     assert_eq!(code, "ledger_unavailable");
@@ -428,47 +495,11 @@ async fn a_panicking_handler_leaves_an_unknown_outcome_not_a_stuck_claim() {
     assert_eq!(repeat.unwrap_err().code(), "outcome_unknown", "recorded at once, not left in flight");
 }
 
-/// A ledger whose first `lose` claims commit but whose answers are lost on the way back.
-struct LostAnswer {
-    inner: MemoryLedger,
-    lose: AtomicUsize,
-}
-
-impl Ledger for LostAnswer {
-    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        Box::pin(async move {
-            let claim = self.inner.claim(request).await?;
-            if self.lose.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-                return Err(LedgerError::Unavailable { detail: "connection reset".into() });
-            }
-            Ok(claim)
-        })
-    }
-    fn renew<'a>(&'a self, key: &'a Key, token: Token, until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.renew(key, token, until)
-    }
-    fn complete<'a>(&'a self, key: &'a Key, token: Token, outcome: Outcome) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.complete(key, token, outcome)
-    }
-    fn status<'a>(
-        &'a self,
-        t: TenantTag,
-        r: Ref,
-        now: u64,
-    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.inner.status(t, r, now)
-    }
-    fn resolve<'a>(&'a self, t: TenantTag, r: Ref, x: Resolution, now: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.resolve(t, r, x, now)
-    }
-    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
-        self.inner.sweep(now, limit)
-    }
-}
-
 #[tokio::test]
 async fn one_lost_claim_answer_is_recovered_by_sending_the_claim_again() {
-    let idem = Idem::new(LostAnswer { inner: MemoryLedger::new(), lose: AtomicUsize::new(1) });
+    let faulty = Faulty::default();
+    faulty.lose.store(1, Ordering::SeqCst);
+    let idem = Idem::new(faulty);
     let processor = Processor::default();
     let served = idem.call(&CHARGE, Some(&alice()), &charge(5, "x"), || processor.charge(5)).await.unwrap();
     assert!(!served.replayed, "the re-sent claim (same token) is recognised as the one that won");
@@ -477,7 +508,9 @@ async fn one_lost_claim_answer_is_recovered_by_sending_the_claim_again() {
 
 #[tokio::test]
 async fn a_lost_claim_answer_is_released_so_the_retry_runs() {
-    let idem = Idem::new(LostAnswer { inner: MemoryLedger::new(), lose: AtomicUsize::new(2) });
+    let faulty = Faulty::default();
+    faulty.lose.store(2, Ordering::SeqCst);
+    let idem = Idem::new(faulty);
     let processor = Processor::default();
     let error = idem.call(&CHARGE, Some(&alice()), &charge(5, "x"), || processor.charge(5)).await.unwrap_err();
     assert_eq!(error.code(), "ledger_unavailable");
@@ -526,4 +559,339 @@ async fn the_forwarded_key_names_the_operation_in_its_window() {
     clock.advance(Duration::from_secs(31));
     let taken = idem.call(&recipe, Some(&alice()), &charge(10, "x"), forwarded).await.unwrap();
     assert_eq!(seen.lock().unwrap().as_slice(), [taken.value], "the downstream can dedupe the takeover");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 10: the paths to a duplicate effect or a lost result. Each downstream here dedupes by
+// (or records) what users forward: `Operation::idempotency_key()`.
+// ---------------------------------------------------------------------------------------------
+
+/// A downstream that dedupes by the forwarded idempotency key and counts the effects it applied.
+#[derive(Default)]
+struct Dedupe {
+    applied: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+}
+
+impl Dedupe {
+    fn charge(&self) -> String {
+        let key = current_operation().expect("inside the handler").idempotency_key();
+        let mut applied = self.applied.lock().unwrap();
+        let n = applied.len() + 1;
+        applied.entry(key).or_insert_with(|| format!("receipt-{n}")).clone()
+    }
+    fn effects(&self) -> usize {
+        self.applied.lock().unwrap().len()
+    }
+    fn knows(&self, operation: &idem_runtime::Operation) -> Option<String> {
+        self.applied.lock().unwrap().get(&operation.idempotency_key()).cloned()
+    }
+}
+
+/// A holder under `recipe` that applies its effect downstream and then dies (its future dropped
+/// before it records anything).
+async fn die_after_effect(idem: &Idem, recipe: &Recipe, downstream: &Dedupe) {
+    let (caller, args) = (alice(), charge(42, "x"));
+    let call = idem.call(recipe, Some(&caller), &args, || async {
+        downstream.charge();
+        std::future::pending::<()>().await;
+        Ok::<String, ToolError>(String::new())
+    });
+    assert!(tokio::time::timeout(Duration::from_millis(20), call).await.is_err(), "the holder hangs, then dies");
+    assert_eq!(downstream.effects(), 1);
+}
+
+/// Issue 10.1: a takeover claim whose answer is lost is sent again; the re-send must be told it
+/// won a takeover, so the handler forwards the dead holder's key (the downstream dedupes it) and,
+/// under `reconcile`, the downstream is asked first.
+#[tokio::test]
+async fn a_resent_takeover_claim_forwards_the_dead_holders_key() {
+    for policy in [StalePolicy::Takeover, StalePolicy::Reconcile] {
+        let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(policy);
+        let clock = ManualClock::new(1_700_000_000_000);
+        let faulty = Arc::new(Faulty::default());
+        let idem = Idem::from_shared(faulty.clone()).with_clock(clock.clone());
+        let downstream = Dedupe::default();
+        die_after_effect(&idem, &recipe, &downstream).await;
+        clock.advance(Duration::from_secs(31));
+        faulty.lose.store(1, Ordering::SeqCst);
+        let asked = AtomicUsize::new(0);
+        let reconcile = |operation: idem_runtime::Operation| {
+            asked.fetch_add(1, Ordering::SeqCst);
+            let found = downstream.knows(&operation);
+            async move {
+                found.map_or(Reconciled::NothingHappened, |receipt| {
+                    Reconciled::<String, ToolError>::Happened(Ok(receipt))
+                })
+            }
+        };
+        let (caller, args) = (alice(), charge(42, "x"));
+        let served = idem
+            .call_reconciling(&recipe, Some(&caller), &args, reconcile, || async { Ok(downstream.charge()) })
+            .await
+            .unwrap();
+        assert_eq!(served.value, "receipt-1", "{policy:?}: the dead holder's effect, not a second one");
+        assert_eq!(downstream.effects(), 1, "{policy:?}");
+        let asked = asked.load(Ordering::SeqCst);
+        assert_eq!(asked, usize::from(policy == StalePolicy::Reconcile), "{policy:?}: reconcile asked first");
+    }
+}
+
+/// Issue 10.2: a lost takeover claim is released back to in-progress under a lapsed lease, not to
+/// failed: the operation may have happened, so the next repeat still goes through the tool's
+/// policy and forwards the dead holder's key.
+#[tokio::test]
+async fn a_lost_takeover_claim_is_released_back_to_its_policy() {
+    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
+    let clock = ManualClock::new(1_700_000_000_000);
+    let faulty = Arc::new(Faulty::default());
+    let idem = Idem::from_shared(faulty.clone()).with_clock(clock.clone()).with_lease(Duration::from_secs(30));
+    let downstream = Dedupe::default();
+    die_after_effect(&idem, &recipe, &downstream).await;
+    clock.advance(Duration::from_secs(31));
+    faulty.lose.store(2, Ordering::SeqCst);
+    let (caller, args) = (alice(), charge(42, "x"));
+    let lost = idem.call(&recipe, Some(&caller), &args, || async { Ok::<_, ToolError>(downstream.charge()) }).await;
+    assert_eq!(lost.unwrap_err().code(), "ledger_unavailable");
+    let reference = Key::derive(
+        &idem_runtime::Scope::caller(&alice()),
+        "charge_card",
+        json!({ "card": "tok_visa", "amount_cents": 42 }).as_object().unwrap(),
+    )
+    .unwrap()
+    .reference()
+    .to_string();
+    let mut status = None;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        status = idem.status(&alice(), &reference).await.unwrap();
+        if status.as_ref().is_some_and(|s| s.lease_expired) {
+            break;
+        }
+    }
+    let status = status.expect("the record");
+    assert_eq!((status.state, status.lease_expired), (State::InProgress, true), "maybe happened stays maybe");
+    let served =
+        idem.call(&recipe, Some(&caller), &args, || async { Ok::<_, ToolError>(downstream.charge()) }).await.unwrap();
+    assert_eq!((served.value.as_str(), downstream.effects()), ("receipt-1", 1), "deduped downstream: one effect");
+}
+
+/// Issue 10.2: background work after lost claims is bounded, and none is spent on a claim that
+/// was never sent.
+#[tokio::test]
+async fn background_work_after_lost_claims_is_bounded() {
+    for (fault, name) in [(0, "refused before sending"), (1, "sent, answer lost")] {
+        let faulty = Arc::new(Faulty::default());
+        if fault == 0 {
+            faulty.down.store(true, Ordering::SeqCst);
+        } else {
+            faulty.silent.store(true, Ordering::SeqCst);
+        }
+        let idem = Idem::from_shared(faulty.clone()).with_lease(Duration::from_millis(600));
+        for n in 0..100 {
+            let args = charge(n, "x");
+            let error = idem.call(&CHARGE, Some(&alice()), &args, || async { Ok::<_, ToolError>(1) }).await;
+            assert_eq!(error.unwrap_err().code(), "ledger_unavailable");
+        }
+        let after_calls = faulty.calls.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let total = faulty.calls.load(Ordering::SeqCst);
+        eprintln!("100 failed claims ({name}): {after_calls} ledger calls in the calls, {total} in all");
+        if fault == 0 {
+            assert_eq!(total, after_calls, "nothing was sent, so nothing is released");
+        } else {
+            // At most 32 releases at once, each at most a handful of tries within one lease.
+            assert!(total - after_calls <= 32 * 5, "{} background calls", total - after_calls);
+        }
+    }
+}
+
+/// Issue 10.3: under `hold`, a holder that is alive but late (its lease lapsed and a repeat
+/// flipped the record to unknown) still records its result, and every repeat then gets it.
+#[tokio::test]
+async fn hold_records_a_late_holders_result() {
+    let recipe = Recipe::new("send_email", &["card", "amount_cents"]).stale(StalePolicy::Hold);
+    let clock = ManualClock::new(1_700_000_000_000);
+    let idem = Idem::new(MemoryLedger::new()).with_clock(clock.clone());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let holder = {
+        let (idem, release) = (idem.clone(), Arc::clone(&release));
+        tokio::spawn(async move {
+            let (caller, args) = (alice(), charge(42, "x"));
+            idem.call(&recipe, Some(&caller), &args, || async move {
+                release.notified().await;
+                Ok::<_, ToolError>("sent once".to_owned())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock.advance(Duration::from_secs(31));
+    let (caller, args) = (alice(), charge(42, "x"));
+    let flipped = idem.call(&recipe, Some(&caller), &args, || async { Ok::<_, ToolError>(String::new()) });
+    assert_eq!(flipped.await.unwrap_err().code(), "outcome_unknown", "the lapsed lease under hold");
+    release.notify_one();
+    let served = holder.await.unwrap().unwrap();
+    assert_eq!((served.value.as_str(), served.replayed), ("sent once", false));
+    let again = idem.call(&recipe, Some(&caller), &args, || async { Ok::<_, ToolError>(String::new()) });
+    let again = again.await.unwrap();
+    assert_eq!((again.value.as_str(), again.replayed), ("sent once", true), "the late result, not unknown");
+}
+
+/// Issue 10.4: a replica whose clock runs 25 s ahead of the ledger's does not take a live
+/// holder's operation over: it measures its skew and states times on the ledger's clock.
+#[tokio::test]
+async fn a_replica_whose_clock_runs_ahead_does_not_take_over_a_live_holder() {
+    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
+    let ledger_clock = ManualClock::new(1_700_000_000_000);
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::with_clock(ledger_clock.clone()));
+    let holder = Idem::from_shared(Arc::clone(&ledger)).with_clock(ledger_clock.clone());
+    let ahead = Idem::from_shared(Arc::clone(&ledger)).with_clock(ManualClock::new(1_700_000_000_000 + 25_000));
+    let downstream = Dedupe::default();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let running = {
+        let (holder, release) = (holder.clone(), Arc::clone(&release));
+        tokio::spawn(async move {
+            holder
+                .call(&recipe, Some(&alice()), &charge(42, "x"), || async move {
+                    release.notified().await;
+                    Ok::<_, ToolError>("first".to_owned())
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // 6 s later by the ledger's clock (31 s by the fast replica's): the holder's lease is live.
+    ledger_clock.advance(Duration::from_secs(6));
+    let repeat = ahead
+        .call(&recipe, Some(&alice()), &charge(42, "x"), || async { Ok::<_, ToolError>(downstream.charge()) })
+        .await;
+    assert_eq!(repeat.unwrap_err().code(), "in_flight", "a live holder is not taken over");
+    assert_eq!(downstream.effects(), 0);
+    release.notify_one();
+    assert_eq!(running.await.unwrap().unwrap().value, "first");
+}
+
+/// Issue 10.5: the lease is renewed by a task of its own, so a handler that blocks its thread
+/// keeps its claim on a multi-threaded runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_handler_keeps_its_lease() {
+    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
+    let idem = Idem::new(MemoryLedger::new()).with_lease(Duration::from_millis(300));
+    let downstream = Arc::new(Dedupe::default());
+    let blocking = {
+        let (idem, downstream) = (idem.clone(), Arc::clone(&downstream));
+        tokio::spawn(async move {
+            idem.call(&recipe, Some(&alice()), &charge(42, "x"), || async {
+                tokio::task::yield_now().await;
+                let receipt = downstream.charge();
+                std::thread::sleep(Duration::from_millis(1200));
+                Ok::<_, ToolError>(receipt)
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let repeat = idem
+        .call(&recipe, Some(&alice()), &charge(42, "x"), || async { Ok::<_, ToolError>(downstream.charge()) })
+        .await;
+    assert_eq!(repeat.unwrap_err().code(), "in_flight", "the blocked holder's lease was renewed beside it");
+    assert_eq!(blocking.await.unwrap().unwrap().value, "receipt-1");
+    assert_eq!(downstream.effects(), 1);
+}
+
+/// Issue 10.5: a holder whose claim was taken over learns it from its next renewal, through
+/// `Operation::lease_lost`, before its effect.
+#[tokio::test]
+async fn a_superseded_holder_learns_it_before_its_effect() {
+    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
+    let clock = ManualClock::new(1_700_000_000_000);
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+    let slow = Idem::from_shared(Arc::clone(&ledger)).with_clock(clock.clone()).with_lease(Duration::from_millis(90));
+    let other = Idem::from_shared(Arc::clone(&ledger)).with_clock(clock.clone()).with_lease(Duration::from_millis(90));
+    let downstream = Arc::new(Dedupe::default());
+    let paused = Arc::new(tokio::sync::Notify::new());
+    let holder = {
+        let (slow, downstream, paused) = (slow.clone(), Arc::clone(&downstream), Arc::clone(&paused));
+        tokio::spawn(async move {
+            slow.call(&recipe, Some(&alice()), &charge(42, "x"), || async move {
+                assert!(!current_operation().unwrap().lease_lost());
+                paused.notified().await;
+                for _ in 0..100 {
+                    if current_operation().unwrap().lease_lost() {
+                        return Err(ToolError::Invalid("lease lost: nothing done".into()));
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Ok(downstream.charge())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    clock.advance(Duration::from_secs(1));
+    let taken = other
+        .call(&recipe, Some(&alice()), &charge(42, "x"), || async { Ok::<_, ToolError>(downstream.charge()) })
+        .await;
+    assert_eq!(taken.unwrap().value, "receipt-1");
+    paused.notify_one();
+    let late = holder.await.unwrap().unwrap();
+    assert_eq!((late.value.as_str(), late.replayed), ("receipt-1", true), "the new holder's result");
+    assert_eq!(downstream.effects(), 1, "the superseded holder did not act");
+}
+
+/// Issue 10.5: a ledger timeout that is not well under the lease is refused; an unset one is
+/// lowered with a short lease.
+#[test]
+#[should_panic(expected = "must be under half the lease")]
+fn a_ledger_timeout_not_under_the_lease_is_refused() {
+    let _ =
+        Idem::new(MemoryLedger::new()).with_lease(Duration::from_secs(2)).with_ledger_timeout(Duration::from_secs(5));
+}
+
+/// Issue 10.6: a handler slower than its window still gets its result replayed to the repeats
+/// that come right after it settles.
+#[tokio::test]
+async fn a_result_that_settles_after_its_window_is_replayed() {
+    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).window(Duration::from_secs(60));
+    let clock = ManualClock::new(1_700_000_000_000);
+    let idem = Idem::new(MemoryLedger::new()).with_clock(clock.clone());
+    let processor = Processor::default();
+    let (caller, args) = (alice(), charge(42, "x"));
+    let slow = idem.call(&recipe, Some(&caller), &args, || async {
+        clock.advance(Duration::from_secs(70));
+        processor.charge(42).await
+    });
+    assert_eq!(slow.await.unwrap().value, "receipt-1-42");
+    clock.advance(Duration::from_secs(5));
+    let repeat = idem.call(&recipe, Some(&alice()), &charge(42, "x"), || processor.charge(42)).await.unwrap();
+    assert_eq!((repeat.value.as_str(), repeat.replayed), ("receipt-1-42", true));
+    assert_eq!(processor.count(), 1);
+}
+
+/// Issue 10.7: an unknown operation locks its key only for its window; then a new operation runs
+/// (forwarding a new key) and the old one is still there for the operator.
+#[tokio::test]
+async fn an_unknown_operation_releases_its_key_when_its_window_ends() {
+    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).window(Duration::from_secs(60));
+    let clock = ManualClock::new(1_700_000_000_000);
+    let idem = Idem::new(MemoryLedger::new()).with_clock(clock.clone());
+    let keys = std::sync::Mutex::new(Vec::new());
+    let timeout = || async {
+        keys.lock().unwrap().push(current_operation().unwrap().idempotency_key());
+        Err::<String, _>(ToolError::Timeout)
+    };
+    let first = idem.call(&recipe, Some(&alice()), &charge(42, "x"), timeout).await.unwrap_err();
+    assert_eq!(first, ToolError::Timeout);
+    let blocked = idem.call(&recipe, Some(&alice()), &charge(42, "x"), timeout).await.unwrap_err();
+    assert_eq!(blocked.code(), "outcome_unknown");
+    clock.advance(Duration::from_secs(61));
+    let (caller, args) = (alice(), charge(42, "x"));
+    let ran = idem.call(&recipe, Some(&caller), &args, || async {
+        keys.lock().unwrap().push(current_operation().unwrap().idempotency_key());
+        Ok::<_, ToolError>("second".to_owned())
+    });
+    assert_eq!(ran.await.unwrap().value, "second");
+    let keys = keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[0], keys[1], "a new operation forwards a new key");
 }

@@ -1,12 +1,13 @@
 //! An in-memory ledger: for tests and single-process tools that may forget on restart.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
     BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, RecordView, Resolution, State, StatusReport, Token,
-    Verdict, Won, won_stale,
+    Verdict, Won, settled_expiry, won_stale,
 };
+use crate::clock::Clock;
 use crate::key::{Key, Ref, TenantTag};
 use crate::recipe::StalePolicy;
 
@@ -17,7 +18,9 @@ struct Record {
     arg_tags: Vec<[u8; 4]>,
     state: State,
     token: Token,
+    attempt: Won,
     created_at: u64,
+    window_end: u64,
     expires_at: u64,
     lease_until: u64,
     result: Option<Vec<u8>>,
@@ -28,21 +31,14 @@ impl Record {
         RecordView {
             state: self.state,
             token: self.token,
+            attempt: self.attempt,
+            window_end: self.window_end,
             expires_at: self.expires_at,
             lease_until: self.lease_until,
             fingerprint: &self.fingerprint,
             arg_tags: &self.arg_tags,
             result: self.result.as_deref(),
         }
-    }
-
-    /// Past its window, and not protected by a live lease.
-    fn expired(&self, now: u64) -> bool {
-        self.view().expired(now)
-    }
-
-    fn live_lease(&self, now: u64) -> bool {
-        self.state == State::InProgress && self.lease_until > now
     }
 
     fn claimed(request: &ClaimRequest) -> Self {
@@ -52,34 +48,84 @@ impl Record {
             arg_tags: request.arg_tags.clone(),
             state: State::InProgress,
             token: request.token,
+            attempt: Won::Fresh,
             created_at: request.now,
+            window_end: request.window_end,
             expires_at: request.expires_at,
             lease_until: request.lease_until,
             result: None,
         }
     }
+
+    fn report(&self, key: &Key, now: u64, superseded: bool) -> StatusReport {
+        StatusReport {
+            reference: key.reference(),
+            state: self.state,
+            created_at: self.created_at,
+            window_end: self.window_end,
+            expires_at: self.expires_at,
+            lease_expired: self.state == State::InProgress && self.lease_until <= now,
+            result: self.result.clone(),
+            superseded,
+        }
+    }
+
+    /// Settles the record as `state` with `result`.
+    fn settle(&mut self, state: State, result: Option<Vec<u8>>, keep_until: u64) {
+        self.expires_at = settled_expiry(state, self.window_end, self.expires_at, keep_until);
+        self.state = state;
+        self.result = result;
+    }
+
+    /// Unknown, or in progress under a lapsed lease: what an operator may resolve.
+    fn resolvable(&self, now: u64) -> bool {
+        self.state == State::Unknown || self.state == State::InProgress && self.lease_until <= now
+    }
+}
+
+#[derive(Debug, Default)]
+struct Records {
+    current: BTreeMap<Key, Record>,
+    /// Unsettled records a newer operation superseded after their window, by key and window end.
+    superseded: BTreeMap<(Key, u64), Record>,
 }
 
 /// A [`Ledger`] in a mutex-guarded ordered map.
 ///
 /// The claim decides and writes under one lock, which is what makes it atomic. Everything is lost
 /// when the process exits: use a durable ledger wherever a restart can be followed by a repeat.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct MemoryLedger {
-    records: Mutex<BTreeMap<Key, Record>>,
+    records: Mutex<Records>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for MemoryLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLedger").field("records", &self.len()).finish_non_exhaustive()
+    }
 }
 
 impl MemoryLedger {
-    /// An empty ledger.
+    /// An empty ledger with no clock of its own: every handle sharing it is taken to share the
+    /// process's clock.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// How many records are held, expired or not.
+    /// An empty ledger that keeps `clock` as its own, the way a database server has one: handles
+    /// sharing it measure their skew against it (tests of replicas with skewed clocks).
+    #[must_use]
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self { records: Mutex::default(), clock: Some(Arc::new(clock)) }
+    }
+
+    /// How many records are held (current and superseded), expired or not.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.lock().len()
+        let records = self.lock();
+        records.current.len() + records.superseded.len()
     }
 
     /// Whether no record is held.
@@ -88,7 +134,7 @@ impl MemoryLedger {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<Key, Record>> {
+    fn lock(&self) -> MutexGuard<'_, Records> {
         // A panic while holding the lock cannot leave a record half-written: every update below
         // assigns whole fields after all fallible work is done.
         self.records.lock().unwrap_or_else(PoisonError::into_inner)
@@ -96,14 +142,20 @@ impl MemoryLedger {
 
     fn claim_now(&self, request: &ClaimRequest) -> Claim {
         let mut records = self.lock();
-        let Some(record) = records.get_mut(&request.key) else {
-            records.insert(request.key, Record::claimed(request));
-            return Claim::Won(Won::Fresh);
+        let Records { current, superseded } = &mut *records;
+        let Some(record) = current.get_mut(&request.key) else {
+            current.insert(request.key, Record::claimed(request));
+            return Claim::Won { attempt: Won::Fresh, window_end: request.window_end };
         };
         match record.view().judge(request) {
             Verdict::Fresh => {
                 *record = Record::claimed(request);
-                Claim::Won(Won::Fresh)
+                Claim::Won { attempt: Won::Fresh, window_end: request.window_end }
+            }
+            Verdict::Supersede => {
+                let old = std::mem::replace(record, Record::claimed(request));
+                superseded.insert((request.key, old.window_end), old);
+                Claim::Won { attempt: Won::Fresh, window_end: request.window_end }
             }
             Verdict::Stale(StalePolicy::Hold) => {
                 record.state = State::Unknown;
@@ -111,21 +163,40 @@ impl MemoryLedger {
             }
             Verdict::Stale(policy) => {
                 record.token = request.token;
+                record.attempt = won_stale(policy);
                 record.lease_until = request.lease_until;
-                Claim::Won(won_stale(policy))
+                Claim::Won { attempt: record.attempt, window_end: record.window_end }
             }
             Verdict::Answer(claim) => claim,
         }
     }
 
-    fn find(records: &mut BTreeMap<Key, Record>, tenant: TenantTag, reference: Ref) -> Option<(&Key, &mut Record)> {
-        let mut low = [0u8; 32];
-        low[..reference.as_bytes().len()].copy_from_slice(reference.as_bytes());
-        records
-            .range_mut(Key::from_bytes(low)..)
+    /// The current record of `tenant` whose key starts with `reference`.
+    fn find(current: &mut BTreeMap<Key, Record>, tenant: TenantTag, reference: Ref) -> Option<(&Key, &mut Record)> {
+        current
+            .range_mut(Key::from_bytes(low(reference))..)
             .take_while(|(key, _)| reference.matches(key))
             .find(|(_, record)| record.tenant == tenant)
     }
+
+    /// The newest superseded record of `tenant` whose key starts with `reference`.
+    fn find_superseded(
+        superseded: &mut BTreeMap<(Key, u64), Record>,
+        tenant: TenantTag,
+        reference: Ref,
+    ) -> Option<(&(Key, u64), &mut Record)> {
+        superseded
+            .range_mut((Key::from_bytes(low(reference)), 0)..)
+            .take_while(|((key, _), _)| reference.matches(key))
+            .filter(|(_, record)| record.tenant == tenant)
+            .last()
+    }
+}
+
+fn low(reference: Ref) -> [u8; 32] {
+    let mut low = [0u8; 32];
+    low[..reference.as_bytes().len()].copy_from_slice(reference.as_bytes());
+    low
 }
 
 impl Ledger for MemoryLedger {
@@ -135,7 +206,7 @@ impl Ledger for MemoryLedger {
     }
 
     fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        let result = match self.lock().get_mut(key) {
+        let result = match self.lock().current.get_mut(key) {
             Some(record) if record.token == token && record.state == State::InProgress => {
                 record.lease_until = record.lease_until.max(lease_until);
                 Ok(())
@@ -145,21 +216,59 @@ impl Ledger for MemoryLedger {
         Box::pin(async move { result })
     }
 
-    fn complete<'a>(&'a self, key: &'a Key, token: Token, outcome: Outcome) -> BoxFuture<'a, Result<(), LedgerError>> {
-        let result = match self.lock().get_mut(key) {
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        let mut records = self.lock();
+        let Records { current, superseded } = &mut *records;
+        let holds =
+            |record: &Record| record.token == token && matches!(record.state, State::InProgress | State::Unknown);
+        let state = outcome.state();
+        let result = match outcome {
+            Outcome::Completed(bytes) => Some(bytes),
+            Outcome::Failed | Outcome::Unknown => None,
+        };
+        let record = match current.get_mut(key) {
+            Some(record) if holds(record) => Some(record),
+            _ => superseded.range_mut((*key, 0)..=(*key, u64::MAX)).map(|(_, record)| record).find(|r| holds(r)),
+        };
+        let answer = match record {
+            Some(record) => {
+                record.settle(state, result, keep_until);
+                Ok(())
+            }
+            None => Err(LedgerError::Fenced),
+        };
+        Box::pin(async move { answer })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        let result = match self.lock().current.get_mut(key) {
             Some(record) if record.token == token && record.state == State::InProgress => {
-                let (state, result) = match outcome {
-                    Outcome::Completed(bytes) => (State::Completed, Some(bytes)),
-                    Outcome::Failed => (State::Failed, None),
-                    Outcome::Unknown => (State::Unknown, None),
-                };
-                record.state = state;
-                record.result = result;
+                if record.attempt == Won::Fresh {
+                    record.settle(State::Failed, None, 0);
+                } else {
+                    record.lease_until = 0;
+                }
                 Ok(())
             }
             _ => Err(LedgerError::Fenced),
         };
         Box::pin(async move { result })
+    }
+
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        let report = self
+            .lock()
+            .current
+            .get(key)
+            .filter(|record| !record.view().expired(now))
+            .map(|record| record.report(key, now, false));
+        Box::pin(async move { Ok(report) })
     }
 
     fn status<'a>(
@@ -169,16 +278,11 @@ impl Ledger for MemoryLedger {
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
         let mut records = self.lock();
-        let report = Self::find(&mut records, tenant, reference).filter(|(_, record)| !record.expired(now)).map(
-            |(key, record)| StatusReport {
-                reference: key.reference(),
-                state: record.state,
-                created_at: record.created_at,
-                expires_at: record.expires_at,
-                lease_expired: record.state == State::InProgress && record.lease_until <= now,
-                result: record.result.clone(),
-            },
-        );
+        let Records { current, superseded } = &mut *records;
+        let report = match Self::find(current, tenant, reference).filter(|(_, record)| !record.view().expired(now)) {
+            Some((key, record)) => Some(record.report(key, now, false)),
+            None => Self::find_superseded(superseded, tenant, reference).map(|((key, _), r)| r.report(key, now, true)),
+        };
         Box::pin(async move { Ok(report) })
     }
 
@@ -188,36 +292,60 @@ impl Ledger for MemoryLedger {
         reference: Ref,
         resolution: Resolution,
         now: u64,
+        keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         let mut records = self.lock();
-        let result = match Self::find(&mut records, tenant, reference) {
-            None => Err(LedgerError::NotFound),
-            Some((_, record)) if record.expired(now) => Err(LedgerError::NotFound),
-            Some((_, record))
-                if record.state == State::Unknown || !record.live_lease(now) && record.state == State::InProgress =>
-            {
-                match resolution {
-                    Resolution::Completed(bytes) => {
-                        record.state = State::Completed;
-                        record.result = Some(bytes);
-                    }
-                    Resolution::NothingHappened => record.state = State::Failed,
+        let Records { current, superseded } = &mut *records;
+        let live = Self::find(current, tenant, reference).filter(|(_, record)| !record.view().expired(now));
+        let record = match live {
+            Some((_, record)) if record.resolvable(now) => Ok(record),
+            live => {
+                let refused = live.map(|(_, record)| record.state);
+                let old = Self::find_superseded(superseded, tenant, reference).map(|(_, record)| record);
+                match (old, refused) {
+                    (Some(record), _) if record.resolvable(now) => Ok(record),
+                    (_, Some(state)) => Err(LedgerError::NotResolvable { state }),
+                    (Some(record), None) => Err(LedgerError::NotResolvable { state: record.state }),
+                    (None, None) => Err(LedgerError::NotFound),
                 }
-                Ok(())
             }
-            Some((_, record)) => Err(LedgerError::NotResolvable { state: record.state }),
         };
+        let result = record.map(|record| match resolution {
+            Resolution::Completed(bytes) => record.settle(State::Completed, Some(bytes), keep_until),
+            Resolution::NothingHappened => record.settle(State::Failed, None, keep_until),
+        });
         Box::pin(async move { result })
     }
 
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         let mut records = self.lock();
-        let doomed: Vec<Key> =
-            records.iter().filter(|(_, record)| record.expired(now)).map(|(key, _)| *key).take(limit).collect();
+        let doomed: Vec<Key> = records
+            .current
+            .iter()
+            .filter(|(_, record)| record.view().sweepable(now))
+            .map(|(key, _)| *key)
+            .take(limit)
+            .collect();
         for key in &doomed {
-            records.remove(key);
+            records.current.remove(key);
         }
-        let swept = doomed.len();
+        let room = limit - doomed.len();
+        let old: Vec<(Key, u64)> = records
+            .superseded
+            .iter()
+            .filter(|(_, record)| record.view().sweepable(now))
+            .map(|(id, _)| *id)
+            .take(room)
+            .collect();
+        for id in &old {
+            records.superseded.remove(id);
+        }
+        let swept = doomed.len() + old.len();
         Box::pin(async move { Ok(swept) })
+    }
+
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        let now = self.clock.as_ref().map(|clock| clock.now_ms());
+        Box::pin(async move { Ok(now) })
     }
 }

@@ -119,8 +119,9 @@ impl fmt::Display for State {
     }
 }
 
-/// One attempt to claim a key. Times are milliseconds since the Unix epoch, from the caller's
-/// clock, so every backend compares the same numbers.
+/// One attempt to claim a key. Times are milliseconds since the Unix epoch, on the ledger's
+/// clock as the claimer measured it (see [`Ledger::now`]), so every backend and every replica
+/// compares the same numbers.
 #[derive(Clone, Debug)]
 pub struct ClaimRequest {
     /// The operation's key.
@@ -135,12 +136,21 @@ pub struct ClaimRequest {
     pub token: Token,
     /// Now.
     pub now: u64,
-    /// When the operation stops being "the same": first claim + window (or retention).
+    /// When the operation stops being "the same" if this claim starts it: now + window (or
+    /// retention). A takeover keeps the operation's own.
+    pub window_end: u64,
+    /// When a record this claim starts may be swept if it never settles (in progress under a
+    /// dead holder, or unknown): the window end plus the unsettled retention.
     pub expires_at: u64,
     /// When this claimer's lease runs out unless renewed.
     pub lease_until: u64,
     /// What to do with a stale in-progress record.
     pub stale: StalePolicy,
+    /// Whether the claimer's clock is known to agree with the ledger's closely enough to act on
+    /// time: to treat a lapsed lease as a dead holder, or an ended window as the end of the
+    /// operation. When `false`, a stale lease is answered "in flight" and a record past its
+    /// window is treated as still live — waiting is safe, acting early is not.
+    pub clock_trusted: bool,
 }
 
 /// How the claimer won.
@@ -156,12 +166,41 @@ pub enum Won {
     Reconcile,
 }
 
+impl Won {
+    /// The compact code a durable backend stores in the record's `attempt` column.
+    #[must_use]
+    pub const fn code(self) -> i16 {
+        match self {
+            Self::Fresh => 0,
+            Self::Takeover => 1,
+            Self::Reconcile => 2,
+        }
+    }
+
+    /// The attempt a stored code stands for.
+    #[must_use]
+    pub const fn from_code(code: i16) -> Option<Self> {
+        match code {
+            0 => Some(Self::Fresh),
+            1 => Some(Self::Takeover),
+            2 => Some(Self::Reconcile),
+            _ => None,
+        }
+    }
+}
+
 /// The answer to a claim.
 #[derive(Clone, PartialEq, Eq, Debug)]
 #[non_exhaustive]
 pub enum Claim {
     /// The caller holds the claim with its request's token and must complete it.
-    Won(Won),
+    Won {
+        /// How it won. A re-sent claim (same token) is told how the first send won.
+        attempt: Won,
+        /// The operation's window end: the request's own for a fresh claim, the operation's
+        /// for a takeover. With the key, it names the operation downstream.
+        window_end: u64,
+    },
     /// Another holder's lease is live.
     InFlight {
         /// When that lease runs out unless renewed.
@@ -181,6 +220,17 @@ pub enum Claim {
     },
 }
 
+impl Claim {
+    /// How the claim was won, if it was.
+    #[must_use]
+    pub const fn won(&self) -> Option<Won> {
+        match self {
+            Self::Won { attempt, .. } => Some(*attempt),
+            _ => None,
+        }
+    }
+}
+
 /// How a holder ends its claim.
 #[derive(Clone, PartialEq, Eq, Debug)]
 #[non_exhaustive]
@@ -191,6 +241,18 @@ pub enum Outcome {
     Failed,
     /// Nobody can tell whether the effect happened.
     Unknown,
+}
+
+impl Outcome {
+    /// The state this outcome records.
+    #[must_use]
+    pub const fn state(&self) -> State {
+        match self {
+            Self::Completed(_) => State::Completed,
+            Self::Failed => State::Failed,
+            Self::Unknown => State::Unknown,
+        }
+    }
 }
 
 /// An operator's (or reconcile function's) verdict on an unknown or stale record.
@@ -226,19 +288,27 @@ pub struct StatusReport {
     /// When it was first claimed.
     pub created_at: u64,
     /// When a repeat stops counting as the same operation.
+    pub window_end: u64,
+    /// When the record may be swept.
     pub expires_at: u64,
     /// For an in-progress record: whether its lease has expired (its holder is presumed dead).
     pub lease_expired: bool,
     /// For a completed record: the stored result.
     pub result: Option<Vec<u8>>,
+    /// Whether this is an unsettled operation that a newer one with the same key superseded
+    /// after its window ended: kept for the operator until its retention passes.
+    pub superseded: bool,
 }
 
 /// What a record stands for, seen by a claim at `request.now`: the one decision every backend
 /// makes, here in one place so they cannot drift apart.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
     /// Absent, expired or failed: the claim takes it as a fresh operation.
     Fresh,
+    /// Unsettled (unknown, or in progress under a dead holder) and past its window: a new
+    /// operation starts, and the old record is kept aside for the operator.
+    Supersede,
     /// In progress under a dead holder's lease, same arguments: the stale policy decides.
     Stale(StalePolicy),
     /// Someone else's live operation, a stored result, or a conflict: this is the answer.
@@ -249,6 +319,8 @@ pub(crate) enum Verdict {
 pub(crate) struct RecordView<'a> {
     pub state: State,
     pub token: Token,
+    pub attempt: Won,
+    pub window_end: u64,
     pub expires_at: u64,
     pub lease_until: u64,
     pub fingerprint: &'a [u8],
@@ -257,33 +329,45 @@ pub(crate) struct RecordView<'a> {
 }
 
 impl RecordView<'_> {
-    /// Past its window, with an outcome that is settled: completed, or failed without effect.
+    /// Settled (completed, or failed without effect) and kept no longer: the sweep may delete it
+    /// and a claim treats it as absent.
     ///
-    /// An in-progress record never expires by its window — a dead holder's operation goes
-    /// through the tool's stale policy, never a silent re-run — and neither does an unknown
-    /// one: it waits for an operator's [`Ledger::resolve`].
+    /// An in-progress record never expires this way — a dead holder's operation goes through
+    /// the tool's stale policy, or is superseded once its window ended — and neither does an
+    /// unknown one.
     pub(crate) fn expired(&self, now: u64) -> bool {
         self.expires_at <= now && matches!(self.state, State::Completed | State::Failed)
+    }
+
+    /// Whether the sweep may delete it at `now`: settled and expired, or unsettled with no live
+    /// holder and past its (long) unsettled retention.
+    pub(crate) fn sweepable(&self, now: u64) -> bool {
+        self.expires_at <= now && (self.state != State::InProgress || self.lease_until <= now)
     }
 
     /// The decision for `request`.
     pub(crate) fn judge(&self, request: &ClaimRequest) -> Verdict {
         let now = request.now;
-        if self.expired(now) || self.state == State::Failed {
+        let trusted = request.clock_trusted;
+        if self.state == State::Failed || trusted && self.expired(now) {
             return Verdict::Fresh;
         }
         if self.state == State::InProgress && self.token == request.token {
-            // This very request won already: its answer was lost and it was sent again.
-            return Verdict::Answer(Claim::Won(Won::Fresh));
+            // This very request won already: its answer was lost and it was sent again. Report
+            // how it won then — a takeover must not turn into a fresh operation on a re-send.
+            return Verdict::Answer(Claim::Won { attempt: self.attempt, window_end: self.window_end });
+        }
+        let live = self.state == State::InProgress && self.lease_until > now;
+        let unsettled = matches!(self.state, State::InProgress | State::Unknown);
+        if unsettled && !live && trusted && self.window_end <= now {
+            return Verdict::Supersede;
         }
         if self.fingerprint != request.fingerprint {
             return Verdict::Answer(Claim::Conflict { arg_tags: self.arg_tags.to_vec() });
         }
         match self.state {
             State::Completed => Verdict::Answer(Claim::Replay { result: self.result.unwrap_or_default().to_vec() }),
-            State::InProgress if self.lease_until > now => {
-                Verdict::Answer(Claim::InFlight { lease_until: self.lease_until })
-            }
+            State::InProgress if live || !trusted => Verdict::Answer(Claim::InFlight { lease_until: self.lease_until }),
             State::InProgress => Verdict::Stale(request.stale),
             State::Unknown | State::Failed => Verdict::Answer(Claim::Unknown),
         }
@@ -298,12 +382,29 @@ pub(crate) const fn won_stale(policy: StalePolicy) -> Won {
     }
 }
 
+/// When a record that settles at `now` as `state` may be swept: a completed result stays at
+/// least until `keep_until` even if its window ended meanwhile (a slow handler, an operator's
+/// verdict the next day), a failed one until its window ends, an unknown one as claimed.
+pub(crate) fn settled_expiry(state: State, window_end: u64, expires_at: u64, keep_until: u64) -> u64 {
+    match state {
+        State::Completed => window_end.max(keep_until),
+        State::Failed => window_end,
+        State::InProgress | State::Unknown => expires_at.max(keep_until),
+    }
+}
+
 /// A ledger failure.
 #[derive(Clone, PartialEq, Eq, Debug)]
 #[non_exhaustive]
 pub enum LedgerError {
-    /// The ledger could not be reached or refused the statement. Nothing was claimed.
+    /// The ledger could not be reached or refused the statement. Nothing was written.
     Unavailable {
+        /// The backend's words, for operators.
+        detail: String,
+    },
+    /// The statement was sent but its answer never came (a timeout, a connection lost mid-way):
+    /// it may have committed.
+    Ambiguous {
         /// The backend's words, for operators.
         detail: String,
     },
@@ -323,10 +424,21 @@ pub enum LedgerError {
     },
 }
 
+impl LedgerError {
+    /// Whether the failed statement may still have taken effect (its answer was lost).
+    #[must_use]
+    pub const fn is_ambiguous(&self) -> bool {
+        matches!(self, Self::Ambiguous { .. })
+    }
+}
+
 impl fmt::Display for LedgerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Unavailable { detail } => write!(f, "the idempotency ledger is unavailable: {detail}"),
+            Self::Ambiguous { detail } => {
+                write!(f, "the idempotency ledger did not answer (the statement may have taken effect): {detail}")
+            }
             Self::Fenced => f.write_str(
                 "this claim was superseded (its lease expired and was taken over); the result was not recorded",
             ),
@@ -344,9 +456,10 @@ impl std::error::Error for LedgerError {}
 /// Where idempotency records live.
 ///
 /// Implementations must make [`claim`](Ledger::claim) one atomic step (a single statement under a
-/// unique constraint, or a lock held across the decision) and must refuse
-/// [`complete`](Ledger::complete) and [`renew`](Ledger::renew) from anyone but the current token
-/// holder. The `ledger_conformance` tests hold every implementation to the same behaviour.
+/// unique constraint, a compare-and-set on the record read, or a lock held across the decision)
+/// and must refuse [`complete`](Ledger::complete), [`renew`](Ledger::renew) and
+/// [`release`](Ledger::release) from anyone but the current token holder. The
+/// `ledger_conformance` tests hold every implementation to the same behaviour.
 pub trait Ledger: Send + Sync + 'static {
     /// Claims `request.key`, or reports the record that stands in the way. See [`Claim`].
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>>;
@@ -354,10 +467,34 @@ pub trait Ledger: Send + Sync + 'static {
     /// Extends a held lease to `lease_until`.
     fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>>;
 
-    /// Ends a held claim with `outcome`. [`LedgerError::Fenced`] if `token` no longer holds it.
-    fn complete<'a>(&'a self, key: &'a Key, token: Token, outcome: Outcome) -> BoxFuture<'a, Result<(), LedgerError>>;
+    /// Ends a held claim with `outcome`. The holder is `token` while the record is in progress —
+    /// or unknown, when a `hold` policy flipped a late holder's lapsed lease: its result is then
+    /// still recorded (an operator's verdict is never overwritten). A completed result is kept
+    /// at least until `keep_until`, even past its window. [`LedgerError::Fenced`] if `token` no
+    /// longer holds it.
+    ///
+    /// A holder whose unknown record was superseded by a newer operation after its window
+    /// ended records its outcome on the superseded record (kept for the operator).
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>>;
 
-    /// The operation `reference` of `tenant`, if any. Never another tenant's.
+    /// Undoes a claim whose answer was lost, and only what that claim did: a fresh claim
+    /// becomes failed (nothing ran), a takeover goes back to an in-progress record under a
+    /// lapsed lease, so the tool's stale policy still applies to the operation.
+    /// [`LedgerError::Fenced`] if `token` holds no in-progress claim (it never committed, or was
+    /// superseded): there is nothing to undo.
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>>;
+
+    /// The record of `key`, by its full key, if it is not expired at `now`.
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>>;
+
+    /// The operation `reference` of `tenant`, if any. Never another tenant's. The current record
+    /// of its key, or else the newest superseded one.
     fn status<'a>(
         &'a self,
         tenant: TenantTag,
@@ -365,18 +502,27 @@ pub trait Ledger: Send + Sync + 'static {
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>>;
 
-    /// Settles an unknown record, or an in-progress one whose lease has expired.
+    /// Settles an unknown record, or an in-progress one whose lease has expired — the current
+    /// one, or else a superseded one. A completed verdict is kept at least until `keep_until`.
     fn resolve<'a>(
         &'a self,
         tenant: TenantTag,
         reference: Ref,
         resolution: Resolution,
         now: u64,
+        keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>>;
 
-    /// Deletes at most `limit` settled (completed or failed) records whose window ended by `now`,
-    /// returning how many. Call it repeatedly until it returns less than `limit`.
+    /// Deletes at most `limit` records whose retention ended by `now` — settled records past
+    /// their window (or grace), unsettled ones past their unsettled retention, never a record
+    /// under a live lease — returning how many. Call it repeatedly until it returns less than
+    /// `limit`.
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>>;
+
+    /// The ledger's own clock, in milliseconds since the Unix epoch, or `None` if it keeps
+    /// none. Replicas measure their skew against it and state every time on it, so leases and
+    /// windows do not depend on every replica's clock agreeing.
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>>;
 }
 
 impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
@@ -386,8 +532,20 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
     fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
         (**self).renew(key, token, lease_until)
     }
-    fn complete<'a>(&'a self, key: &'a Key, token: Token, outcome: Outcome) -> BoxFuture<'a, Result<(), LedgerError>> {
-        (**self).complete(key, token, outcome)
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        (**self).complete(key, token, outcome, keep_until)
+    }
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        (**self).release(key, token)
+    }
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        (**self).lookup(key, now)
     }
     fn status<'a>(
         &'a self,
@@ -403,10 +561,14 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
         reference: Ref,
         resolution: Resolution,
         now: u64,
+        keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        (**self).resolve(tenant, reference, resolution, now)
+        (**self).resolve(tenant, reference, resolution, now, keep_until)
     }
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         (**self).sweep(now, limit)
+    }
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        (**self).now()
     }
 }

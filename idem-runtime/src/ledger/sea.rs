@@ -8,7 +8,8 @@
 //! | `tenant` | bigint | 8-byte tag of the tenant, so status lookups never cross tenants |
 //! | `state` | smallint | 1 in progress, 2 completed, 3 failed, 4 unknown |
 //! | `token` | bigint | the holder's fencing token |
-//! | `created_at`, `expires_at`, `lease_until` | bigint, ms since the epoch | times come from Rust, so every backend compares the same numbers; `expires_at` is indexed for the sweep |
+//! | `attempt` | smallint | how the holder won: 0 fresh, 1 takeover, 2 reconcile — what a re-sent claim is told, and what a release undoes |
+//! | `created_at`, `window_end`, `expires_at`, `lease_until` | bigint, ms since the epoch | times come from Rust (on the ledger's clock as each replica measured it), so every backend compares the same numbers; `window_end` ends the operation, `expires_at` (indexed for the sweep) ends the record |
 //! | `fingerprint` | 32 bytes | digest of all fingerprinted arguments |
 //! | `arg_tags` | 4 bytes per argument | names the differing arguments of a conflict, never values |
 //! | `result` | bytes, null until completed | the stored result, replayed byte for byte |
@@ -16,20 +17,28 @@
 //! No index covers a column that completion or renewal changes, so on PostgreSQL those updates
 //! can be HOT updates.
 //!
+//! A second table, `idem_superseded`, keeps unsettled records (unknown, or in progress under a
+//! dead holder) that a newer operation replaced after their window ended, for the operator,
+//! until their retention passes.
+//!
 //! The claim per backend:
 //! - **PostgreSQL**: one statement — `INSERT … ON CONFLICT (key) DO NOTHING RETURNING` inside a
 //!   CTE, with the existing row selected in the same statement when the key is taken. A repeat is
-//!   answered from that read (no lock, no write); only an expired, failed or stale record costs a
-//!   second, conditional `UPDATE … WHERE <claimable> RETURNING`.
-//! - **SQLite**: the same upsert (`RETURNING`, SQLite ≥ 3.35); when it does not claim, a second
-//!   statement reads the record that stood in the way.
+//!   answered from that read (no lock, no write).
+//! - **SQLite**: `INSERT … ON CONFLICT (key) DO NOTHING RETURNING`; when it does not claim, a
+//!   second statement reads the record that stood in the way.
 //! - **MySQL/MariaDB**: a plain `INSERT` claims an absent key (the primary key refuses a second);
-//!   on a duplicate, the record is read, and only a claimable one (expired, failed, stale) is
-//!   taken in a short transaction holding its row lock (`SELECT … FOR UPDATE`).
+//!   on a duplicate, the record is read.
+//!
+//! The record read is judged in Rust by the one decision function every backend shares. Only an
+//! expired, failed, stale or superseded record is then taken, by a compare-and-set `UPDATE` whose
+//! `WHERE` names the version read (token, state, lease); if anything changed meanwhile it matches
+//! nothing and the claim starts over.
 //!
 //! Each claim commits on its own, before the handler runs, so a concurrent repeat is answered at
 //! once instead of waiting on a row lock.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sea_orm::{
@@ -39,8 +48,9 @@ use sea_orm::{
 
 use super::{
     BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, RecordView, Resolution, State, StatusReport, Token,
-    Verdict, Won, won_stale,
+    Verdict, Won, settled_expiry, won_stale,
 };
+use crate::clock::Clock;
 use crate::key::{Key, REF_HEX_LEN, Ref, TenantTag};
 use crate::recipe::StalePolicy;
 
@@ -56,9 +66,17 @@ pub const DEFAULT_SQLITE_URL: &str = "sqlite://.idem/ledger.sqlite3?mode=rwc";
 const CLAIM_ATTEMPTS: u32 = 64;
 
 /// A [`Ledger`] on a relational database through sea-orm.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SeaOrmLedger {
     db: DatabaseConnection,
+    /// A clock that stands in for the database server's (tests that simulate time).
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for SeaOrmLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeaOrmLedger").field("backend", &self.db.get_database_backend()).finish_non_exhaustive()
+    }
 }
 
 impl SeaOrmLedger {
@@ -125,14 +143,14 @@ impl SeaOrmLedger {
     /// # Errors
     /// The database cannot be reached.
     pub async fn connect_with(options: ConnectOptions) -> Result<Self, LedgerError> {
-        let db = Database::connect(options).await.map_err(unavailable)?;
-        Ok(Self { db })
+        let db = Database::connect(options).await.map_err(failed)?;
+        Ok(Self { db, clock: None })
     }
 
     /// Wraps an existing sea-orm connection (pool). Run [`SeaOrmLedger::migrate`] once.
     #[must_use]
     pub fn from_connection(db: DatabaseConnection) -> Self {
-        Self { db }
+        Self { db, clock: None }
     }
 
     /// The connection pool.
@@ -140,27 +158,81 @@ impl SeaOrmLedger {
     pub fn connection(&self) -> &DatabaseConnection {
         &self.db
     }
+    /// States every time on `clock` instead of the database server's (tests that simulate time).
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
 
-    /// Creates the table and its index if they do not exist. Safe to run on every start.
+    /// Creates the tables and their indexes if they do not exist, and brings a table created by
+    /// an earlier version up to date. Safe to run on every start, from every replica at once.
     ///
     /// # Errors
     /// The statements fail (permissions, an incompatible table of the same name).
     pub async fn migrate(&self) -> Result<(), LedgerError> {
         let backend = self.db.get_database_backend();
-        let txn = self.db.begin().await.map_err(unavailable)?;
+        let txn = self.db.begin().await.map_err(failed)?;
         if backend == DbBackend::Postgres {
             // Replicas starting together would race `CREATE TABLE IF NOT EXISTS` (PostgreSQL can
             // fail one with a duplicate type name): serialise them on an advisory lock.
-            txn.execute_unprepared("SELECT pg_advisory_xact_lock(7233960519474712933)").await.map_err(unavailable)?;
+            txn.execute_unprepared("SELECT pg_advisory_xact_lock(7233960519474712933)").await.map_err(failed)?;
         }
         for statement in schema(backend) {
-            txn.execute_unprepared(statement).await.map_err(unavailable)?;
+            txn.execute_unprepared(statement).await.map_err(failed)?;
         }
-        txn.commit().await.map_err(unavailable)
+        txn.commit().await.map_err(failed)?;
+        self.upgrade().await
+    }
+
+    /// Adds what a table made by idem 0.1's first schema lacks: the `attempt` and `window_end`
+    /// columns (the old `expires_at` was the window end; unsettled records get the default
+    /// unsettled retention on top of it) and, on MySQL, an unbounded `arg_tags`.
+    async fn upgrade(&self) -> Result<(), LedgerError> {
+        let probe = sql(self.backend(), "SELECT attempt, window_end FROM idem_records WHERE 1 = 0");
+        if self.db.execute_unprepared(&probe).await.is_ok() {
+            return Ok(());
+        }
+        match self.add_columns().await {
+            // Another replica may have upgraded the table meanwhile (MySQL and SQLite cannot say
+            // `ADD COLUMN IF NOT EXISTS`): what counts is that the columns are there now.
+            Err(_) if self.db.execute_unprepared(&probe).await.is_ok() => Ok(()),
+            done => done,
+        }
+    }
+
+    async fn add_columns(&self) -> Result<(), LedgerError> {
+        let backend = self.backend();
+        let txn = self.db.begin().await.map_err(failed)?;
+        if backend == DbBackend::Postgres {
+            txn.execute_unprepared("SELECT pg_advisory_xact_lock(7233960519474712933)").await.map_err(failed)?;
+        }
+        let statements: &[&str] = match backend {
+            DbBackend::Postgres => &[
+                "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 0",
+                "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS window_end bigint NOT NULL DEFAULT 0",
+            ],
+            DbBackend::MySql => &["ALTER TABLE idem_records ADD COLUMN attempt SMALLINT NOT NULL DEFAULT 0, \
+                 ADD COLUMN window_end BIGINT NOT NULL DEFAULT 0, MODIFY arg_tags LONGBLOB NOT NULL"],
+            _ => &[
+                "ALTER TABLE idem_records ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
+                "ALTER TABLE idem_records ADD COLUMN window_end INTEGER NOT NULL DEFAULT 0",
+            ],
+        };
+        for statement in statements {
+            txn.execute_unprepared(statement).await.map_err(failed)?;
+        }
+        let retention = i64::try_from(crate::idem::DEFAULT_UNSETTLED_RETENTION.as_millis()).unwrap_or(i64::MAX);
+        let carry = format!(
+            "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
+             THEN expires_at + {retention} ELSE expires_at END WHERE window_end = 0"
+        );
+        txn.execute_unprepared(&carry).await.map_err(failed)?;
+        txn.commit().await.map_err(failed)
     }
 
     /// Ends a held claim on `conn` — a transaction of the handler's own, so its writes and the
-    /// stored result commit (or roll back) together.
+    /// stored result commit (or roll back) together. See [`Ledger::complete`].
     ///
     /// # Errors
     /// [`LedgerError::Fenced`] if `token` no longer holds the claim; the database's failure.
@@ -169,18 +241,27 @@ impl SeaOrmLedger {
         key: &Key,
         token: Token,
         outcome: Outcome,
+        keep_until: u64,
     ) -> Result<(), LedgerError> {
         let backend = conn.get_database_backend();
-        let (state, result) = match outcome {
-            Outcome::Completed(bytes) => (State::Completed, Some(bytes)),
-            Outcome::Failed => (State::Failed, None),
-            Outcome::Unknown => (State::Unknown, None),
+        let state = outcome.state();
+        let result = match outcome {
+            Outcome::Completed(bytes) => Some(bytes),
+            Outcome::Failed | Outcome::Unknown => None,
         };
-        let sql =
-            sql(backend, "UPDATE idem_records SET state = ?, result = ? WHERE key = ? AND token = ? AND state = 1");
-        let values = vec![state_value(state), bytes_opt(result), key_value(key), token_value(token)];
-        let done = conn.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(unavailable)?;
-        if done.rows_affected() == 1 { Ok(()) } else { Err(LedgerError::Fenced) }
+        for table in ["idem_records", "idem_superseded"] {
+            let text = complete_sql(table, state);
+            let mut values = vec![state_value(state), bytes_opt(result.clone())];
+            if state != State::Failed {
+                values.extend([millis(keep_until), millis(keep_until)]);
+            }
+            values.extend([key_value(key), token_value(token)]);
+            let statement = Statement::from_sql_and_values(backend, sql(backend, &text), values);
+            if conn.execute_raw(statement).await.map_err(failed)?.rows_affected() == 1 {
+                return Ok(());
+            }
+        }
+        Err(LedgerError::Fenced)
     }
 
     async fn claim_now(&self, request: &ClaimRequest) -> Result<Claim, LedgerError> {
@@ -188,12 +269,26 @@ impl SeaOrmLedger {
             if attempt >= 4 {
                 tokio::time::sleep(Duration::from_millis(u64::from(attempt.min(20)))).await;
             }
-            let answer = match self.db.get_database_backend() {
-                DbBackend::Postgres => self.claim_postgres(request).await?,
-                DbBackend::MySql => self.claim_mysql(request).await?,
-                _ => self.claim_sqlite(request).await?,
+            let existing = match self.backend() {
+                DbBackend::Postgres => self.insert_postgres(request).await?,
+                DbBackend::MySql => self.insert_mysql(request).await?,
+                _ => self.insert_sqlite(request).await?,
             };
-            if let Some(claim) = answer {
+            let row = match existing {
+                Inserted::Claimed => return Ok(Claim::Won { attempt: Won::Fresh, window_end: request.window_end }),
+                Inserted::Existing(row) => row,
+                // The record vanished between the insert and the read (swept): start over.
+                Inserted::Gone => continue,
+            };
+            let verdict = row.view().judge(request);
+            let taken = match verdict {
+                Verdict::Answer(claim) => return Ok(claim),
+                Verdict::Fresh => self.take(request, &row, &Take::Fresh).await?,
+                Verdict::Supersede => self.supersede(request, &row).await?,
+                Verdict::Stale(StalePolicy::Hold) => self.take(request, &row, &Take::Unknown).await?,
+                Verdict::Stale(policy) => self.take(request, &row, &Take::Over(won_stale(policy))).await?,
+            };
+            if let Some(claim) = taken {
                 return Ok(claim);
             }
             tracing::debug!(reference = %request.key.reference(), "claim raced a concurrent change; re-running");
@@ -201,105 +296,97 @@ impl SeaOrmLedger {
         Err(LedgerError::Unavailable { detail: "the claim did not settle under concurrent changes".to_owned() })
     }
 
-    /// One statement: claim, or return the record in the way. `None` when the record changed
-    /// between the statement's snapshot and its conflict check (re-run).
-    async fn claim_postgres(&self, request: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
+    /// One statement: claim an absent key, or return the record in the way.
+    async fn insert_postgres(&self, request: &ClaimRequest) -> Result<Inserted, LedgerError> {
         let statement = Statement::from_sql_and_values(DbBackend::Postgres, POSTGRES_CLAIM, insert_values(request));
-        let Some(row) = self.db.query_one_raw(statement).await.map_err(unavailable)? else { return Ok(None) };
+        let Some(row) = self.db.query_one_raw(statement).await.map_err(failed)? else { return Ok(Inserted::Gone) };
         let claimed: i16 = row.try_get_by_index(0).map_err(corrupt)?;
-        let row = Row::read(&row, 1)?;
-        if claimed == 1 {
-            return Ok(Some(Claim::Won(Won::Fresh)));
-        }
-        if let Some(answer) = row.answer(request) {
-            // A repeat: answered from a plain read, no lock, no write.
-            return Ok(Some(answer));
-        }
-        // Expired, failed or stale: take it with a conditional update.
-        let values = vec![
-            key_value(&request.key),
-            token_value(request.token),
-            millis(request.now),
-            millis(request.expires_at),
-            millis(request.lease_until),
-            sea_orm::Value::Bytes(Some(request.fingerprint.to_vec())),
-            sea_orm::Value::Bytes(Some(tags_bytes(&request.arg_tags))),
-            sea_orm::Value::Bool(Some(request.stale == StalePolicy::Hold)),
-        ];
-        let statement = Statement::from_sql_and_values(DbBackend::Postgres, POSTGRES_RECLAIM, values);
-        let row = self.db.query_one_raw(statement).await.map_err(unavailable)?;
-        row.map(|row| Row::read(&row, 0).map(|row| row.won(request))).transpose()
+        if claimed == 1 { Ok(Inserted::Claimed) } else { Ok(Inserted::Existing(Row::read(&row, 1)?)) }
     }
 
-    /// The upsert; when it does not claim, a read of the record in the way.
-    async fn claim_sqlite(&self, request: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
-        let mut values = insert_values(request);
-        values.push(sea_orm::Value::Bool(Some(request.stale == StalePolicy::Hold)));
-        let statement = Statement::from_sql_and_values(DbBackend::Sqlite, SQLITE_CLAIM, values);
-        if let Some(row) = self.db.query_one_raw(statement).await.map_err(unavailable)? {
-            return Ok(Some(Row::read(&row, 0)?.won(request)));
+    /// The insert; when it does not claim, a read of the record in the way.
+    async fn insert_sqlite(&self, request: &ClaimRequest) -> Result<Inserted, LedgerError> {
+        let statement = Statement::from_sql_and_values(DbBackend::Sqlite, SQLITE_CLAIM, insert_values(request));
+        if self.db.query_one_raw(statement).await.map_err(failed)?.is_some() {
+            return Ok(Inserted::Claimed);
         }
-        Ok(self.read(request).await?.and_then(|row| row.answer(request)))
+        Ok(self.read(&request.key).await?.map_or(Inserted::Gone, Inserted::Existing))
     }
 
-    /// Insert to claim an absent key; on a duplicate, read; take a claimable record under its
-    /// row lock.
-    async fn claim_mysql(&self, request: &ClaimRequest) -> Result<Option<Claim>, LedgerError> {
+    /// Insert to claim an absent key; on a duplicate, read.
+    async fn insert_mysql(&self, request: &ClaimRequest) -> Result<Inserted, LedgerError> {
         let statement = Statement::from_sql_and_values(DbBackend::MySql, MYSQL_CLAIM, insert_values(request));
         match self.db.execute_raw(statement).await {
-            Ok(_) => return Ok(Some(Claim::Won(Won::Fresh))),
+            Ok(_) => return Ok(Inserted::Claimed),
             Err(error) if is_duplicate(&error) => {}
-            Err(error) => return Err(unavailable(error)),
+            Err(error) => return Err(failed(error)),
         }
-        let Some(row) = self.read(request).await? else { return Ok(None) };
-        if let Some(answer) = row.answer(request) {
-            return Ok(Some(answer));
-        }
-        let txn = self.db.begin().await.map_err(unavailable)?;
-        let locked = read_on(&txn, request, " FOR UPDATE").await?;
-        let claim = match locked.as_ref().map(|row| row.view().judge(request)) {
-            None => None,
-            Some(Verdict::Answer(claim)) => Some(claim),
-            Some(Verdict::Fresh) => {
-                let sql = "UPDATE idem_records SET state = 1, token = ?, created_at = ?, expires_at = ?, \
-                           lease_until = ?, fingerprint = ?, arg_tags = ?, result = NULL WHERE `key` = ?";
-                let values = vec![
-                    token_value(request.token),
-                    millis(request.now),
-                    millis(request.expires_at),
-                    millis(request.lease_until),
-                    sea_orm::Value::Bytes(Some(request.fingerprint.to_vec())),
-                    sea_orm::Value::Bytes(Some(tags_bytes(&request.arg_tags))),
-                    key_value(&request.key),
-                ];
-                txn.execute_raw(Statement::from_sql_and_values(DbBackend::MySql, sql, values))
-                    .await
-                    .map_err(unavailable)?;
-                Some(Claim::Won(Won::Fresh))
-            }
-            Some(Verdict::Stale(StalePolicy::Hold)) => {
-                let sql = "UPDATE idem_records SET state = 4 WHERE `key` = ?";
-                let values = vec![key_value(&request.key)];
-                txn.execute_raw(Statement::from_sql_and_values(DbBackend::MySql, sql, values))
-                    .await
-                    .map_err(unavailable)?;
-                Some(Claim::Unknown)
-            }
-            Some(Verdict::Stale(policy)) => {
-                let sql = "UPDATE idem_records SET token = ?, lease_until = ? WHERE `key` = ?";
-                let values = vec![token_value(request.token), millis(request.lease_until), key_value(&request.key)];
-                txn.execute_raw(Statement::from_sql_and_values(DbBackend::MySql, sql, values))
-                    .await
-                    .map_err(unavailable)?;
-                Some(Claim::Won(won_stale(policy)))
-            }
-        };
-        txn.commit().await.map_err(unavailable)?;
-        Ok(claim)
+        Ok(self.read(&request.key).await?.map_or(Inserted::Gone, Inserted::Existing))
     }
 
-    async fn read(&self, request: &ClaimRequest) -> Result<Option<Row>, LedgerError> {
-        read_on(&self.db, request, "").await
+    /// Takes the record `row` as read, if it is still that version; `None` if it changed.
+    async fn take(&self, request: &ClaimRequest, row: &Row, take: &Take) -> Result<Option<Claim>, LedgerError> {
+        let statement = take_statement(self.backend(), request, row, take);
+        let done = self.db.execute_raw(statement).await.map_err(failed)?;
+        Ok((done.rows_affected() == 1).then(|| take.answer(request, row)))
+    }
+
+    /// Starts a new operation over an unsettled record past its window, keeping the old record
+    /// aside for the operator — both or neither.
+    async fn supersede(&self, request: &ClaimRequest, row: &Row) -> Result<Option<Claim>, LedgerError> {
+        let backend = self.backend();
+        let txn = self.db.begin().await.map_err(failed)?;
+        // The compare-and-set first: on SQLite a transaction that writes first takes the write
+        // lock at once instead of failing to upgrade a read.
+        let done = txn.execute_raw(take_statement(backend, request, row, &Take::Fresh)).await.map_err(failed)?;
+        if done.rows_affected() != 1 {
+            txn.rollback().await.map_err(failed)?;
+            return Ok(None);
+        }
+        let keep = match backend {
+            DbBackend::Postgres => {
+                "INSERT INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
+                 created_at, expires_at, lease_until, fingerprint, arg_tags, result) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+            }
+            DbBackend::MySql => {
+                "INSERT IGNORE INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
+                 created_at, expires_at, lease_until, fingerprint, arg_tags, result) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            }
+            _ => {
+                "INSERT OR IGNORE INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
+                 created_at, expires_at, lease_until, fingerprint, arg_tags, result) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            }
+        };
+        let values = vec![
+            key_value(&request.key),
+            millis(row.window_end),
+            tenant_value(request.tenant),
+            state_value(row.state),
+            token_value(row.token),
+            attempt_value(row.attempt),
+            millis(row.created_at),
+            millis(row.expires_at),
+            millis(row.lease_until),
+            sea_orm::Value::Bytes(Some(row.fingerprint.clone())),
+            sea_orm::Value::Bytes(Some(tags_bytes(&row.arg_tags))),
+            bytes_opt(row.result.clone()),
+        ];
+        txn.execute_raw(Statement::from_sql_and_values(backend, sql(backend, keep), values)).await.map_err(failed)?;
+        txn.commit().await.map_err(failed)?;
+        tracing::warn!(reference = %request.key.reference(), "an unsettled operation past its window was superseded; \
+            it is kept for the operator");
+        Ok(Some(Claim::Won { attempt: Won::Fresh, window_end: request.window_end }))
+    }
+
+    async fn read(&self, key: &Key) -> Result<Option<Row>, LedgerError> {
+        let backend = self.backend();
+        let sql = sql(backend, &format!("SELECT {ROW_COLUMNS} FROM idem_records WHERE key = ?"));
+        let statement = Statement::from_sql_and_values(backend, sql, vec![key_value(key)]);
+        let row = self.db.query_one_raw(statement).await.map_err(failed)?;
+        row.map(|row| Row::read(&row, 0)).transpose()
     }
 
     fn backend(&self) -> DbBackend {
@@ -314,9 +401,33 @@ impl SeaOrmLedger {
              WHERE key = ? AND token = ? AND state = 1",
         );
         let values = vec![millis(lease_until), millis(lease_until), key_value(key), token_value(token)];
-        let done =
-            self.db.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(unavailable)?;
+        let done = self.db.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(failed)?;
         if done.rows_affected() == 1 { Ok(()) } else { Err(LedgerError::Fenced) }
+    }
+
+    async fn release_now(&self, key: &Key, token: Token) -> Result<(), LedgerError> {
+        let backend = self.backend();
+        // A fresh claim becomes failed (nothing ran); a takeover only gives its lease back, so
+        // the operation stays in progress under a lapsed lease and its stale policy applies.
+        let sql = sql(
+            backend,
+            "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
+             expires_at = CASE WHEN attempt = 0 THEN window_end ELSE expires_at END, \
+             lease_until = CASE WHEN attempt = 0 THEN lease_until ELSE 0 END \
+             WHERE key = ? AND token = ? AND state = 1",
+        );
+        let values = vec![key_value(key), token_value(token)];
+        let done = self.db.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(failed)?;
+        if done.rows_affected() == 1 { Ok(()) } else { Err(LedgerError::Fenced) }
+    }
+
+    async fn lookup_now(&self, key: &Key, now: u64) -> Result<Option<StatusReport>, LedgerError> {
+        let backend = self.backend();
+        let sql = sql(backend, &format!("SELECT {FOUND_COLUMNS} FROM idem_records WHERE key = ?"));
+        let statement = Statement::from_sql_and_values(backend, sql, vec![key_value(key)]);
+        let Some(row) = self.db.query_one_raw(statement).await.map_err(failed)? else { return Ok(None) };
+        let found = Found::read(&row)?;
+        Ok((!found.view().expired(now)).then(|| found.report(now, false)))
     }
 
     async fn status_now(
@@ -325,25 +436,22 @@ impl SeaOrmLedger {
         reference: Ref,
         now: u64,
     ) -> Result<Option<StatusReport>, LedgerError> {
-        let Some(row) = self.find(tenant, reference, now).await? else { return Ok(None) };
-        Ok(Some(StatusReport {
-            reference: row.key.reference(),
-            state: row.state,
-            created_at: row.created_at,
-            expires_at: row.expires_at,
-            lease_expired: row.state == State::InProgress && row.lease_until <= now,
-            result: row.result,
-        }))
+        if let Some(found) = self.find(tenant, reference, now).await? {
+            return Ok(Some(found.report(now, false)));
+        }
+        Ok(self.find_superseded(tenant, reference).await?.map(|found| found.report(now, true)))
     }
 
-    /// The unexpired record of `tenant` whose key starts with `reference`.
+    /// The unexpired current record of `tenant` whose key starts with `reference`.
     async fn find(&self, tenant: TenantTag, reference: Ref, now: u64) -> Result<Option<Found>, LedgerError> {
         let backend = self.backend();
         let sql = sql(
             backend,
-            "SELECT key, state, created_at, expires_at, lease_until, result FROM idem_records \
-             WHERE key >= ? AND key <= ? AND tenant = ? AND NOT (expires_at <= ? AND state IN (2, 3)) \
-             LIMIT 1",
+            &format!(
+                "SELECT {FOUND_COLUMNS} FROM idem_records \
+                 WHERE key >= ? AND key <= ? AND tenant = ? AND NOT (expires_at <= ? AND state IN (2, 3)) \
+                 ORDER BY key LIMIT 1"
+            ),
         );
         let (low, high) = ref_range(reference);
         let values = vec![
@@ -352,8 +460,23 @@ impl SeaOrmLedger {
             tenant_value(tenant),
             millis(now),
         ];
-        let row =
-            self.db.query_one_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(unavailable)?;
+        let row = self.db.query_one_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(failed)?;
+        row.map(|row| Found::read(&row)).transpose()
+    }
+
+    /// The newest superseded record of `tenant` whose key starts with `reference`.
+    async fn find_superseded(&self, tenant: TenantTag, reference: Ref) -> Result<Option<Found>, LedgerError> {
+        let backend = self.backend();
+        let sql = sql(
+            backend,
+            &format!(
+                "SELECT {FOUND_COLUMNS} FROM idem_superseded WHERE key >= ? AND key <= ? AND tenant = ? \
+                 ORDER BY window_end DESC LIMIT 1"
+            ),
+        );
+        let (low, high) = ref_range(reference);
+        let values = vec![sea_orm::Value::Bytes(Some(low)), sea_orm::Value::Bytes(Some(high)), tenant_value(tenant)];
+        let row = self.db.query_one_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(failed)?;
         row.map(|row| Found::read(&row)).transpose()
     }
 
@@ -363,62 +486,107 @@ impl SeaOrmLedger {
         reference: Ref,
         resolution: Resolution,
         now: u64,
+        keep_until: u64,
     ) -> Result<(), LedgerError> {
-        let Some(found) = self.find(tenant, reference, now).await? else { return Err(LedgerError::NotFound) };
+        let current = self.find(tenant, reference, now).await?;
+        let (found, table) = match current {
+            Some(found) if found.resolvable(now) => (found, "idem_records"),
+            current => match (self.find_superseded(tenant, reference).await?, current) {
+                (Some(old), _) if old.resolvable(now) => (old, "idem_superseded"),
+                (_, Some(found)) | (Some(found), None) => {
+                    return Err(LedgerError::NotResolvable { state: found.state });
+                }
+                (None, None) => return Err(LedgerError::NotFound),
+            },
+        };
         let backend = self.backend();
         let (state, result) = match resolution {
             Resolution::Completed(bytes) => (State::Completed, Some(bytes)),
             Resolution::NothingHappened => (State::Failed, None),
         };
+        let expires_at = settled_expiry(state, found.window_end, found.expires_at, keep_until);
         let sql = sql(
             backend,
-            "UPDATE idem_records SET state = ?, result = ? \
-             WHERE key = ? AND tenant = ? AND (state = 4 OR (state = 1 AND lease_until <= ?))",
+            &format!(
+                "UPDATE {table} SET state = ?, result = ?, expires_at = ? \
+                 WHERE key = ? AND window_end = ? AND tenant = ? AND (state = 4 OR (state = 1 AND lease_until <= ?))"
+            ),
         );
-        let values =
-            vec![state_value(state), bytes_opt(result), key_value(&found.key), tenant_value(tenant), millis(now)];
-        let done =
-            self.db.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(unavailable)?;
+        let values = vec![
+            state_value(state),
+            bytes_opt(result),
+            millis(expires_at),
+            key_value(&found.key),
+            millis(found.window_end),
+            tenant_value(tenant),
+            millis(now),
+        ];
+        let done = self.db.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(failed)?;
         if done.rows_affected() == 1 {
             return Ok(());
         }
-        let state = match self.find(tenant, reference, now).await? {
-            Some(found) => found.state,
-            None => return Err(LedgerError::NotFound),
-        };
-        Err(LedgerError::NotResolvable { state })
+        // It changed meanwhile (its holder finished, another operator answered).
+        match self.status_now(tenant, reference, now).await? {
+            Some(report) => Err(LedgerError::NotResolvable { state: report.state }),
+            None => Err(LedgerError::NotFound),
+        }
     }
 
     async fn sweep_now(&self, now: u64, limit: usize) -> Result<usize, LedgerError> {
-        let backend = self.backend();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        // The outer condition is checked again on the row the DELETE locks, so a record claimed
-        // afresh between the subquery and the delete is spared.
-        let (sql, values) = if backend == DbBackend::MySql {
-            (
-                "DELETE FROM idem_records WHERE expires_at <= ? AND state IN (2, 3) \
-                 ORDER BY expires_at LIMIT ?"
-                    .to_owned(),
-                vec![millis(now), sea_orm::Value::BigInt(Some(limit))],
-            )
-        } else {
-            (
-                sql(
-                    backend,
-                    "DELETE FROM idem_records WHERE key IN (SELECT key FROM idem_records \
-                     WHERE expires_at <= ? AND state IN (2, 3) ORDER BY expires_at LIMIT ?) \
-                     AND expires_at <= ? AND state IN (2, 3)",
-                ),
-                vec![millis(now), sea_orm::Value::BigInt(Some(limit)), millis(now)],
-            )
-        };
-        let done =
-            self.db.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(unavailable)?;
-        let swept = usize::try_from(done.rows_affected()).unwrap_or(usize::MAX);
+        let mut swept = 0;
+        for table in ["idem_records", "idem_superseded"] {
+            let room = limit.saturating_sub(swept);
+            if room == 0 {
+                break;
+            }
+            swept += self.sweep_table(table, now, room).await?;
+        }
         if swept > 0 {
             tracing::debug!(swept, "swept expired records");
         }
         Ok(swept)
+    }
+
+    async fn sweep_table(&self, table: &str, now: u64, limit: usize) -> Result<usize, LedgerError> {
+        let backend = self.backend();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let doomed = "expires_at <= ? AND (state <> 1 OR lease_until <= ?)";
+        // The outer condition is checked again on the row the DELETE locks, so a record claimed
+        // afresh between the subquery and the delete is spared.
+        let (text, values) = if backend == DbBackend::MySql {
+            (
+                format!("DELETE FROM {table} WHERE {doomed} ORDER BY expires_at LIMIT ?"),
+                vec![millis(now), millis(now), sea_orm::Value::BigInt(Some(limit))],
+            )
+        } else {
+            let (id, columns) =
+                if table == "idem_records" { ("key", "key") } else { ("(key, window_end)", "key, window_end") };
+            (
+                format!(
+                    "DELETE FROM {table} WHERE {id} IN (SELECT {columns} FROM {table} WHERE {doomed} \
+                     ORDER BY expires_at LIMIT ?) AND {doomed}"
+                ),
+                vec![millis(now), millis(now), sea_orm::Value::BigInt(Some(limit)), millis(now), millis(now)],
+            )
+        };
+        let statement = Statement::from_sql_and_values(backend, sql(backend, &text), values);
+        let done = self.db.execute_raw(statement).await.map_err(failed)?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
+    async fn now_ms(&self) -> Result<Option<u64>, LedgerError> {
+        if let Some(clock) = &self.clock {
+            return Ok(Some(clock.now_ms()));
+        }
+        let backend = self.backend();
+        let text = match backend {
+            DbBackend::Postgres => "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+            DbBackend::MySql => "SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+            _ => "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        };
+        let row = self.db.query_one_raw(Statement::from_string(backend, text)).await.map_err(failed)?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some(to_u64(row.try_get_by_index::<i64>(0).map_err(corrupt)?)))
     }
 }
 
@@ -431,8 +599,22 @@ impl Ledger for SeaOrmLedger {
         Box::pin(self.renew_now(key, token, lease_until))
     }
 
-    fn complete<'a>(&'a self, key: &'a Key, token: Token, outcome: Outcome) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(Self::complete_on(&self.db, key, token, outcome))
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(Self::complete_on(&self.db, key, token, outcome, keep_until))
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(self.release_now(key, token))
+    }
+
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        Box::pin(self.lookup_now(key, now))
     }
 
     fn status<'a>(
@@ -450,90 +632,132 @@ impl Ledger for SeaOrmLedger {
         reference: Ref,
         resolution: Resolution,
         now: u64,
+        keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(self.resolve_now(tenant, reference, resolution, now))
+        Box::pin(self.resolve_now(tenant, reference, resolution, now, keep_until))
     }
 
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         Box::pin(self.sweep_now(now, limit))
     }
+
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        Box::pin(self.now_ms())
+    }
 }
 
-/// The PostgreSQL claim: `$1` key, `$2` tenant, `$3` token, `$4` now, `$5` expires_at,
-/// `$6` lease_until, `$7` fingerprint, `$8` arg_tags, `$9` whether the stale policy is `hold`.
+/// What a claim's insert found.
+enum Inserted {
+    /// The key was absent: the insert claimed it.
+    Claimed,
+    /// This record stood in the way.
+    Existing(Row),
+    /// The record in the way vanished before it could be read.
+    Gone,
+}
+
+/// How a claim takes a record it read.
+enum Take {
+    /// As a new operation (the record was expired, failed, or superseded).
+    Fresh,
+    /// A stale lease under `hold`: the record becomes unknown, nobody holds it.
+    Unknown,
+    /// A stale lease under `takeover` or `reconcile`: a new token in the same operation.
+    Over(Won),
+}
+
+impl Take {
+    fn answer(&self, request: &ClaimRequest, row: &Row) -> Claim {
+        match self {
+            Self::Fresh => Claim::Won { attempt: Won::Fresh, window_end: request.window_end },
+            Self::Unknown => Claim::Unknown,
+            Self::Over(attempt) => Claim::Won { attempt: *attempt, window_end: row.window_end },
+        }
+    }
+}
+
+/// The compare-and-set `UPDATE` that takes `row` as read: its `WHERE` names the version read
+/// (token, state, lease), so of two claimers that read the same version only one takes it.
+fn take_statement(backend: DbBackend, request: &ClaimRequest, row: &Row, take: &Take) -> Statement {
+    let (set, mut values) = match take {
+        Take::Fresh => (
+            "state = 1, token = ?, attempt = 0, created_at = ?, window_end = ?, expires_at = ?, lease_until = ?, \
+             fingerprint = ?, arg_tags = ?, result = NULL",
+            vec![
+                token_value(request.token),
+                millis(request.now),
+                millis(request.window_end),
+                millis(request.expires_at),
+                millis(request.lease_until),
+                sea_orm::Value::Bytes(Some(request.fingerprint.to_vec())),
+                sea_orm::Value::Bytes(Some(tags_bytes(&request.arg_tags))),
+            ],
+        ),
+        Take::Unknown => ("state = 4", Vec::new()),
+        Take::Over(attempt) => (
+            "token = ?, attempt = ?, lease_until = ?",
+            vec![token_value(request.token), attempt_value(*attempt), millis(request.lease_until)],
+        ),
+    };
+    values.extend([key_value(&request.key), token_value(row.token), state_value(row.state), millis(row.lease_until)]);
+    let text = format!("UPDATE idem_records SET {set} WHERE key = ? AND token = ? AND state = ? AND lease_until = ?");
+    Statement::from_sql_and_values(backend, sql(backend, &text), values)
+}
+
+/// The completion's `UPDATE` on `table` for an outcome recorded as `state`: parameters state,
+/// result, then `keep_until` twice unless `state` is failed, then key and token.
+fn complete_sql(table: &str, state: State) -> String {
+    let expires = match state {
+        State::Completed => "CASE WHEN window_end > ? THEN window_end ELSE ? END",
+        State::Failed => "window_end",
+        State::InProgress | State::Unknown => "CASE WHEN expires_at > ? THEN expires_at ELSE ? END",
+    };
+    format!(
+        "UPDATE {table} SET state = ?, result = ?, expires_at = {expires} \
+         WHERE key = ? AND token = ? AND state IN (1, 4)"
+    )
+}
+
+/// The PostgreSQL claim: `$1` key, `$2` tenant, `$3` token, `$4` now, `$5` window_end,
+/// `$6` expires_at, `$7` lease_until, `$8` fingerprint, `$9` arg_tags. Returns `1` and the new
+/// row, or `0` and the row in the way.
 #[doc(hidden)]
 pub const POSTGRES_CLAIM: &str = "WITH claimed AS (
-            INSERT INTO idem_records
-                (key, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
-            VALUES ($1, $2, 1, $3, $4, $5, $6, $7, $8, NULL)
+            INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end, expires_at,
+                                      lease_until, fingerprint, arg_tags, result)
+            VALUES ($1, $2, 1, $3, 0, $4, $5, $6, $7, $8, $9, NULL)
             ON CONFLICT (key) DO NOTHING
-            RETURNING state, token, expires_at, lease_until, fingerprint, arg_tags, result
+            RETURNING state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint,
+                      arg_tags, result
         )
-        SELECT 1::smallint AS claimed, state, token, expires_at, lease_until, fingerprint, arg_tags, result FROM claimed
+        SELECT 1::smallint AS claimed, state, token, attempt, created_at, window_end, expires_at, lease_until,
+               fingerprint, arg_tags, result FROM claimed
         UNION ALL
-        SELECT 0::smallint, state, token, expires_at, lease_until, fingerprint, arg_tags, result
+        SELECT 0::smallint, state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint,
+               arg_tags, result
         FROM idem_records WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)";
 
-/// The PostgreSQL re-claim of an existing record that was expired, failed or held by a dead
-/// holder: `$1` key, `$2` token, `$3` now, `$4` expires_at, `$5` lease_until, `$6` fingerprint,
-/// `$7` arg_tags, `$8` whether the stale policy is `hold`. Its `WHERE` is evaluated again on the
-/// newest row version, so of two re-claimers only one can win.
+/// The SQLite claim of an absent key, parameters as [`POSTGRES_CLAIM`]'s (`?1`…`?9`); returns a
+/// row only when it claimed.
 #[doc(hidden)]
-pub const POSTGRES_RECLAIM: &str = "UPDATE idem_records AS r SET
-            state = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
-                         THEN 1 WHEN $8 THEN 4 ELSE 1 END,
-            token = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
-                         OR NOT $8 THEN $2 ELSE r.token END,
-            created_at = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
-                         THEN $3 ELSE r.created_at END,
-            expires_at = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
-                         THEN $4 ELSE r.expires_at END,
-            lease_until = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
-                         OR NOT $8 THEN $5 ELSE r.lease_until END,
-            fingerprint = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
-                         THEN $6 ELSE r.fingerprint END,
-            arg_tags = CASE WHEN (r.expires_at <= $3 AND r.state = 2) OR r.state = 3
-                         THEN $7 ELSE r.arg_tags END,
-            result = NULL
-        WHERE r.key = $1
-          AND ((r.expires_at <= $3 AND r.state = 2) OR r.state = 3
-               OR (r.state = 1 AND r.lease_until <= $3 AND r.fingerprint = $6))
-        RETURNING r.state, r.token, r.expires_at, r.lease_until, r.fingerprint, r.arg_tags, r.result";
+pub const SQLITE_CLAIM: &str = "INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end,
+                expires_at, lease_until, fingerprint, arg_tags, result)
+            VALUES (?1, ?2, 1, ?3, 0, ?4, ?5, ?6, ?7, ?8, ?9, NULL)
+            ON CONFLICT (key) DO NOTHING
+            RETURNING state";
 
-/// The SQLite claim, with the parameters of [`POSTGRES_CLAIM`] as `?1`…`?9`.
+/// The MySQL claim of an absent key, parameters as [`POSTGRES_CLAIM`]'s.
 #[doc(hidden)]
-pub const SQLITE_CLAIM: &str = "INSERT INTO idem_records
-                (key, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
-            VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7, ?8, NULL)
-            ON CONFLICT (key) DO UPDATE SET
-                state = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
-                             THEN 1 WHEN ?9 THEN 4 ELSE 1 END,
-                token = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
-                             OR NOT ?9 THEN excluded.token ELSE token END,
-                created_at = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
-                             THEN excluded.created_at ELSE created_at END,
-                expires_at = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
-                             THEN excluded.expires_at ELSE expires_at END,
-                lease_until = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
-                             OR NOT ?9 THEN excluded.lease_until ELSE lease_until END,
-                fingerprint = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
-                             THEN excluded.fingerprint ELSE fingerprint END,
-                arg_tags = CASE WHEN (expires_at <= ?4 AND state = 2) OR state = 3
-                             THEN excluded.arg_tags ELSE arg_tags END,
-                result = NULL
-            WHERE (expires_at <= ?4 AND state = 2) OR state = 3
-               OR (state = 1 AND lease_until <= ?4 AND fingerprint = excluded.fingerprint)
-            RETURNING state, token, expires_at, lease_until, fingerprint, arg_tags, result";
+pub const MYSQL_CLAIM: &str = "INSERT INTO idem_records (`key`, tenant, state, token, attempt, created_at, window_end,
+                expires_at, lease_until, fingerprint, arg_tags, result)
+            VALUES (?, ?, 1, ?, 0, ?, ?, ?, ?, ?, ?, NULL)";
 
-/// The MySQL claim of an absent key, parameters as [`POSTGRES_CLAIM`]'s first eight.
+/// The completion of a completed result: state, result, `keep_until` twice, key, token (`?`
+/// placeholders; see [`sql_for`]).
 #[doc(hidden)]
-pub const MYSQL_CLAIM: &str = "INSERT INTO idem_records
-                (`key`, tenant, state, token, created_at, expires_at, lease_until, fingerprint, arg_tags, result)
-            VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, NULL)";
-
-/// The completion: state, result, key, token (`?` placeholders; see [`sql_for`]).
-#[doc(hidden)]
-pub const COMPLETE: &str = "UPDATE idem_records SET state = ?, result = ? WHERE key = ? AND token = ? AND state = 1";
+pub const COMPLETE: &str = "UPDATE idem_records SET state = ?, result = ?, \
+     expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
+     WHERE key = ? AND token = ? AND state IN (1, 4)";
 
 /// `text` with placeholders and quoting for `backend` (for benchmarks that replay idem's SQL).
 #[doc(hidden)]
@@ -551,36 +775,76 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 tenant bigint NOT NULL,
                 token bigint NOT NULL,
                 created_at bigint NOT NULL,
+                window_end bigint NOT NULL,
                 expires_at bigint NOT NULL,
                 lease_until bigint NOT NULL,
                 state smallint NOT NULL,
+                attempt smallint NOT NULL DEFAULT 0,
                 key bytea PRIMARY KEY CHECK (octet_length(key) = 32),
                 fingerprint bytea NOT NULL,
                 arg_tags bytea NOT NULL,
                 result bytea
             )",
             "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
+            "CREATE TABLE IF NOT EXISTS idem_superseded (
+                tenant bigint NOT NULL,
+                token bigint NOT NULL,
+                created_at bigint NOT NULL,
+                window_end bigint NOT NULL,
+                expires_at bigint NOT NULL,
+                lease_until bigint NOT NULL,
+                state smallint NOT NULL,
+                attempt smallint NOT NULL,
+                key bytea NOT NULL CHECK (octet_length(key) = 32),
+                fingerprint bytea NOT NULL,
+                arg_tags bytea NOT NULL,
+                result bytea,
+                PRIMARY KEY (key, window_end)
+            )",
+            "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
         ],
-        DbBackend::MySql => &["CREATE TABLE IF NOT EXISTS idem_records (
+        DbBackend::MySql => &[
+            "CREATE TABLE IF NOT EXISTS idem_records (
                 `key` BINARY(32) NOT NULL PRIMARY KEY,
                 tenant BIGINT NOT NULL,
                 state SMALLINT NOT NULL,
+                attempt SMALLINT NOT NULL DEFAULT 0,
+                token BIGINT NOT NULL,
+                created_at BIGINT NOT NULL,
+                window_end BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL,
+                lease_until BIGINT NOT NULL,
+                fingerprint BINARY(32) NOT NULL,
+                arg_tags LONGBLOB NOT NULL,
+                result LONGBLOB NULL,
+                INDEX idem_records_expires_at (expires_at)
+            ) ENGINE=InnoDB",
+            "CREATE TABLE IF NOT EXISTS idem_superseded (
+                `key` BINARY(32) NOT NULL,
+                window_end BIGINT NOT NULL,
+                tenant BIGINT NOT NULL,
+                state SMALLINT NOT NULL,
+                attempt SMALLINT NOT NULL,
                 token BIGINT NOT NULL,
                 created_at BIGINT NOT NULL,
                 expires_at BIGINT NOT NULL,
                 lease_until BIGINT NOT NULL,
                 fingerprint BINARY(32) NOT NULL,
-                arg_tags VARBINARY(4096) NOT NULL,
+                arg_tags LONGBLOB NOT NULL,
                 result LONGBLOB NULL,
-                INDEX idem_records_expires_at (expires_at)
-            ) ENGINE=InnoDB"],
+                PRIMARY KEY (`key`, window_end),
+                INDEX idem_superseded_expires_at (expires_at)
+            ) ENGINE=InnoDB",
+        ],
         _ => &[
             "CREATE TABLE IF NOT EXISTS idem_records (
                 key BLOB PRIMARY KEY NOT NULL,
                 tenant INTEGER NOT NULL,
                 state INTEGER NOT NULL,
+                attempt INTEGER NOT NULL DEFAULT 0,
                 token INTEGER NOT NULL,
                 created_at INTEGER NOT NULL,
+                window_end INTEGER NOT NULL,
                 expires_at INTEGER NOT NULL,
                 lease_until INTEGER NOT NULL,
                 fingerprint BLOB NOT NULL,
@@ -588,6 +852,22 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 result BLOB
             ) WITHOUT ROWID",
             "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
+            "CREATE TABLE IF NOT EXISTS idem_superseded (
+                key BLOB NOT NULL,
+                window_end INTEGER NOT NULL,
+                tenant INTEGER NOT NULL,
+                state INTEGER NOT NULL,
+                attempt INTEGER NOT NULL,
+                token INTEGER NOT NULL,
+                created_at INTEGER NOT NULL,
+                expires_at INTEGER NOT NULL,
+                lease_until INTEGER NOT NULL,
+                fingerprint BLOB NOT NULL,
+                arg_tags BLOB NOT NULL,
+                result BLOB,
+                PRIMARY KEY (key, window_end)
+            ) WITHOUT ROWID",
+            "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
         ],
     }
 }
@@ -607,20 +887,19 @@ fn configure_sqlite(options: &mut ConnectOptions, url: &str) {
 }
 
 /// The columns a claim reads back, in this order.
-const ROW_COLUMNS: &str = "state, token, expires_at, lease_until, fingerprint, arg_tags, result";
+const ROW_COLUMNS: &str =
+    "state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint, arg_tags, result";
 
-async fn read_on<C: ConnectionTrait>(conn: &C, request: &ClaimRequest, lock: &str) -> Result<Option<Row>, LedgerError> {
-    let backend = conn.get_database_backend();
-    let sql = sql(backend, &format!("SELECT {ROW_COLUMNS} FROM idem_records WHERE key = ?{lock}"));
-    let statement = Statement::from_sql_and_values(backend, sql, vec![key_value(&request.key)]);
-    let row = conn.query_one_raw(statement).await.map_err(unavailable)?;
-    row.map(|row| Row::read(&row, 0)).transpose()
-}
+/// The columns a status lookup reads, in this order.
+const FOUND_COLUMNS: &str = "key, state, created_at, window_end, expires_at, lease_until, result";
 
 /// A record as a claim reads it.
 struct Row {
     state: State,
     token: Token,
+    attempt: Won,
+    created_at: u64,
+    window_end: u64,
     expires_at: u64,
     lease_until: u64,
     fingerprint: Vec<u8>,
@@ -630,14 +909,18 @@ struct Row {
 
 impl Row {
     fn read(row: &QueryResult, first: usize) -> Result<Self, LedgerError> {
+        let int = |at: usize| row.try_get_by_index::<i64>(first + at).map_err(corrupt).map(to_u64);
         Ok(Self {
             state: state_of(row.try_get_by_index::<i16>(first).map_err(corrupt)?)?,
-            token: Token(to_u64(row.try_get_by_index::<i64>(first + 1).map_err(corrupt)?)),
-            expires_at: to_u64(row.try_get_by_index::<i64>(first + 2).map_err(corrupt)?),
-            lease_until: to_u64(row.try_get_by_index::<i64>(first + 3).map_err(corrupt)?),
-            fingerprint: row.try_get_by_index::<Vec<u8>>(first + 4).map_err(corrupt)?,
-            arg_tags: tags_of(&row.try_get_by_index::<Vec<u8>>(first + 5).map_err(corrupt)?),
-            result: row.try_get_by_index::<Option<Vec<u8>>>(first + 6).map_err(corrupt)?,
+            token: Token(int(1)?),
+            attempt: attempt_of(row.try_get_by_index::<i16>(first + 2).map_err(corrupt)?)?,
+            created_at: int(3)?,
+            window_end: int(4)?,
+            expires_at: int(5)?,
+            lease_until: int(6)?,
+            fingerprint: row.try_get_by_index::<Vec<u8>>(first + 7).map_err(corrupt)?,
+            arg_tags: tags_of(&row.try_get_by_index::<Vec<u8>>(first + 8).map_err(corrupt)?),
+            result: row.try_get_by_index::<Option<Vec<u8>>>(first + 9).map_err(corrupt)?,
         })
     }
 
@@ -645,34 +928,13 @@ impl Row {
         RecordView {
             state: self.state,
             token: self.token,
+            attempt: self.attempt,
+            window_end: self.window_end,
             expires_at: self.expires_at,
             lease_until: self.lease_until,
             fingerprint: &self.fingerprint,
             arg_tags: &self.arg_tags,
             result: self.result.as_deref(),
-        }
-    }
-
-    /// What the row the upsert wrote means for its claimer.
-    fn won(&self, request: &ClaimRequest) -> Claim {
-        if self.token != request.token {
-            // A stale lease under `hold`: the record became unknown, and nobody holds it.
-            return Claim::Unknown;
-        }
-        // A fresh claim writes the request's window; a takeover keeps the operation's own.
-        if self.expires_at == request.expires_at {
-            Claim::Won(Won::Fresh)
-        } else {
-            Claim::Won(won_stale(request.stale))
-        }
-    }
-
-    /// The answer an existing record gives, or `None` if it is claimable after all (it changed
-    /// since the claim's check: re-run the claim).
-    fn answer(&self, request: &ClaimRequest) -> Option<Claim> {
-        match self.view().judge(request) {
-            Verdict::Answer(claim) => Some(claim),
-            Verdict::Fresh | Verdict::Stale(_) => None,
         }
     }
 }
@@ -682,6 +944,7 @@ struct Found {
     key: Key,
     state: State,
     created_at: u64,
+    window_end: u64,
     expires_at: u64,
     lease_until: u64,
     result: Option<Vec<u8>>,
@@ -692,24 +955,58 @@ impl Found {
         let key: Vec<u8> = row.try_get_by_index(0).map_err(corrupt)?;
         let key: [u8; 32] =
             key.try_into().map_err(|_| LedgerError::Corrupt { detail: "a key is not 32 bytes".into() })?;
+        let int = |at: usize| row.try_get_by_index::<i64>(at).map_err(corrupt).map(to_u64);
         Ok(Self {
             key: Key::from_bytes(key),
             state: state_of(row.try_get_by_index::<i16>(1).map_err(corrupt)?)?,
-            created_at: to_u64(row.try_get_by_index::<i64>(2).map_err(corrupt)?),
-            expires_at: to_u64(row.try_get_by_index::<i64>(3).map_err(corrupt)?),
-            lease_until: to_u64(row.try_get_by_index::<i64>(4).map_err(corrupt)?),
-            result: row.try_get_by_index::<Option<Vec<u8>>>(5).map_err(corrupt)?,
+            created_at: int(2)?,
+            window_end: int(3)?,
+            expires_at: int(4)?,
+            lease_until: int(5)?,
+            result: row.try_get_by_index::<Option<Vec<u8>>>(6).map_err(corrupt)?,
         })
+    }
+
+    fn view(&self) -> RecordView<'_> {
+        RecordView {
+            state: self.state,
+            token: Token(0),
+            attempt: Won::Fresh,
+            window_end: self.window_end,
+            expires_at: self.expires_at,
+            lease_until: self.lease_until,
+            fingerprint: &[],
+            arg_tags: &[],
+            result: self.result.as_deref(),
+        }
+    }
+
+    fn resolvable(&self, now: u64) -> bool {
+        self.state == State::Unknown || self.state == State::InProgress && self.lease_until <= now
+    }
+
+    fn report(self, now: u64, superseded: bool) -> StatusReport {
+        StatusReport {
+            reference: self.key.reference(),
+            state: self.state,
+            created_at: self.created_at,
+            window_end: self.window_end,
+            expires_at: self.expires_at,
+            lease_expired: self.state == State::InProgress && self.lease_until <= now,
+            result: self.result,
+            superseded,
+        }
     }
 }
 
-/// The values of a claim's INSERT, in column order after `state`.
+/// The values of a claim's INSERT, in the order of [`POSTGRES_CLAIM`]'s parameters.
 fn insert_values(request: &ClaimRequest) -> Vec<sea_orm::Value> {
     vec![
         key_value(&request.key),
         tenant_value(request.tenant),
         token_value(request.token),
         millis(request.now),
+        millis(request.window_end),
         millis(request.expires_at),
         millis(request.lease_until),
         sea_orm::Value::Bytes(Some(request.fingerprint.to_vec())),
@@ -759,7 +1056,6 @@ fn quote_key_mysql(text: &str) -> String {
     }
     out
 }
-
 fn ref_range(reference: Ref) -> (Vec<u8>, Vec<u8>) {
     let mut low = reference.as_bytes().to_vec();
     let mut high = low.clone();
@@ -773,8 +1069,23 @@ fn is_duplicate(error: &DbErr) -> bool {
     matches!(error.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(_)))
 }
 
-fn unavailable(error: DbErr) -> LedgerError {
-    LedgerError::Unavailable { detail: error.to_string() }
+/// What a failed statement means for its caller: a connection that could not be had, or a
+/// statement the server refused, wrote nothing ([`LedgerError::Unavailable`]); a statement whose
+/// answer was lost on the way (I/O, protocol) may have committed ([`LedgerError::Ambiguous`]).
+fn failed(error: DbErr) -> LedgerError {
+    use sea_orm::sqlx::Error as Sqlx;
+    let detail = error.to_string();
+    match &error {
+        DbErr::Exec(sea_orm::RuntimeErr::SqlxError(inner)) | DbErr::Query(sea_orm::RuntimeErr::SqlxError(inner))
+            if matches!(
+                **inner,
+                Sqlx::Io(_) | Sqlx::Protocol(_) | Sqlx::Tls(_) | Sqlx::WorkerCrashed | Sqlx::Decode(_)
+            ) =>
+        {
+            LedgerError::Ambiguous { detail }
+        }
+        _ => LedgerError::Unavailable { detail },
+    }
 }
 
 fn corrupt(error: DbErr) -> LedgerError {
@@ -785,8 +1096,16 @@ fn state_of(code: i16) -> Result<State, LedgerError> {
     State::from_code(code).ok_or_else(|| LedgerError::Corrupt { detail: format!("unknown record state {code}") })
 }
 
+fn attempt_of(code: i16) -> Result<Won, LedgerError> {
+    Won::from_code(code).ok_or_else(|| LedgerError::Corrupt { detail: format!("unknown claim attempt {code}") })
+}
+
 fn state_value(state: State) -> sea_orm::Value {
     sea_orm::Value::SmallInt(Some(state.code()))
+}
+
+fn attempt_value(attempt: Won) -> sea_orm::Value {
+    sea_orm::Value::SmallInt(Some(attempt.code()))
 }
 
 fn key_value(key: &Key) -> sea_orm::Value {
