@@ -172,6 +172,10 @@ async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObjec
                 _ => (None, None),
             };
             let advice = match report.state {
+                crate::State::InProgress | crate::State::Unknown if report.superseded => {
+                    "an earlier operation that never settled; a newer one replaced it after its window ended. \
+                     Do not retry it; an operator may still resolve it"
+                }
                 crate::State::InProgress if report.lease_expired => {
                     "the process running it stopped answering; the next repeat resolves it per the tool's policy"
                 }
@@ -185,7 +189,9 @@ async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObjec
                 "ref": report.reference.to_string(),
                 "state": report.state.as_str(),
                 "advice": advice,
+                "windowEnd": report.window_end,
                 "expiresAt": report.expires_at,
+                "superseded": report.superseded,
                 "result": result,
             });
             if let Some(error) = error {
