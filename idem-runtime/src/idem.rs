@@ -662,7 +662,7 @@ impl Idem {
         };
         let recorded = recorded.load(Ordering::SeqCst);
         let (value, fenced) = self.record(&request, &lease, result, recorded).await;
-        if fenced && let Some(stored) = self.stored_result(&request).await {
+        if fenced && let Some(stored) = self.stored_result(&request, window_end).await {
             // Superseded: the answer is the new holder's, the one every repeat gets too.
             return decode::<T, E>(&stored, reference).map(|value| Served { value, replayed: true, reference });
         }
@@ -923,7 +923,7 @@ impl Idem {
     /// not recorded.
     async fn finish(&self, request: &ClaimRequest, lease: &LeaseState, outcome: Outcome, recorded: bool) -> bool {
         let reference = request.key.reference();
-        for pause in [50, 250, 1000] {
+        for pause in [50, 250, 0] {
             match self.complete_once(request, &outcome, recorded).await {
                 Ok(fenced) => return fenced,
                 Err(LedgerError::Unavailable { detail } | LedgerError::Ambiguous { detail }) => {
@@ -987,10 +987,13 @@ impl Idem {
         }
     }
 
-    /// The stored result of a completed operation, read by its full key, if the ledger has one.
-    async fn stored_result(&self, request: &ClaimRequest) -> Option<Vec<u8>> {
+    /// The stored result of the operation that ends its window at `window_end`, read by its full
+    /// key, if the ledger has one — never a later operation's under the same key.
+    async fn stored_result(&self, request: &ClaimRequest, window_end: u64) -> Option<Vec<u8>> {
         match self.bounded(self.inner.ledger.lookup(&request.key, self.ledger_now())).await {
-            Ok(Some(report)) if report.state == crate::ledger::State::Completed => report.result,
+            Ok(Some(report)) if report.state == crate::ledger::State::Completed && report.window_end == window_end => {
+                report.result
+            }
             _ => None,
         }
     }

@@ -895,3 +895,36 @@ async fn an_unknown_operation_releases_its_key_when_its_window_ends() {
     assert_eq!(keys.len(), 2);
     assert_ne!(keys[0], keys[1], "a new operation forwards a new key");
 }
+
+/// A late holder whose superseded operation an operator settled is refused its completion; its
+/// caller then gets its own result — never the newer operation's, which may have other
+/// arguments.
+#[tokio::test]
+async fn a_refused_late_holder_never_gets_a_newer_operations_result() {
+    let recipe = Recipe::new("send_email", &["card", "amount_cents"]).window(Duration::from_secs(60));
+    let clock = ManualClock::new(1_700_000_000_000);
+    let idem = Idem::new(MemoryLedger::new()).with_clock(clock.clone());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let late = {
+        let (idem, release) = (idem.clone(), Arc::clone(&release));
+        tokio::spawn(async move {
+            let (caller, args) = (alice(), charge(42, "first"));
+            idem.call(&recipe, Some(&caller), &args, || async move {
+                release.notified().await;
+                Ok::<_, ToolError>("first, late".to_owned())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock.advance(Duration::from_secs(61));
+    let (caller, args) = (alice(), charge(42, "second"));
+    let newer = idem.call(&recipe, Some(&caller), &args, || async { Ok::<_, ToolError>("second".to_owned()) });
+    let newer = newer.await.unwrap();
+    assert_eq!((newer.value.as_str(), newer.replayed), ("second", false), "a new operation after the window");
+    let reference = newer.reference.to_string();
+    idem.resolve(&alice(), &reference, Resolution::NothingHappened).await.expect("the operator settles the old one");
+    release.notify_one();
+    let answer = late.await.unwrap().unwrap();
+    assert_eq!((answer.value.as_str(), answer.replayed), ("first, late", false));
+}
