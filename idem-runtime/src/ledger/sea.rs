@@ -9,13 +9,14 @@
 //! | `state` | smallint | 1 in progress, 2 completed, 3 failed, 4 unknown |
 //! | `token` | bigint | the holder's fencing token |
 //! | `attempt` | smallint | how the holder won: 0 fresh, 1 takeover, 2 reconcile — what a re-sent claim is told, and what a release undoes |
-//! | `created_at`, `window_end`, `expires_at`, `lease_until` | bigint, ms since the epoch | times come from Rust (on the ledger's clock as each replica measured it), so every backend compares the same numbers; `window_end` ends the operation, `expires_at` (indexed for the sweep) ends the record |
+//! | `created_at`, `window_end`, `expires_at`, `lease_until` | bigint, ms since the epoch | times come from Rust (on the ledger's clock as each replica measured it), so every backend compares the same numbers; `window_end` ends the operation (and is indexed for the sweep), `expires_at` ends the record |
 //! | `fingerprint` | 32 bytes | digest of all fingerprinted arguments |
 //! | `arg_tags` | 4 bytes per argument | names the differing arguments of a conflict, never values |
 //! | `result` | bytes, null until completed | the stored result, replayed byte for byte |
 //!
-//! No index covers a column that completion or renewal changes, so on PostgreSQL those updates
-//! can be HOT updates.
+//! No index covers a column that completion or renewal changes (the sweep's index is on
+//! `window_end`, which only a new operation changes), so on PostgreSQL those updates can be HOT
+//! updates.
 //!
 //! A second table, `idem_superseded`, keeps unsettled records (unknown, or in progress under a
 //! dead holder) that a newer operation replaced after their window ended, for the operator,
@@ -178,11 +179,48 @@ impl SeaOrmLedger {
             // fail one with a duplicate type name): serialise them on an advisory lock.
             txn.execute_unprepared("SELECT pg_advisory_xact_lock(7233960519474712933)").await.map_err(failed)?;
         }
-        for statement in schema(backend) {
+        // The tables first; indexes once a table made by an earlier version has its new columns.
+        let (indexes, tables): (Vec<&str>, Vec<&str>) =
+            schema(backend).iter().partition(|statement| statement.contains(" INDEX IF "));
+        for statement in tables {
             txn.execute_unprepared(statement).await.map_err(failed)?;
         }
         txn.commit().await.map_err(failed)?;
-        self.upgrade().await
+        self.upgrade().await?;
+        for statement in indexes {
+            self.db.execute_unprepared(statement).await.map_err(failed)?;
+        }
+        if backend == DbBackend::MySql {
+            self.mysql_indexes().await?;
+        }
+        Ok(())
+    }
+
+    /// MySQL cannot say `CREATE INDEX IF NOT EXISTS`: the sweep's index moved from `expires_at`
+    /// to `window_end` (so completions do not touch an indexed column); move it on a table made
+    /// before that.
+    async fn mysql_indexes(&self) -> Result<(), LedgerError> {
+        let has = |name: &'static str| async move {
+            let sql = "SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() \
+                       AND table_name = 'idem_records' AND index_name = ?";
+            let statement = Statement::from_sql_and_values(DbBackend::MySql, sql, vec![name.into()]);
+            let row = self.db.query_one_raw(statement).await.map_err(failed)?;
+            let count = row.map(|row| row.try_get_by_index::<i64>(0)).transpose().map_err(corrupt)?;
+            Ok::<_, LedgerError>(count.unwrap_or(0) > 0)
+        };
+        for (name, change) in [
+            ("idem_records_window_end", "ALTER TABLE idem_records ADD INDEX idem_records_window_end (window_end)"),
+            ("idem_records_expires_at", "ALTER TABLE idem_records DROP INDEX idem_records_expires_at"),
+        ] {
+            let wanted = name.ends_with("window_end");
+            if has(name).await? != wanted && self.db.execute_unprepared(change).await.is_err() {
+                // Another replica may have made the same change meanwhile.
+                if has(name).await? != wanted {
+                    return Err(LedgerError::Unavailable { detail: format!("could not migrate the index {name}") });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Adds what a table made by idem 0.1's first schema lacks: the `attempt` and `window_end`
@@ -550,13 +588,20 @@ impl SeaOrmLedger {
     async fn sweep_table(&self, table: &str, now: u64, limit: usize) -> Result<usize, LedgerError> {
         let backend = self.backend();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let doomed = "expires_at <= ? AND (state <> 1 OR lease_until <= ?)";
+        // `expires_at` is never before `window_end`: naming both lets the current table's sweep
+        // range-scan its `window_end` index (completion changes `expires_at`, so indexing it
+        // would cost every completion its HOT update).
+        let (doomed, order) = if table == "idem_records" {
+            ("window_end <= ? AND expires_at <= ? AND (state <> 1 OR lease_until <= ?)", "window_end")
+        } else {
+            ("? > 0 AND expires_at <= ? AND (state <> 1 OR lease_until <= ?)", "expires_at")
+        };
         // The outer condition is checked again on the row the DELETE locks, so a record claimed
         // afresh between the subquery and the delete is spared.
         let (text, values) = if backend == DbBackend::MySql {
             (
-                format!("DELETE FROM {table} WHERE {doomed} ORDER BY expires_at LIMIT ?"),
-                vec![millis(now), millis(now), sea_orm::Value::BigInt(Some(limit))],
+                format!("DELETE FROM {table} WHERE {doomed} ORDER BY {order} LIMIT ?"),
+                vec![millis(now), millis(now), millis(now), sea_orm::Value::BigInt(Some(limit))],
             )
         } else {
             let (id, columns) =
@@ -564,9 +609,17 @@ impl SeaOrmLedger {
             (
                 format!(
                     "DELETE FROM {table} WHERE {id} IN (SELECT {columns} FROM {table} WHERE {doomed} \
-                     ORDER BY expires_at LIMIT ?) AND {doomed}"
+                     ORDER BY {order} LIMIT ?) AND {doomed}"
                 ),
-                vec![millis(now), millis(now), sea_orm::Value::BigInt(Some(limit)), millis(now), millis(now)],
+                vec![
+                    millis(now),
+                    millis(now),
+                    millis(now),
+                    sea_orm::Value::BigInt(Some(limit)),
+                    millis(now),
+                    millis(now),
+                    millis(now),
+                ],
             )
         };
         let statement = Statement::from_sql_and_values(backend, sql(backend, &text), values);
@@ -785,7 +838,8 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 arg_tags bytea NOT NULL,
                 result bytea
             )",
-            "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
+            "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
+            "DROP INDEX IF EXISTS idem_records_expires_at",
             "CREATE TABLE IF NOT EXISTS idem_superseded (
                 tenant bigint NOT NULL,
                 token bigint NOT NULL,
@@ -817,7 +871,7 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 fingerprint BINARY(32) NOT NULL,
                 arg_tags LONGBLOB NOT NULL,
                 result LONGBLOB NULL,
-                INDEX idem_records_expires_at (expires_at)
+                INDEX idem_records_window_end (window_end)
             ) ENGINE=InnoDB",
             "CREATE TABLE IF NOT EXISTS idem_superseded (
                 `key` BINARY(32) NOT NULL,
@@ -851,7 +905,8 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 arg_tags BLOB NOT NULL,
                 result BLOB
             ) WITHOUT ROWID",
-            "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
+            "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
+            "DROP INDEX IF EXISTS idem_records_expires_at",
             "CREATE TABLE IF NOT EXISTS idem_superseded (
                 key BLOB NOT NULL,
                 window_end INTEGER NOT NULL,
