@@ -122,6 +122,30 @@ fn integers_beyond_2_53_are_keyed_by_their_exact_digits() {
     assert_ne!(Fingerprint::of(&at, &[]).unwrap().digest, Fingerprint::of(&later, &[]).unwrap().digest);
 }
 
+#[test]
+fn a_null_argument_fingerprints_like_an_absent_one() {
+    // Some clients send `null` for optional parameters they leave unset, others omit them.
+    let omitted = object(json!({ "order_id": "o-1", "amount": 5 }));
+    let explicit = object(json!({ "order_id": "o-1", "amount": 5, "note": null, "trace": null }));
+    let (a, b) = (Fingerprint::of(&omitted, &[]).unwrap(), Fingerprint::of(&explicit, &[]).unwrap());
+    assert_eq!(a.digest, b.digest);
+    assert_eq!((&a.tags, &a.names), (&b.tags, &b.names));
+    assert_eq!(b.differing(&a.tags), (vec![], 0));
+    assert_eq!(a.differing(&b.tags), (vec![], 0));
+    // The digest is the one of the object without its null members.
+    let (only_null, empty) = (object(json!({ "note": null })), Map::new());
+    assert_eq!(Fingerprint::of(&only_null, &[]).unwrap().digest, Fingerprint::of(&empty, &[]).unwrap().digest);
+    // Setting it is a change, named; so is a null inside a value (that is data, not an absent
+    // parameter).
+    let noted = object(json!({ "order_id": "o-1", "amount": 5, "note": "x" }));
+    let noted = Fingerprint::of(&noted, &[]).unwrap();
+    assert_ne!(noted.digest, b.digest);
+    assert_eq!(noted.differing(&b.tags), (vec!["note".to_owned()], 0));
+    let inner_null = object(json!({ "address": { "line2": null } }));
+    let inner_absent = object(json!({ "address": {} }));
+    assert_ne!(Fingerprint::of(&inner_null, &[]).unwrap().digest, Fingerprint::of(&inner_absent, &[]).unwrap().digest);
+}
+
 /// Arbitrary JSON, with numbers drawn so that several spellings exist.
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
