@@ -107,6 +107,14 @@ pub enum CanonicalError {
         /// The map whose key was refused.
         path: String,
     },
+    /// A key path of the recipe that the call's arguments lack, or give as `null`. Hashing
+    /// it as `null` would make every call without it (a typo'd member name, a client that
+    /// forgot it) one operation, so the call is refused instead; a recipe declares the paths
+    /// where "absent" is a value of its own with [`crate::Recipe::optional_keys`].
+    MissingKey {
+        /// The key path, as the recipe names it (`customer.id`).
+        path: String,
+    },
     /// Malformed JSON text, or a custom serde error from the value's Serialize impl.
     Invalid {
         /// What went wrong, ready to show.
@@ -137,6 +145,12 @@ impl fmt::Display for CanonicalError {
             Self::NonStringKey { path } => {
                 write!(f, "{} is a map with a key that is not a string; use string (or integer) keys", Subject(path))
             }
+            Self::MissingKey { path } => write!(
+                f,
+                "the key argument `{path}` is missing (or null), and the operation's idempotency key is \
+                 derived from it; send it with a value. (If the tool means a missing `{path}` as a value \
+                 of its own, its recipe must declare it with `Recipe::optional_keys`.)"
+            ),
             Self::Invalid { message } => f.write_str(message),
         }
     }
