@@ -299,8 +299,12 @@ impl Speller<'_> {
                     all.push(format!("{i}0e-1"));
                 }
                 all
-            } else {
+            } else if as_double as i128 == i {
                 vec![format!("{i}"), format!("{i}.0"), format!("{as_double:e}"), format!("{as_double:.25E}")]
+            } else {
+                // Beyond 2^53 and not a double: only the integer literal is this integer (with a
+                // fraction or exponent it is a double, as serde_json reads it too).
+                vec![format!("{i}")]
             }
         } else {
             let f = n.as_f64().unwrap();
@@ -536,7 +540,8 @@ proptest! {
 
     /// Keys and fingerprints: no panic; refused exactly when a part has no canonical form; and
     /// equal to their definition — SHA-256 over the canonical JSON array
-    /// `["idem/v1", scope, tool, selected]`, and over the canonical object of the kept arguments.
+    /// `["idem/v1", scope, tool, selected]`, and over the canonical object of the kept (not
+    /// ignored, not null) arguments.
     #[test]
     fn keys_and_fingerprints_match_their_definition(
         tenant in "\\PC{1,8}",
@@ -568,8 +573,12 @@ proptest! {
         }
         let names: Vec<&str> = selected.keys().map(String::as_str).collect();
         let ignore: Vec<&str> = names.iter().enumerate().filter(|(i, _)| mask & (1 << (i % 8)) != 0).map(|(_, n)| *n).collect();
-        let kept: Map<String, Value> =
-            selected.iter().filter(|(n, _)| !ignore.contains(&n.as_str())).map(|(n, v)| (n.clone(), v.clone())).collect();
+        // A top-level `null` counts as absent.
+        let kept: Map<String, Value> = selected
+            .iter()
+            .filter(|(n, v)| !v.is_null() && !ignore.contains(&n.as_str()))
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
         let fingerprint = Fingerprint::of(&selected, &ignore);
         match to_canonical_vec(&Value::Object(kept.clone())) {
             Ok(canonical) => {
@@ -717,17 +726,26 @@ async fn non_finite_and_inexact_numbers_are_refused_never_rounded_or_nulled() {
     assert_eq!(shop.runs.load(Ordering::SeqCst), 0);
     assert!(shop.charge("o-2".into(), 12.5).await.is_ok());
 
-    // Numbers beyond a double in text: refused, never infinity or a rounded neighbour.
-    for text in ["1e400", "-1e400", "{\"amount\":1e309}", "[123456789012345678901234567890]", "9007199254740993"] {
+    // Numbers beyond a double in text, and integers beyond the 64-bit range that are not one:
+    // refused, never infinity or a rounded neighbour.
+    for text in ["1e400", "-1e400", "{\"amount\":1e309}", "[123456789012345678901234567890]", "18446744073709551617"] {
         assert!(parse_strict(text).is_err(), "{text}");
     }
-    // And through `Idem::call`: integers a double cannot hold, from a serde_json value.
+    // Integers in the 64-bit range are kept exactly (they used to be refused beyond 2^53):
+    // through `Idem::call` each one is its own operation, never a rounded neighbour's.
+    assert_eq!(parse_strict("9007199254740993"), Ok(json!(9_007_199_254_740_993u64)));
     let idem = Idem::new(MemoryLedger::new());
-    for amount in [json!(u64::MAX), json!(i64::MIN + 1), json!(9_007_199_254_740_993u64)] {
-        let message = refused(&idem, &json!({ "order_id": "o-3", "amount_cents": amount }), "invalid_arguments").await;
-        assert!(message.contains("amount_cents") && message.contains("exactly"), "{message}");
+    let caller = caller();
+    let mut references = Vec::new();
+    for order in [json!(u64::MAX), json!(u64::MAX - 1), json!(i64::MIN + 1), json!(9_007_199_254_740_993u64)] {
+        let arguments = json!({ "order_id": order, "amount_cents": 1 });
+        let served = idem.call(&CHARGE, Some(&caller), &arguments, || async { Ok::<_, RelError>(()) }).await.unwrap();
+        assert!(!served.replayed, "{order}");
+        references.push(served.reference);
     }
-    // A u128 beyond a double, from a Rust argument.
+    let distinct: std::collections::HashSet<_> = references.iter().collect();
+    assert_eq!(distinct.len(), 4);
+    // A u128 beyond both, from a Rust argument.
     assert!(matches!(to_value(&(u128::MAX - 1)), Err(CanonicalError::InexactInteger { .. })));
 }
 

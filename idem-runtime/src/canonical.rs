@@ -1,4 +1,5 @@
-//! RFC 8785 (JSON Canonicalization Scheme, JCS) canonical JSON.
+//! RFC 8785 (JSON Canonicalization Scheme, JCS) canonical JSON, with one deliberate
+//! deviation for integers beyond 2^53 (see [Numbers](#numbers)).
 //!
 //! Idempotency keys are derived by hashing the canonical bytes of a tool
 //! call's arguments, so this module guarantees two things:
@@ -8,11 +9,41 @@
 //! * any change of value changes the bytes.
 //!
 //! The second guarantee is why everything here refuses rather than
-//! approximates: NaN and infinities are errors (never `null`), integers that a
-//! double cannot hold exactly are errors (JCS numbers are IEEE-754 doubles, so
-//! two distinct ids would otherwise share a key), duplicate member names are
-//! errors (a parser would silently keep one of them), and nesting is bounded
-//! by [`MAX_DEPTH`] so hostile input cannot overflow the stack.
+//! approximates: NaN and infinities are errors (never `null`), integers beyond
+//! the 64-bit range that a double cannot hold exactly are errors (rounding
+//! would put two integers on one key), duplicate member names are errors (a
+//! parser would silently keep one of them), and nesting is bounded by
+//! [`MAX_DEPTH`] so hostile input cannot overflow the stack.
+//!
+//! # Numbers
+//!
+//! RFC 8785 treats every number as an IEEE-754 double and writes it as
+//! ECMAScript's `Number.prototype.toString` does. That is right for
+//! fractions, but integers beyond 2^53 (snowflake ids, nanosecond
+//! timestamps) would be rounded to a neighbouring double, so two different
+//! ids would share a key. These bytes are only ever hashed by idem itself, so
+//! idem deviates from RFC 8785 for integers:
+//!
+//! * **An integer in the 64-bit range** (`i64::MIN ..= u64::MAX`, which is
+//!   what a serde_json `Value` holds exactly) **is written as its exact
+//!   decimal digits.** Up to 2^53 in magnitude (every integer a double holds
+//!   with all its neighbours) this is exactly the text RFC 8785 prescribes.
+//! * **An integral double in that range is written as the integer it
+//!   equals**, so a number's bytes depend on its value, not on whether it
+//!   arrived as an integer or a double. This is the deviation proper: RFC
+//!   8785 writes the double 2^60 as `1152921504606847000`, which is the exact
+//!   text of a different integer (a different snowflake id), so keeping RFC
+//!   8785's text there would put two ids on one key.
+//! * **Everything else is written as RFC 8785 says**: fractions, and numbers
+//!   beyond the 64-bit range (`1e20` is `100000000000000000000`, 2^68 is
+//!   `295147905179352830000`, `1e21` is `1e+21`). Beyond that range numbers
+//!   are doubles, as in RFC 8785; an integer there that is not exactly a
+//!   double is refused ([`CanonicalError::InexactInteger`]).
+//!
+//! Integers keep their digits only when they arrive as integers: JSON text
+//! with a fraction or an exponent (`1152921504606847000.0`) is a double, as
+//! serde_json reads it too, and a value already rounded to a double before
+//! it reaches idem cannot be unrounded.
 //!
 //! [`parse_strict`] is a small parser of its own rather than
 //! `serde_json::from_str`: besides rejecting duplicates, it converts decimal
@@ -45,8 +76,10 @@ pub enum CanonicalError {
         /// Where the number is.
         path: String,
     },
-    /// An integer that an IEEE-754 double cannot hold exactly (JCS numbers are
-    /// doubles, so two different integers would share a key).
+    /// An integer beyond the 64-bit range that an IEEE-754 double cannot hold
+    /// exactly (numbers there are RFC 8785 doubles, and rounding would put two
+    /// different integers on one key). Integers in the 64-bit range are always
+    /// exact; see [Numbers](self#numbers).
     InexactInteger {
         /// Where the integer is.
         path: String,
@@ -74,6 +107,14 @@ pub enum CanonicalError {
         /// The map whose key was refused.
         path: String,
     },
+    /// A key path of the recipe that the call's arguments lack, or give as `null`. Hashing
+    /// it as `null` would make every call without it (a typo'd member name, a client that
+    /// forgot it) one operation, so the call is refused instead; a recipe declares the paths
+    /// where "absent" is a value of its own with [`crate::Recipe::optional_keys`].
+    MissingKey {
+        /// The key path, as the recipe names it (`customer.id`).
+        path: String,
+    },
     /// Malformed JSON text, or a custom serde error from the value's Serialize impl.
     Invalid {
         /// What went wrong, ready to show.
@@ -89,8 +130,8 @@ impl fmt::Display for CanonicalError {
             }
             Self::InexactInteger { path, value } => write!(
                 f,
-                "{} ({value}) cannot be represented exactly as a JSON number \
-                 (RFC 8785 uses IEEE-754 doubles); send it as a string",
+                "{} ({value}) is an integer beyond the 64-bit range that cannot be kept exactly \
+                 (beyond it, numbers are IEEE-754 doubles); send it as a string",
                 Subject(path)
             ),
             Self::TooDeep { path, limit } => write!(
@@ -104,6 +145,12 @@ impl fmt::Display for CanonicalError {
             Self::NonStringKey { path } => {
                 write!(f, "{} is a map with a key that is not a string; use string (or integer) keys", Subject(path))
             }
+            Self::MissingKey { path } => write!(
+                f,
+                "the key argument `{path}` is missing (or null), and the operation's idempotency key is \
+                 derived from it; send it with a value. (If the tool means a missing `{path}` as a value \
+                 of its own, its recipe must declare it with `Recipe::optional_keys`.)"
+            ),
             Self::Invalid { message } => f.write_str(message),
         }
     }
@@ -214,6 +261,11 @@ fn enter(path: &Path<'_>, depth: usize) -> Result<usize, CanonicalError> {
 /// Bits of precision in an IEEE-754 double's significand.
 const DOUBLE_PRECISION_BITS: u32 = 53;
 
+/// -2^63 (`i64::MIN`) and 2^64 (one past `u64::MAX`): integral doubles in
+/// `EXACT_MIN..EXACT_END` are written as the integer they equal.
+const EXACT_MIN: f64 = -9_223_372_036_854_775_808.0;
+const EXACT_END: f64 = 18_446_744_073_709_551_616.0;
+
 /// Whether an integer of this magnitude converts to `f64` without rounding:
 /// its significant bits (between the highest and lowest set bit) must fit
 /// the 53-bit significand. Unlike a round trip through `as`, this cannot be
@@ -222,25 +274,19 @@ fn fits_double(magnitude: u128) -> bool {
     magnitude == 0 || 128 - magnitude.leading_zeros() - magnitude.trailing_zeros() <= DOUBLE_PRECISION_BITS
 }
 
-/// The double an integer stands for, or `InexactInteger` if there is none.
-fn exact_double(n: i128, path: &Path<'_>) -> Result<f64, CanonicalError> {
-    if fits_double(n.unsigned_abs()) {
-        // Exact by the check above.
-        Ok(n as f64)
-    } else {
-        Err(CanonicalError::InexactInteger { path: path.render(), value: n.to_string() })
-    }
-}
-
-/// A JSON number for an integer of any width: kept as an integer where
-/// serde_json can hold it, otherwise as the double it equals exactly.
+/// A JSON number for an integer of any width: an integer where serde_json
+/// can hold it (the 64-bit range, kept exactly), otherwise the double it
+/// equals exactly, or `InexactInteger` if there is none.
 fn integer_value(n: i128, path: &Path<'_>) -> Result<Value, CanonicalError> {
     if let Ok(small) = u64::try_from(n) {
         Ok(Value::Number(small.into()))
     } else if let Ok(small) = i64::try_from(n) {
         Ok(Value::Number(small.into()))
+    } else if fits_double(n.unsigned_abs()) {
+        // Exact by the check above.
+        float_value(n as f64, path)
     } else {
-        float_value(exact_double(n, path)?, path)
+        Err(CanonicalError::InexactInteger { path: path.render(), value: n.to_string() })
     }
 }
 
@@ -249,18 +295,57 @@ fn float_value(f: f64, path: &Path<'_>) -> Result<Value, CanonicalError> {
     Number::from_f64(f).map(Value::Number).ok_or_else(|| CanonicalError::NonFinite { path: path.render() })
 }
 
-/// The double a serde_json number denotes, under the JCS rule that every
-/// number is an IEEE-754 double.
-fn number_as_double(n: &Number, path: &Path<'_>) -> Result<f64, CanonicalError> {
-    if let Some(i) = n.as_i64() {
-        exact_double(i128::from(i), path)
-    } else if let Some(u) = n.as_u64() {
-        exact_double(i128::from(u), path)
+/// The integer an integral double in the 64-bit range equals (`-0.0` is 0).
+fn integral_in_range(f: f64) -> Option<i128> {
+    // Exact: the value is an integer, and -2^63 <= f < 2^64 fits an i128.
+    (f.fract() == 0.0 && (EXACT_MIN..EXACT_END).contains(&f)).then_some(f as i128)
+}
+
+/// Writes a serde_json number: an integer in the 64-bit range as its exact
+/// digits, any other finite number as RFC 8785 says (see [Numbers](self#numbers)).
+fn write_number<O: Out>(n: &Number, path: &Path<'_>, out: &mut O) -> Result<(), CanonicalError> {
+    if let Some(u) = n.as_u64() {
+        write_integer(i128::from(u), out);
+    } else if let Some(i) = n.as_i64() {
+        write_integer(i128::from(i), out);
     } else {
         match n.as_f64() {
-            Some(f) if f.is_finite() => Ok(f),
-            _ => Err(CanonicalError::NonFinite { path: path.render() }),
+            Some(f) if f.is_finite() => write_finite(f, out),
+            _ => return Err(CanonicalError::NonFinite { path: path.render() }),
         }
+    }
+    Ok(())
+}
+
+/// A finite double: the integer it equals if that is in the 64-bit range,
+/// otherwise its RFC 8785 (ECMAScript) text.
+fn write_finite<O: Out>(f: f64, out: &mut O) {
+    match integral_in_range(f) {
+        Some(n) => write_integer(n, out),
+        None => write_double(f, out),
+    }
+}
+
+/// An integer's exact decimal digits. For magnitudes up to 2^53 this is also
+/// its ECMAScript text, as RFC 8785 asks.
+fn write_integer<O: Out>(n: i128, out: &mut O) {
+    let mut digits = [0u8; 40];
+    let mut start = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        start -= 1;
+        // A decimal digit, so the cast is exact.
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    for &digit in &digits[start..] {
+        out.push(char::from(digit));
     }
 }
 
@@ -324,7 +409,7 @@ fn write_value<O: Out>(value: &Value, path: &Path<'_>, depth: usize, out: &mut O
         Value::Null => out.push_str("null"),
         Value::Bool(true) => out.push_str("true"),
         Value::Bool(false) => out.push_str("false"),
-        Value::Number(n) => write_double(number_as_double(n, path)?, out),
+        Value::Number(n) => write_number(n, path, out)?,
         Value::String(s) => write_string(s, out),
         Value::Array(items) => write_array(items, path, depth, out)?,
         Value::Object(members) => write_object(members, path, depth, out)?,
@@ -423,15 +508,16 @@ pub fn utf16_cmp(a: &str, b: &str) -> std::cmp::Ordering {
 /// non-finite `f32`/`f64` give [`CanonicalError::NonFinite`] (serde_json
 /// yields `null`), a member name emitted twice gives
 /// [`CanonicalError::DuplicateKey`] (serde_json keeps the last), `i128`/`u128`
-/// outside `i64`/`u64` become the double they equal exactly or give
+/// beyond the 64-bit range become the double they equal exactly or give
 /// [`CanonicalError::InexactInteger`], and nesting beyond [`MAX_DEPTH`] gives
 /// [`CanonicalError::TooDeep`]. Map keys follow serde_json: strings, chars,
 /// integers, bools and finite floats become strings (floats in ECMAScript
 /// form, as a JavaScript object key would be), anything else is
 /// [`CanonicalError::NonStringKey`].
 ///
-/// `u64`/`i64` beyond 2^53 are kept as they are; [`write_canonical`] decides
-/// whether they are exact.
+/// Every integer in the 64-bit range (any `u64` or `i64`, and `i128`/`u128`
+/// within it) is kept exactly, and [`write_canonical`] writes its exact
+/// digits: snowflake ids and nanosecond timestamps are accepted.
 pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Result<Value, CanonicalError> {
     value.serialize(ValueSerializer { path: &Path::Root, depth: 0 }).map_err(|Failure(error)| error)
 }
@@ -1031,10 +1117,12 @@ impl ser::Serializer for KeySerializer<'_> {
 /// nesting beyond [`MAX_DEPTH`] is [`CanonicalError::TooDeep`], and numbers
 /// with a fraction or exponent become the correctly rounded double (so every
 /// spelling of a number gives the same key; serde_json's default parser can
-/// be one unit in the last place off). Integer literals must name a double
-/// exactly or be its ECMAScript spelling, otherwise they are
+/// be one unit in the last place off). Integer literals in the 64-bit range
+/// are kept exactly, as `u64`/`i64`; beyond it they must name a double
+/// exactly or be its canonical text, otherwise they are
 /// [`CanonicalError::InexactInteger`] rather than being rounded onto some
-/// other integer's key. A number beyond the double range (`1e400`), lone
+/// other integer's key (see [Numbers](self#numbers)). A number beyond the
+/// double range (`1e400`), lone
 /// surrogate escapes, unescaped control characters, a byte-order mark and
 /// anything after the value are [`CanonicalError::Invalid`].
 ///
@@ -1300,29 +1388,31 @@ impl Parser<'_> {
         if integral { self.integer(literal, path) } else { self.double(literal, path).map(Value::Number) }
     }
 
-    /// An integer literal (no fraction or exponent). It must name exactly one
-    /// double: either by being exactly equal to it (kept as `u64`/`i64` where
-    /// those fit, so it still deserialises into an integer type), or by
-    /// being that double's ECMAScript spelling, which is how RFC 8785 itself
-    /// prints large doubles (`295147905179352830000`): refusing those would
-    /// make canonical output unparseable. Any other literal, such as
-    /// `9007199254740993`, would silently share a key with a different
-    /// integer and is [`CanonicalError::InexactInteger`]. `-0` is the double
-    /// -0, as in serde_json.
+    /// An integer literal (no fraction or exponent). In the 64-bit range it is
+    /// kept exactly, as a `u64` or `i64`. Beyond it, it must name exactly one
+    /// double: either by being exactly equal to it, or by being that double's
+    /// canonical text, which is how RFC 8785 itself prints large doubles
+    /// (`295147905179352830000`): refusing those would make canonical output
+    /// unparseable. Any other literal, such as `18446744073709551617`, would
+    /// silently share a key with a different integer and is
+    /// [`CanonicalError::InexactInteger`]. `-0` is the double -0, as in
+    /// serde_json.
     fn integer(&self, literal: &str, path: &Path<'_>) -> Result<Value, CanonicalError> {
         if literal == "-0" {
             return float_value(-0.0, path);
         }
-        let small = literal.parse::<u64>().map(i128::from).or_else(|_| literal.parse::<i64>().map(i128::from));
-        if let Ok(n) = small
-            && fits_double(n.unsigned_abs())
-        {
-            return integer_value(n, path);
+        if let Ok(n) = literal.parse::<u64>() {
+            return Ok(Value::Number(n.into()));
+        }
+        if let Ok(n) = literal.parse::<i64>() {
+            return Ok(Value::Number(n.into()));
         }
         let number = self.double(literal, path)?;
         let names_one_double = number.as_f64().is_some_and(|f| {
             let exact = format!("{:.0}", f.abs()) == literal.trim_start_matches('-');
-            exact || ryu_js::Buffer::new().format_finite(f) == literal
+            let mut canonical = String::new();
+            write_finite(f, &mut canonical);
+            exact || canonical == literal
         });
         if names_one_double {
             Ok(Value::Number(number))

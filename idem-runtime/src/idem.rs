@@ -1099,11 +1099,22 @@ impl<'a> CallArguments<'a> {
                 error: CanonicalError::Invalid { message: "the arguments must be a JSON object".to_owned() },
             });
         };
-        let selected = recipe
-            .key_paths()
-            .iter()
-            .map(|path| ((*path).to_owned(), lookup(all, path).cloned().unwrap_or(Value::Null)))
-            .collect();
+        // A missing or null key path is refused: as `null` it would make every call without it
+        // (a typo, a forgetful client) one operation. Only the recipe's optional key paths take
+        // "absent" as a value, and then absent and null are one value.
+        let mut selected = Map::with_capacity(recipe.key_paths().len());
+        for path in recipe.key_paths() {
+            let value = match lookup(all, path) {
+                Some(value) if !value.is_null() => value.clone(),
+                _ if recipe.is_optional_key(path) => Value::Null,
+                _ => {
+                    return Err(Rejection::InvalidArguments {
+                        error: CanonicalError::MissingKey { path: (*path).to_owned() },
+                    });
+                }
+            };
+            selected.insert((*path).to_owned(), value);
+        }
         let task = match recipe.scope_rule() {
             ScopeRule::Task(path) => lookup(all, path).cloned(),
             _ => None,

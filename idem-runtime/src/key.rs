@@ -166,6 +166,15 @@ impl TenantTag {
 /// Same key with a different `digest` is a conflict. The per-argument `tags` (4 bytes each: a
 /// 2-byte tag of the name and a 2-byte tag of the value) let the conflict answer name which
 /// arguments differ without storing any value; the 32-byte digest alone decides.
+///
+/// **A top-level argument whose value is `null` counts as absent**: `{"note": null}` and `{}`
+/// fingerprint alike. Many clients send an explicit `null` for an optional parameter they leave
+/// unset and others omit it, and a retry through a different client (or an `#[idempotent]`
+/// handler's `Option` parameter that is `None`) must not turn into a conflict. Setting the
+/// argument later is a change like any other, named in the conflict. Inside an argument's value
+/// `null` is data (a JSON merge patch clears a field with it): `{"address": {"line2": null}}`
+/// and `{"address": {}}` differ. (Key arguments are not fingerprints: a missing or `null` key
+/// path is refused by `Idem::call` unless the recipe declares it optional.)
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Fingerprint<'a> {
     /// SHA-256 over the canonical object of the fingerprinted arguments.
@@ -177,12 +186,13 @@ pub struct Fingerprint<'a> {
 }
 
 impl<'a> Fingerprint<'a> {
-    /// Fingerprints the top-level members of `arguments` except the `ignore`d names.
+    /// Fingerprints the top-level members of `arguments` except the `ignore`d names and those
+    /// whose value is `null` (absent and `null` are one state of an optional argument).
     pub fn of(arguments: &'a Map<String, Value>, ignore: &[&str]) -> Result<Self, CanonicalError> {
         let mut material = Vec::with_capacity(128);
         let mut tags = Vec::with_capacity(arguments.len());
         let mut names = Vec::with_capacity(arguments.len());
-        let kept = arguments.iter().filter(|(name, _)| !ignore.contains(&name.as_str()));
+        let kept = arguments.iter().filter(|(name, value)| !value.is_null() && !ignore.contains(&name.as_str()));
         write_object(kept, &mut material, |name, value_bytes| {
             let name_tag = fnv1a16(name.as_bytes());
             let value_tag = fnv1a16(value_bytes);

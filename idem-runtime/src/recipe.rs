@@ -48,6 +48,7 @@ pub enum StalePolicy {
 pub struct Recipe {
     tool: &'static str,
     key: &'static [&'static str],
+    optional: &'static [&'static str],
     ignore: &'static [&'static str],
     window: Option<Duration>,
     scope: ScopeRule,
@@ -57,9 +58,42 @@ pub struct Recipe {
 impl Recipe {
     /// A recipe for `tool` keyed by the argument paths `key` (`"customer.id"` reaches into an
     /// object). Defaults: no window (the ledger's retention), caller scope, `hold` on stale leases.
+    ///
+    /// Every key path is required: a call through [`Idem::call`](crate::Idem::call) whose
+    /// arguments lack one (or give it as `null`) is refused as invalid arguments, naming the
+    /// path, because hashing it as `null` would make every such call (a typo'd member name, a
+    /// client that forgot it) one operation. See [`Recipe::optional_keys`].
     #[must_use]
     pub const fn new(tool: &'static str, key: &'static [&'static str]) -> Self {
-        Self { tool, key, ignore: &[], window: None, scope: ScopeRule::Caller, stale: StalePolicy::Hold }
+        Self { tool, key, optional: &[], ignore: &[], window: None, scope: ScopeRule::Caller, stale: StalePolicy::Hold }
+    }
+
+    /// Key paths that may be missing or `null` in a JSON call: for these (and only these) an
+    /// absent value is a value of its own, keyed as `null`, so `{"coupon": null}`, no `coupon`
+    /// and (for `"customer.coupon"`) a `customer` without one are all the same key.
+    ///
+    /// Each must be one of the recipe's key paths; naming another one panics, which is a compile
+    /// error where the recipe is a `static` or `const`:
+    ///
+    /// ```compile_fail
+    /// use idem_runtime::Recipe;
+    /// static TYPO: Recipe = Recipe::new("apply_coupon", &["order_id", "coupon"]).optional_keys(&["copuon"]);
+    /// ```
+    ///
+    /// (`#[idempotent]` handlers take typed arguments, where an `Option` key field that is
+    /// `None` is always a legitimate value; this setting is for the JSON entry point.)
+    #[must_use]
+    pub const fn optional_keys(mut self, paths: &'static [&'static str]) -> Self {
+        let mut i = 0;
+        while i < paths.len() {
+            assert!(
+                contains(self.key, paths[i]),
+                "`Recipe::optional_keys` names a path that is not one of the recipe's key paths"
+            );
+            i += 1;
+        }
+        self.optional = paths;
+        self
     }
 
     /// How long after the first claim a repeat is the same operation.
@@ -102,6 +136,18 @@ impl Recipe {
         self.key
     }
 
+    /// The key paths that may be missing or `null` ([`Recipe::optional_keys`]).
+    #[must_use]
+    pub const fn optional_key_paths(&self) -> &'static [&'static str] {
+        self.optional
+    }
+
+    /// Whether the key path `path` may be missing or `null`.
+    #[must_use]
+    pub const fn is_optional_key(&self, path: &str) -> bool {
+        contains(self.optional, path)
+    }
+
     /// Arguments left out of the fingerprint.
     #[must_use]
     pub const fn ignored(&self) -> &'static [&'static str] {
@@ -125,4 +171,32 @@ impl Recipe {
     pub const fn stale_policy(&self) -> StalePolicy {
         self.stale
     }
+}
+
+/// Whether `paths` holds `path` (usable in `const`).
+const fn contains(paths: &[&str], path: &str) -> bool {
+    let mut i = 0;
+    while i < paths.len() {
+        if eq(paths[i], path) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// String equality, usable in `const`.
+const fn eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }

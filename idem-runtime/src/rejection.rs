@@ -45,8 +45,8 @@ pub enum Rejection {
     },
     /// No authenticated caller: a key cannot be scoped, so the handler did not run.
     NoCaller,
-    /// The arguments cannot be canonicalised (NaN, an integer beyond a double's precision, too
-    /// deep); the handler did not run.
+    /// The arguments cannot be canonicalised (NaN, an integer beyond the 64-bit range that a
+    /// double cannot hold, too deep); the handler did not run.
     InvalidArguments {
         /// What is wrong, and where.
         error: CanonicalError,

@@ -111,7 +111,8 @@ fn ecmascript_notation_boundaries() {
         (1.0, "1"),
         (-1.5, "-1.5"),
         (5e-324, "5e-324"),
-        (9223372036854775808.0, "9223372036854776000"),
+        // Integral and in the 64-bit range: its exact digits (RFC 8785: 9223372036854776000).
+        (9223372036854775808.0, "9223372036854775808"),
         // Exactly halfway between ...660.2 and ...660.3: the even digit wins.
         (1_588_041_723_873_660.0 + 0.25, "1588041723873660.2"),
     ];
@@ -199,8 +200,8 @@ fn write_canonical_appends_on_success_and_leaves_out_alone_on_error() {
     assert_eq!(out, br#"prefix:{"a":[1,2.5]}"#);
 
     let mut out = b"prefix:".to_vec();
-    let err = write_canonical(&json!({"a": [1, u64::MAX]}), &mut out).unwrap_err();
-    assert!(matches!(err, CanonicalError::InexactInteger { .. }));
+    let err = write_canonical(&json!({"a": [1, nested_arrays(MAX_DEPTH)]}), &mut out).unwrap_err();
+    assert!(matches!(err, CanonicalError::TooDeep { .. }));
     assert_eq!(out, b"prefix:");
 }
 
@@ -260,52 +261,96 @@ fn paths_quote_member_names_that_are_not_plain() {
     let value = Pairs(vec![("a.b", f64::NAN)]);
     assert_eq!(to_value(&value).unwrap_err(), CanonicalError::NonFinite { path: r#"["a.b"]"#.into() });
 
-    let value = json!({"meta": {"content type": [0, u64::MAX]}});
-    assert_eq!(
-        to_canonical_vec(&value).unwrap_err(),
-        CanonicalError::InexactInteger { path: r#"meta["content type"][1]"#.into(), value: u64::MAX.to_string() }
-    );
+    let value = Pairs(vec![("meta", Pairs(vec![("content type", vec![0.0, f64::NAN])]))]);
+    assert_eq!(to_value(&value).unwrap_err(), CanonicalError::NonFinite { path: r#"meta["content type"][1]"#.into() });
 }
 
+/// Integers beyond 2^53 (snowflake ids, nanosecond times) keep their exact digits: RFC 8785
+/// would print the nearest double, and two ids would share a key. (Deliberately replaces the
+/// earlier refusal of these integers.)
 #[test]
-fn integers_must_be_exact_doubles() {
+fn integers_beyond_2_53_keep_their_exact_digits() {
     const TWO_53: u64 = 1 << 53;
-    let ok: &[(Value, &str)] = &[
+    let cases: &[(Value, &str)] = &[
         (json!(TWO_53), "9007199254740992"),
         (json!(-(TWO_53 as i64)), "-9007199254740992"),
-        // 2^53 + 2 is a double: exact, so distinct from its neighbours.
+        (json!(TWO_53 + 1), "9007199254740993"),
         (json!(TWO_53 + 2), "9007199254740994"),
-        // -2^63 is a power of two, hence exact; ECMAScript prints it rounded.
-        (json!(i64::MIN), "-9223372036854776000"),
-        (json!(1u64 << 63), "9223372036854776000"),
+        (json!(-(TWO_53 as i64) - 1), "-9007199254740993"),
+        (json!(1u64 << 60), "1152921504606846976"),
+        (json!(1_152_921_504_606_847_000u64), "1152921504606847000"),
+        (json!(1u64 << 63), "9223372036854775808"),
+        (json!(i64::MAX), "9223372036854775807"),
+        (json!(i64::MIN), "-9223372036854775808"),
+        (json!(i64::MIN + 1), "-9223372036854775807"),
+        (json!(u64::MAX), "18446744073709551615"),
+        (json!(u64::MAX - 1), "18446744073709551614"),
         (json!(0), "0"),
         (json!(-1), "-1"),
     ];
-    for (value, expected) in ok {
+    for (value, expected) in cases {
         assert_eq!(canonical(value), *expected, "{value}");
+        // And the canonical text is that integer again.
+        assert_eq!(parse_strict(expected).as_ref(), Ok(value), "{expected}");
     }
-
-    let inexact: &[(Value, &str)] = &[
-        (json!(TWO_53 + 1), "9007199254740993"),
-        (json!(-(TWO_53 as i64) - 1), "-9007199254740993"),
-        (json!(u64::MAX), "18446744073709551615"),
-        (json!(i64::MAX), "9223372036854775807"),
-        (json!(i64::MIN + 1), "-9223372036854775807"),
-    ];
-    for (value, digits) in inexact {
-        assert_eq!(
-            to_canonical_vec(value),
-            Err(CanonicalError::InexactInteger { path: String::new(), value: (*digits).to_owned() }),
-            "{value}"
-        );
-    }
-
-    let err = to_canonical_vec(&json!({"id": u64::MAX})).unwrap_err();
     assert_eq!(
-        err.to_string(),
-        "argument `id` (18446744073709551615) cannot be represented exactly as a JSON number \
-         (RFC 8785 uses IEEE-754 doubles); send it as a string"
+        canonical(&json!({"id": u64::MAX, "at": [i64::MIN]})),
+        r#"{"at":[-9223372036854775808],"id":18446744073709551615}"#
     );
+}
+
+/// A number's text depends on its value alone: an integral double in the 64-bit range is
+/// written as the integer it is. RFC 8785 prints 2^60 as 1152921504606847000, which is a
+/// different (valid) snowflake id: keeping that would put two ids on one key.
+#[test]
+fn integral_doubles_in_the_64_bit_range_are_written_as_their_integer() {
+    let two_60 = 2f64.powi(60);
+    assert_eq!(canonical_double(two_60).as_deref(), Ok("1152921504606846976"));
+    assert_eq!(canonical(&json!(1u64 << 60)), canonical_double(two_60).unwrap());
+    assert_ne!(canonical_double(two_60).unwrap(), canonical(&json!(1_152_921_504_606_847_000u64)));
+    for (f, expected) in [
+        (9223372036854775808.0, "9223372036854775808"),
+        (-9223372036854775808.0, "-9223372036854775808"),
+        (18446744073709549568.0, "18446744073709549568"),
+        (1e19, "10000000000000000000"),
+        (-0.0, "0"),
+        // 2^64 is beyond every u64: RFC 8785 text, which no integer in range can be.
+        (18446744073709551616.0, "18446744073709552000"),
+        (-9223372036854777856.0, "-9223372036854778000"),
+        // Beyond the 64-bit range, and for all fractions: RFC 8785 unchanged.
+        (1e20, "100000000000000000000"),
+        (1e21, "1e+21"),
+    ] {
+        assert_eq!(canonical_double(f).as_deref(), Ok(expected), "{f:e}");
+    }
+    // 2^53 - 0.5 is a fraction: RFC 8785's shortest round-trip digits.
+    assert_eq!(canonical_double(4503599627370495.5).as_deref(), Ok("4503599627370495.5"));
+}
+
+/// Among integers and integral doubles near one another, equal values give equal bytes and
+/// different values different bytes.
+#[test]
+fn distinct_big_integers_never_canonicalise_alike() {
+    let mut numbers: Vec<Value> = Vec::new();
+    for base in [1u64 << 53, 1 << 60, 1 << 63, 1_152_921_504_606_847_000, 9_223_372_036_854_776_000, u64::MAX - 4096] {
+        for delta in 0..4096u64.min(u64::MAX - base) {
+            if delta < 8 || delta % 997 == 0 || delta == 2048 {
+                numbers.push(json!(base + delta));
+                let double = (base + delta) as f64;
+                numbers.push(Value::Number(Number::from_f64(double).unwrap()));
+            }
+        }
+    }
+    numbers.extend([json!(i64::MIN), json!(i64::MIN + 1), json!(-9_223_372_036_854_775_000i64)]);
+    let mut seen: BTreeMap<String, i128> = BTreeMap::new();
+    for value in &numbers {
+        let exact = exact_integer(value.as_number().unwrap()).expect("integral");
+        let text = canonical(value);
+        if let Some(&before) = seen.get(&text) {
+            assert_eq!(before, exact, "{before} and {exact} share the canonical text {text}");
+        }
+        seen.insert(text, exact);
+    }
 }
 
 #[test]
@@ -334,37 +379,46 @@ fn wide_integers_in_to_value() {
 
 #[test]
 fn parse_strict_integer_literals() {
-    // Exact doubles are kept as integers.
+    // Integer literals in the 64-bit range are kept exactly, as integers.
     assert_eq!(parse_strict("9007199254740992"), Ok(json!(9007199254740992u64)));
     assert_eq!(parse_strict("-9223372036854775808"), Ok(json!(i64::MIN)));
-    // Integers a double cannot hold would share a key with a neighbour.
-    for literal in ["9007199254740993", "-9007199254740993", "9223372036854775807", "18446744073709551615"] {
-        assert_eq!(
-            parse_strict(literal),
-            Err(CanonicalError::InexactInteger { path: String::new(), value: literal.to_owned() })
-        );
+    for (literal, value) in [
+        ("9007199254740993", json!(9_007_199_254_740_993u64)),
+        ("-9007199254740993", json!(-9_007_199_254_740_993i64)),
+        ("9223372036854775807", json!(i64::MAX)),
+        ("9223372036854776000", json!(9_223_372_036_854_776_000u64)),
+        ("18446744073709551615", json!(u64::MAX)),
+    ] {
+        assert_eq!(parse_strict(literal), Ok(value.clone()), "{literal}");
+        assert_eq!(canonical(&value), literal);
     }
+    // Beyond 64 bits integers are RFC 8785 doubles: the literal must be one exactly...
     assert_eq!(
         parse_strict(r#"{"id": 100000000000000000000000000001}"#),
         Err(CanonicalError::InexactInteger { path: "id".into(), value: "100000000000000000000000000001".into() })
     );
     // 10^23 is not a double (the nearest prints as 1e+23).
     assert!(matches!(parse_strict("100000000000000000000000"), Err(CanonicalError::InexactInteger { .. })));
-    // Beyond 64 bits but exactly a double.
+    assert!(matches!(parse_strict("18446744073709551617"), Err(CanonicalError::InexactInteger { .. })));
     let two_100 = parse_strict("1267650600228229401496703205376").expect("2^100 is a double");
     assert_eq!(canonical(&two_100), "1.2676506002282294e+30");
-    // A double's ECMAScript spelling names that double, so canonical output
-    // (including the RFC's own vectors) always parses back.
-    for literal in ["295147905179352830000", "999999999999999700000", "9223372036854776000", "-18446744073709552000"] {
+    assert_eq!(canonical(&parse_strict("18446744073709551616").expect("2^64 is a double")), "18446744073709552000");
+    // ...or its canonical spelling, so canonical output (the RFC's own vectors included) always
+    // parses back.
+    for literal in ["295147905179352830000", "999999999999999700000", "18446744073709552000", "-18446744073709552000"] {
         let value = parse_strict(literal).expect(literal);
         assert!(value.is_f64(), "{literal}");
         assert_eq!(canonical(&value), literal);
     }
-    // Rust integers, though, must be exact: 9223372036854776000 is not 2^63.
-    let rust_int = to_value(&9_223_372_036_854_776_000u64).expect("u64");
-    assert!(matches!(to_canonical_vec(&rust_int), Err(CanonicalError::InexactInteger { .. })));
-    // Written as a decimal or exponent it is an ordinary (rounded) double, as in the RFC.
+    // RFC 8785's spelling of -2^63 is not its canonical text here (that is -9223372036854775808),
+    // and as an integer it would be a different one: refused rather than rounded.
+    assert_eq!(
+        parse_strict("-9223372036854776000"),
+        Err(CanonicalError::InexactInteger { path: String::new(), value: "-9223372036854776000".into() })
+    );
+    // Written as a decimal or exponent it is an ordinary (rounded) double, as in the RFC and serde_json.
     assert_eq!(canonical(&parse_strict("1E30").expect("parses")), "1e+30");
+    assert_eq!(canonical(&parse_strict("1.152921504606846976e18").expect("parses")), "1152921504606846976");
     assert_eq!(canonical(&parse_strict("-0").expect("parses")), "0");
 }
 
@@ -692,6 +746,9 @@ fn arb_number() -> impl Strategy<Value = Value> {
     prop_oneof![
         (-TWO_53..=TWO_53).prop_map(|n| Value::Number(n.into())),
         (-1000i64..1000).prop_map(|n| Value::Number(n.into())),
+        // Snowflake ids and nanosecond times: integers beyond 2^53.
+        any::<i64>().prop_map(|n| Value::Number(n.into())),
+        any::<u64>().prop_map(|n| Value::Number(n.into())),
         arb_finite_f64().prop_map(|f| Value::Number(Number::from_f64(f).expect("finite"))),
     ]
 }
@@ -712,13 +769,29 @@ fn arb_json() -> impl Strategy<Value = Value> {
     })
 }
 
-/// Equality up to number representation: numbers compare as doubles, and
-/// `ulps` allows that many units in the last place of difference.
+/// The exact value of a number that is an integer (an integer, or an integral double), else `None`.
+fn exact_integer(n: &Number) -> Option<i128> {
+    if let Some(i) = n.as_i64() {
+        return Some(i.into());
+    }
+    if let Some(u) = n.as_u64() {
+        return Some(u.into());
+    }
+    n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 1e38).map(|f| f as i128)
+}
+
+/// Equality up to number representation: integers (and integral doubles)
+/// compare exactly, other numbers as doubles, and `ulps` allows that many
+/// units in the last place of difference between doubles.
 fn same_value(a: &Value, b: &Value, ulps: u64) -> bool {
     match (a, b) {
-        (Value::Number(x), Value::Number(y)) => match (x.as_f64(), y.as_f64()) {
-            (Some(x), Some(y)) => x == y || (x.signum() == y.signum() && x.to_bits().abs_diff(y.to_bits()) <= ulps),
-            _ => false,
+        (Value::Number(x), Value::Number(y)) => match (exact_integer(x), exact_integer(y)) {
+            (Some(i), Some(j)) if i == j => true,
+            (Some(_), Some(_)) if ulps == 0 => false,
+            _ => match (x.as_f64(), y.as_f64()) {
+                (Some(x), Some(y)) => x == y || (x.signum() == y.signum() && x.to_bits().abs_diff(y.to_bits()) <= ulps),
+                _ => false,
+            },
         },
         (Value::Array(xs), Value::Array(ys)) => {
             xs.len() == ys.len() && xs.iter().zip(ys).all(|(x, y)| same_value(x, y, ulps))
@@ -784,6 +857,16 @@ fn ecmascript_reference(f: f64) -> String {
     format!("{sign}{body}")
 }
 
+/// idem's number text: RFC 8785's, except that an integral double in the 64-bit range
+/// (-2^63 ..= 2^64 - 1) is written as its exact integer digits, like any integer there.
+fn idem_reference(f: f64) -> String {
+    if f.fract() == 0.0 && (-9223372036854775808.0..18446744073709551616.0).contains(&f) {
+        (f as i128).to_string()
+    } else {
+        ecmascript_reference(f)
+    }
+}
+
 /// Writes `value` as JSON text in a deliberately unusual but equivalent way:
 /// members in reverse order, whitespace everywhere, characters escaped as
 /// `\uXXXX` (surrogate pairs above U+FFFF) and numbers in other spellings.
@@ -792,9 +875,13 @@ fn noisy_json(value: &Value, seed: u64, out: &mut String) {
     match value {
         Value::Number(n) => {
             out.push_str(ws);
+            // A fraction or exponent makes a double, so integers a double cannot hold keep their digits.
+            let respellable = |i: i64| (i as f64) as i128 == i128::from(i);
             match (n.as_i64(), n.as_f64()) {
+                (Some(i), _) if !respellable(i) => out.push_str(&i.to_string()),
                 (Some(i), _) if seed.is_multiple_of(3) => out.push_str(&format!("{i}.000e0")),
                 (Some(i), _) if seed % 3 == 1 => out.push_str(&format!("{i}E+0")),
+                (None, _) if n.is_u64() => out.push_str(&n.to_string()),
                 (_, Some(f)) if seed.is_multiple_of(2) => out.push_str(&format!("{f:e}")),
                 (_, Some(f)) => out.push_str(&format!("{f:?}")),
                 _ => out.push_str(&n.to_string()),
@@ -906,10 +993,29 @@ proptest! {
     }
 
     /// Doubles print as ECMAScript does, checked against a reference written
-    /// from the specification.
+    /// from the specification (integral doubles in the 64-bit range excepted:
+    /// those are written as the integer they are).
     #[test]
     fn doubles_match_the_ecmascript_reference(f in arb_finite_f64()) {
-        prop_assert_eq!(canonical_double(f).expect("finite"), ecmascript_reference(f));
+        prop_assert_eq!(canonical_double(f).expect("finite"), idem_reference(f));
+        if f.fract() != 0.0 || f.abs() <= TWO_53 as f64 || f.abs() >= 18446744073709551616.0 {
+            prop_assert_eq!(canonical_double(f).expect("finite"), ecmascript_reference(f));
+        }
+    }
+
+    /// (4b) Every integer in the 64-bit range keeps its digits, parses back
+    /// to itself, and two different ones never share bytes.
+    #[test]
+    fn integers_in_the_64_bit_range_are_exact(i in any::<i64>(), u in any::<u64>(), v in any::<u64>()) {
+        prop_assert_eq!(canonical(&json!(i)), i.to_string());
+        prop_assert_eq!(canonical(&json!(u)), u.to_string());
+        prop_assert_eq!(parse_strict(&u.to_string()).expect("parses"), json!(u));
+        prop_assert_eq!(parse_strict(&i.to_string()).expect("parses"), json!(i));
+        prop_assert_eq!(canonical(&json!(u)) == canonical(&json!(v)), u == v);
+        prop_assert_eq!(canonical(&to_value(&u).expect("u64")), u.to_string());
+        // The nearest double is the integer it equals.
+        let near = u as f64;
+        prop_assert_eq!(canonical_double(near).expect("finite"), idem_reference(near));
     }
 
     /// JCS string escaping coincides with serde_json's (both follow the same

@@ -85,16 +85,65 @@ fn fingerprint_names_what_differs_and_respects_ignore() {
 }
 
 #[test]
-fn non_finite_and_inexact_arguments_are_refused_with_their_path() {
+fn non_finite_and_too_deep_arguments_are_refused_with_their_path() {
     #[derive(serde::Serialize)]
     struct Args {
         amount: f64,
     }
     let error = idem_runtime::canonical::to_value(&Args { amount: f64::NAN }).unwrap_err();
     assert!(error.to_string().contains("amount"), "{error}");
-    let selected = object(json!({ "big": { "n": u64::MAX } }));
+    let mut deep = json!(1);
+    for _ in 0..=idem_runtime::canonical::MAX_DEPTH {
+        deep = json!([deep]);
+    }
+    let selected = object(json!({ "big": { "n": deep } }));
     let error = Key::derive(&Scope::caller(&Caller::new("t", "s")), "x", &selected).unwrap_err();
     assert!(error.to_string().contains("big.n"), "{error}");
+}
+
+#[test]
+fn integers_beyond_2_53_are_keyed_by_their_exact_digits() {
+    // Pinned, computed independently (Python's hashlib) over the material
+    // ["idem/v1",{"subject":"alice","tenant":"acme"},"ship_order",{"order_id":1152921504606846976}]
+    // RFC 8785 would write 2^60 as 1152921504606847000: a different snowflake id.
+    let pinned = key("acme", "alice", "ship_order", json!({ "order_id": 1u64 << 60 }));
+    assert_eq!(pinned.to_string(), "e78ef556811eba170dc4f92b601ff5c95d0791f75a38b32bbba418a809c8f6f6");
+    // The same number as a double is the same key; neighbours are not.
+    let as_double = json!({ "order_id": 2f64.powi(60) });
+    assert_eq!(key("acme", "alice", "ship_order", as_double), pinned);
+    let ids =
+        [1u64 << 60, 1_152_921_504_606_847_000, (1 << 60) + 1, (1 << 53) + 1, (1 << 53) + 2, u64::MAX, u64::MAX - 1];
+    let keys: std::collections::HashSet<Key> =
+        ids.iter().map(|id| key("acme", "alice", "ship_order", json!({ "order_id": id }))).collect();
+    assert_eq!(keys.len(), ids.len());
+    // And in the fingerprint: a nanosecond later is a different fingerprint.
+    let at = object(json!({ "at_ns": 1_700_000_000_123_456_789u64 }));
+    let later = object(json!({ "at_ns": 1_700_000_000_123_456_790u64 }));
+    assert_ne!(Fingerprint::of(&at, &[]).unwrap().digest, Fingerprint::of(&later, &[]).unwrap().digest);
+}
+
+#[test]
+fn a_null_argument_fingerprints_like_an_absent_one() {
+    // Some clients send `null` for optional parameters they leave unset, others omit them.
+    let omitted = object(json!({ "order_id": "o-1", "amount": 5 }));
+    let explicit = object(json!({ "order_id": "o-1", "amount": 5, "note": null, "trace": null }));
+    let (a, b) = (Fingerprint::of(&omitted, &[]).unwrap(), Fingerprint::of(&explicit, &[]).unwrap());
+    assert_eq!(a.digest, b.digest);
+    assert_eq!((&a.tags, &a.names), (&b.tags, &b.names));
+    assert_eq!(b.differing(&a.tags), (vec![], 0));
+    assert_eq!(a.differing(&b.tags), (vec![], 0));
+    // The digest is the one of the object without its null members.
+    let (only_null, empty) = (object(json!({ "note": null })), Map::new());
+    assert_eq!(Fingerprint::of(&only_null, &[]).unwrap().digest, Fingerprint::of(&empty, &[]).unwrap().digest);
+    // Setting it is a change, named; so is a null inside a value (that is data, not an absent
+    // parameter).
+    let noted = object(json!({ "order_id": "o-1", "amount": 5, "note": "x" }));
+    let noted = Fingerprint::of(&noted, &[]).unwrap();
+    assert_ne!(noted.digest, b.digest);
+    assert_eq!(noted.differing(&b.tags), (vec!["note".to_owned()], 0));
+    let inner_null = object(json!({ "address": { "line2": null } }));
+    let inner_absent = object(json!({ "address": {} }));
+    assert_ne!(Fingerprint::of(&inner_null, &[]).unwrap().digest, Fingerprint::of(&inner_absent, &[]).unwrap().digest);
 }
 
 /// Arbitrary JSON, with numbers drawn so that several spellings exist.

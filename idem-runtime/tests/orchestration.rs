@@ -227,7 +227,12 @@ async fn a_call_without_a_caller_fails_closed() {
 #[tokio::test]
 async fn unrepresentable_arguments_are_refused_before_anything_runs() {
     let (idem, processor) = (Idem::new(MemoryLedger::new()), Processor::default());
-    let args = json!({ "card": "c", "amount_cents": u64::MAX });
+    // (u64::MAX used to be refused here; integers in the 64-bit range are now kept exactly.)
+    let mut too_deep = json!(1);
+    for _ in 0..=idem_runtime::canonical::MAX_DEPTH {
+        too_deep = json!([too_deep]);
+    }
+    let args = json!({ "card": "c", "amount_cents": 1, "items": too_deep });
     let error = idem.call(&CHARGE, Some(&alice()), &args, || processor.charge(1)).await.unwrap_err();
     assert_eq!(error.code(), "invalid_arguments");
     let error = idem.call(&CHARGE, Some(&alice()), &json!([1, 2]), || processor.charge(1)).await.unwrap_err();
