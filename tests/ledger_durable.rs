@@ -75,6 +75,7 @@ on_every_backend!(
     handler_transaction_commits_with_the_result,
     statements_per_call,
     a_replica_whose_clock_runs_ahead_does_not_take_over,
+    a_blocking_handler_keeps_its_lease,
 );
 
 /// Complete an operation, drop every connection, open a new ledger on the same database, repeat:
@@ -343,4 +344,41 @@ async fn a_first_schema_table_is_upgraded_by_migrate() {
     assert_eq!((served.value.as_str(), served.replayed), ("from the first schema", true));
     let status = idem.status(&alice(), &served.reference.to_string()).await.unwrap().unwrap();
     assert_eq!(status.window_end, now + 3_600_000, "the old expires_at is the window end");
+}
+
+/// Issue 10.5: a handler that blocks its thread for 2.4 s under a 600 ms lease keeps its claim
+/// (the lease is renewed by a task of its own): a repeat 1.4 s in is answered "in flight" at
+/// once, and the handler runs once. (Before, the lease lapsed: on SQLite the repeat took over
+/// and ran the handler again; on PostgreSQL and MariaDB it was held up until the blocked handler
+/// finished and then replayed.)
+async fn a_blocking_handler_keeps_its_lease(backend: &str) {
+    let Some(url) = url(backend, "a_blocking_handler_keeps_its_lease").await else { return };
+    static TAKEOVER: Recipe = Recipe::new("blocking_charge", &["order_id"]).stale(StalePolicy::Takeover);
+    let idem = Idem::new(SeaOrmLedger::connect(&url).await.unwrap()).with_lease(std::time::Duration::from_millis(600));
+    let args = json!({ "order_id": unique("o") });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let blocking = {
+        let (idem, args, runs) = (idem.clone(), args.clone(), Arc::clone(&runs));
+        tokio::spawn(async move {
+            idem.call(&TAKEOVER, Some(&alice()), &args, || async move {
+                tokio::task::yield_now().await;
+                runs.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(2400));
+                Ok::<_, Error>("blocked".to_owned())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1400)).await;
+    let asked = std::time::Instant::now();
+    let repeat = idem
+        .call(&TAKEOVER, Some(&alice()), &args, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>("again".to_owned())
+        })
+        .await;
+    let waited = asked.elapsed();
+    assert_eq!(blocking.await.unwrap().unwrap().value, "blocked");
+    assert!(matches!(&repeat, Err(Error::Idem(code)) if code == "in_flight"), "{backend}: {repeat:?} after {waited:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}");
 }

@@ -781,7 +781,7 @@ async fn a_replica_whose_clock_runs_ahead_does_not_take_over_a_live_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_handler_keeps_its_lease() {
     let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
-    let idem = Idem::new(MemoryLedger::new()).with_lease(Duration::from_millis(300));
+    let idem = Idem::new(MemoryLedger::new()).with_lease(Duration::from_millis(600));
     let downstream = Arc::new(Dedupe::default());
     let blocking = {
         let (idem, downstream) = (idem.clone(), Arc::clone(&downstream));
@@ -789,13 +789,13 @@ async fn a_blocking_handler_keeps_its_lease() {
             idem.call(&recipe, Some(&alice()), &charge(42, "x"), || async {
                 tokio::task::yield_now().await;
                 let receipt = downstream.charge();
-                std::thread::sleep(Duration::from_millis(1200));
+                std::thread::sleep(Duration::from_millis(2400));
                 Ok::<_, ToolError>(receipt)
             })
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(1400)).await;
     let repeat = idem
         .call(&recipe, Some(&alice()), &charge(42, "x"), || async { Ok::<_, ToolError>(downstream.charge()) })
         .await;
