@@ -230,7 +230,7 @@ where
     }
 }
 
-/// A reconcile function that never finds anything (the type of [`no_reconcile`]).
+/// A reconcile function that never finds anything (the type of `no_reconcile`).
 pub type NoReconcile<T, E> = fn(Operation) -> std::future::Ready<Reconciled<T, E>>;
 
 /// The `reconcile` argument of [`run_mcp`] for recipes without one.

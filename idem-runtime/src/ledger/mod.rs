@@ -9,7 +9,20 @@
 //! | [`State::Unknown`] | an error whose outcome cannot be known, or a stale lease under `hold` | "outcome unknown" |
 //!
 //! Every backend implements [`Ledger::claim`] as one atomic step under a unique key — never a
-//! read followed by a write — and refuses a completion from anyone but the current holder.
+//! read followed by an unconditional write — and refuses a completion from anyone but the
+//! current holder.
+//!
+//! Times: a record's `window_end` ends the operation (a repeat after it is a new operation);
+//! its `expires_at` ends the record (the sweep may delete it). A completed record lives until
+//! its window ends or a grace after it settled, whichever is later; a failed one until its window
+//! ends; an unsettled one (in progress under a dead holder, or unknown) until its window ends
+//! plus a long unsettled retention. Once the window of an unsettled record has ended, a claim
+//! starts a new operation and keeps the old record aside (superseded) for the operator.
+//!
+//! Re-sends: a claim whose answer was lost may be sent again with the same token; the ledger
+//! answers it with how the first send won ([`Claim::Won`]'s `attempt` and the operation's
+//! `window_end`), so a takeover stays a takeover. [`Ledger::release`] undoes a claim whose answer
+//! never came, and only what that claim did.
 
 pub mod memory;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
