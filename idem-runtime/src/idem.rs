@@ -265,6 +265,9 @@ struct Inner {
     ledger_timeout_set: bool,
     /// This handle's clock against the ledger's.
     skew: Arc<std::sync::Mutex<Option<Skew>>>,
+    /// Set while one call measures the skew, so concurrent calls use the last measurement
+    /// instead of all asking the ledger at once.
+    measuring: Arc<AtomicBool>,
     /// Bounds the background ledger work (lost-claim releases, completion retries).
     background: Arc<tokio::sync::Semaphore>,
 }
@@ -315,6 +318,7 @@ impl Idem {
                 ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
                 ledger_timeout_set: false,
                 skew: Arc::default(),
+                measuring: Arc::default(),
                 background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_JOBS)),
             }),
         }
@@ -325,6 +329,7 @@ impl Idem {
         change(inner);
         // A new clock, ledger or lease makes the old skew measurement meaningless.
         inner.skew = Arc::default();
+        inner.measuring = Arc::default();
         self
     }
 
@@ -480,6 +485,14 @@ impl Idem {
             && local >= skew.at
             && local - skew.at < every
         {
+            return (local.saturating_add_signed(skew.offset), skew.trusted);
+        }
+        let measuring = Measuring::start(&self.inner.measuring);
+        if measuring.is_none()
+            && let Some(skew) = last
+        {
+            // Another call is measuring: the last measurement stands until it is done. (With none
+            // yet, every call measures: no time is stated on an unmeasured clock.)
             return (local.saturating_add_signed(skew.offset), skew.trusted);
         }
         let before = self.now_ms();
@@ -1039,6 +1052,21 @@ impl Idem {
                 return Ok(total);
             }
         }
+    }
+}
+
+/// The one skew measurement in flight; ends when dropped (also when its call is cancelled).
+struct Measuring<'a>(&'a AtomicBool);
+
+impl<'a> Measuring<'a> {
+    fn start(flag: &'a AtomicBool) -> Option<Self> {
+        flag.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).ok().map(|_| Self(flag))
+    }
+}
+
+impl Drop for Measuring<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
