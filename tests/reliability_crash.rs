@@ -36,7 +36,7 @@ static HOLD: Recipe = Recipe::new("rel_crash_charge", &["order_id"]).stale(Stale
 
 const POINTS: [&str; 3] = ["claim", "effect", "record"];
 const POLICIES: [StalePolicy; 3] = [StalePolicy::Takeover, StalePolicy::Reconcile, StalePolicy::Hold];
-const LEASE_MS: u64 = 200;
+const LEASE_MS: u64 = 600;
 /// Children alive at once.
 const PARALLEL: usize = 4;
 

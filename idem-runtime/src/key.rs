@@ -210,9 +210,10 @@ impl<'a> Fingerprint<'a> {
     pub fn differing(&self, stored_tags: &[[u8; 4]]) -> (Vec<String>, usize) {
         let mut differing = Vec::new();
         for (name, tag) in self.names.iter().zip(&self.tags) {
-            match stored_tags.iter().find(|stored| stored[..2] == tag[..2]) {
-                Some(stored) if stored == tag => {}
-                _ => differing.push((*name).to_owned()),
+            // Two names may share a 2-byte name tag: the argument is unchanged if any stored
+            // argument has its whole tag.
+            if !stored_tags.contains(tag) {
+                differing.push((*name).to_owned());
             }
         }
         let removed = stored_tags.iter().filter(|stored| !self.tags.iter().any(|tag| tag[..2] == stored[..2])).count();

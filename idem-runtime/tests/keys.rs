@@ -241,3 +241,26 @@ proptest! {
         prop_assert_ne!(key(&a, "s", "tool", args.clone()), key(&b, "s", "tool", args));
     }
 }
+
+/// Two argument names whose 2-byte name tags collide: a call compared with its own stored tags
+/// names no argument as differing (found by the long form of `reliability_hostile`, which named
+/// an unchanged argument when its name tag collided with another's).
+#[test]
+fn colliding_name_tags_never_name_an_unchanged_argument() {
+    let tag_of = |name: &str| {
+        let mut one = serde_json::Map::new();
+        one.insert(name.to_owned(), serde_json::json!(1));
+        let fingerprint = idem_runtime::Fingerprint::of(&one, &[]).unwrap();
+        [fingerprint.tags[0][0], fingerprint.tags[0][1]]
+    };
+    let mut seen = std::collections::HashMap::new();
+    let (a, b) = (0..100_000)
+        .map(|i| format!("n{i}"))
+        .find_map(|name| seen.insert(tag_of(&name), name.clone()).map(|earlier| (earlier, name)))
+        .expect("a 2-byte tag collides within 100,000 names");
+    let mut arguments = serde_json::Map::new();
+    arguments.insert(a.clone(), serde_json::json!("first value"));
+    arguments.insert(b.clone(), serde_json::json!(["another", 2]));
+    let fingerprint = idem_runtime::Fingerprint::of(&arguments, &[]).unwrap();
+    assert_eq!(fingerprint.differing(&fingerprint.tags), (Vec::<String>::new(), 0), "{a} and {b}");
+}
