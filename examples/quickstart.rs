@@ -54,6 +54,7 @@ impl HasIdem for Payments {
     }
 }
 
+#[idem_runtime::audit_idempotent]
 impl Payments {
     #[idempotent(key = "order_id, amount_cents", window = "15m")]
     async fn charge_card(

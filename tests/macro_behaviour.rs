@@ -1,5 +1,6 @@
 //! `#[idempotent]` handlers on the in-memory ledger, counting executions on the far side.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -44,6 +45,12 @@ struct Order {
     note: String,
 }
 
+/// A user type that shares its name with one of rmcp's extractors: an argument all the same.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Meta {
+    priority: u8,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Customer {
     id: u64,
@@ -63,6 +70,7 @@ impl HasIdem for Shop {
     }
 }
 
+#[idem_runtime::audit_idempotent]
 impl Shop {
     fn new(hold: bool) -> Self {
         Shop {
@@ -83,6 +91,48 @@ impl Shop {
         }
         let n = self.placed.fetch_add(1, Ordering::SeqCst) + 1;
         Ok(format!("placed #{n} for {} ({} cents)", order.order_id, order.amount_cents))
+    }
+}
+
+#[idem_runtime::audit_idempotent]
+impl Shop {
+    #[idempotent(key = "note_id")]
+    async fn annotate(&self, note_id: String, meta: Meta) -> Result<usize, ShopError> {
+        let _ = (note_id, meta);
+        Ok(self.placed.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    #[idempotent(key = "tags")]
+    async fn tag(&self, tags: BTreeSet<String>) -> Result<String, ShopError> {
+        let key = current_operation().expect("inside the handler").idempotency_key();
+        self.forwarded.lock().unwrap().push(key);
+        self.placed.fetch_add(1, Ordering::SeqCst);
+        Ok(tags.into_iter().collect::<Vec<_>>().join(","))
+    }
+
+    #[idempotent(key = "order_id")]
+    async fn place_shared(self: Arc<Self>, order_id: String) -> Result<usize, ShopError> {
+        let _ = order_id;
+        Ok(self.placed.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+}
+
+/// A handle taken by value (`self`).
+#[derive(Clone)]
+struct Desk(Arc<Shop>);
+
+impl HasIdem for Desk {
+    fn idem(&self) -> &Idem {
+        &self.0.idem
+    }
+}
+
+#[idem_runtime::audit_idempotent]
+impl Desk {
+    #[idempotent(key = "order_id")]
+    async fn place(self, order_id: String) -> Result<usize, ShopError> {
+        let _ = order_id;
+        Ok(self.0.placed.fetch_add(1, Ordering::SeqCst) + 1)
     }
 }
 
@@ -178,4 +228,43 @@ async fn free_functions_use_the_installed_handle_and_the_caller_in_scope() {
     let replayed = with_caller(bob, charge("tok".into(), 2_000_000, None)).await.unwrap_err();
     assert_eq!(replayed, ShopError::Declined, "a final error is replayed");
     assert_eq!(CHARGES.load(Ordering::SeqCst) - before, 1);
+}
+
+#[tokio::test]
+async fn a_user_type_named_like_an_extractor_is_part_of_the_fingerprint() {
+    let shop = Shop::new(false);
+    assert_eq!(shop.annotate("n-1".into(), Meta { priority: 1 }).await, Ok(1));
+    let error = shop.annotate("n-1".into(), Meta { priority: 2 }).await.unwrap_err();
+    let ShopError::Idem { code, message } = &error else { panic!("{error:?}") };
+    assert_eq!(code, "conflict", "a changed `meta` is not the same call: {message}");
+    assert!(message.contains("differing: meta"), "{message}");
+    assert_eq!(shop.placed.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_btreeset_argument_keys_identically_whatever_order_it_arrives_in() {
+    let shop = Shop::new(false);
+    // Sets deserialised from differently ordered JSON arrays, as two retries of one call arrive.
+    let first: BTreeSet<String> = serde_json::from_str(r#"["red", "green", "blue", "cyan"]"#).unwrap();
+    let again: BTreeSet<String> = serde_json::from_str(r#"["cyan", "blue", "red", "green"]"#).unwrap();
+    let a = shop.tag(first).await.unwrap();
+    let b = shop.tag(again).await.unwrap();
+    assert_eq!(a, b);
+    assert_eq!(shop.placed.load(Ordering::SeqCst), 1, "the second call is a replay");
+    let other: BTreeSet<String> = serde_json::from_str(r#"["red"]"#).unwrap();
+    shop.tag(other).await.unwrap();
+    let keys = shop.forwarded.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[0], keys[1], "a different set is a different key");
+}
+
+#[tokio::test]
+async fn arc_and_by_value_receivers_find_the_handle() {
+    let shop = Arc::new(Shop::new(false));
+    assert_eq!(Arc::clone(&shop).place_shared("o-1".into()).await, Ok(1));
+    assert_eq!(Arc::clone(&shop).place_shared("o-1".into()).await, Ok(1), "replayed");
+    let desk = Desk(Arc::clone(&shop));
+    assert_eq!(desk.clone().place("o-2".into()).await, Ok(2));
+    assert_eq!(desk.place("o-2".into()).await, Ok(2), "replayed");
+    assert_eq!(shop.placed.load(Ordering::SeqCst), 2);
 }

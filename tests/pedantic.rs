@@ -85,6 +85,23 @@ impl Shop {
         args.card
     }
 
+    /// Seven parameters of the user's own: the context parameter the macro adds is not counted
+    /// against them (`clippy::too_many_arguments`).
+    #[idempotent(key = "card")]
+    #[tool(description = "Charge with every extractor")]
+    async fn charge_everything(
+        &self,
+        Parameters(args): Parameters<Charge>,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+        peer: rmcp::Peer<rmcp::RoleServer>,
+        id: rmcp::handler::server::tool::RequestId,
+        tool: rmcp::handler::server::tool::ToolName,
+        _trace: rmcp::handler::server::tool::Extension<String>,
+    ) -> Result<String, ShopError> {
+        let _ = (context, peer, id, tool);
+        Ok(args.card)
+    }
+
     async fn check(&self, operation: Operation) -> Reconciled<String, ShopError> {
         // Stands in for asking the downstream about `operation.key()`.
         tokio::task::yield_now().await;
@@ -105,6 +122,13 @@ async fn charge(card: String, amount_cents: u64, memo: Option<String>) -> Result
 async fn charge_struct(idem: &Idem, args: &Charge) -> Result<u64, ShopError> {
     let _ = idem;
     Ok(args.amount_cents)
+}
+
+/// A user's `_x` parameter: the generated code does not read it by that name
+/// (`clippy::used_underscore_binding`). A one-line body.
+#[idempotent(key = "card")]
+async fn underscored(card: String, _trace: Option<String>) -> Result<String, ShopError> {
+    Ok(card)
 }
 
 /// A generic handler.
@@ -128,8 +152,8 @@ fn rmcp_tools_are_listed_with_their_hints() {
         .filter(|tool| tool.annotations.as_ref().and_then(|a| a.idempotent_hint) == Some(true))
         .map(|tool| tool.name.to_string())
         .collect();
-    assert_eq!(hinted, ["charge", "nickname", "refund"]);
-    assert_eq!(Shop::idem_backed_tools(), ["charge", "refund", "nickname"]);
+    assert_eq!(hinted, ["charge", "charge_everything", "nickname", "refund"]);
+    assert_eq!(Shop::idem_backed_tools(), ["charge", "refund", "nickname", "charge_everything"]);
     let _ = shop();
 }
 
@@ -141,5 +165,6 @@ async fn free_functions_run() {
     explicit.install();
     let caller = Caller::new("acme", "bob");
     assert_eq!(with_caller(caller.clone(), charge("tok".to_owned(), 5, None)).await, Ok(5));
+    assert_eq!(with_caller(caller.clone(), underscored("tok".to_owned(), None)).await, Ok("tok".to_owned()));
     assert_eq!(with_caller(caller, store(1, vec!["a".to_owned()])).await, Ok(vec!["a".to_owned()]));
 }

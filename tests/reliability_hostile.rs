@@ -760,6 +760,7 @@ impl HasIdem for Shop {
     }
 }
 
+#[idem_runtime::audit_idempotent]
 impl Shop {
     #[idempotent(key = "order_id")]
     async fn charge(&self, order_id: String, total: f64) -> Result<String, RelError> {

@@ -217,3 +217,70 @@ async fn tools_list_over_mcp_and_a_repeated_call_runs_once() {
     let second = wire.request(5, "tools/call", other).await;
     assert_eq!(text(&second).as_deref(), Some("order o-2 placed (#2)"), "{second}");
 }
+
+/// One server type, several `#[tool_router]` impls (named routers, added together).
+struct Desk {
+    idem: Idem,
+}
+
+impl HasIdem for Desk {
+    fn idem(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+#[tool_router]
+#[audit_idempotent]
+impl Desk {
+    #[idempotent(key = "order_id")]
+    #[tool(description = "Place an order")]
+    async fn place(&self, Parameters(order): Parameters<PlaceOrder>) -> Result<String, ShopError> {
+        Ok(order.order_id)
+    }
+}
+
+#[audit_idempotent]
+#[tool_router(router = admin_router)]
+impl Desk {
+    #[idempotent(inherent = "sets the status by order id; a repeat writes the same value")]
+    #[tool(description = "Set an order's status", annotations(idempotent_hint = true))]
+    async fn set_status(&self, Parameters(args): Parameters<SetStatus>) -> String {
+        format!("{} is {}", args.order_id, args.status)
+    }
+}
+
+/// No `#[idempotent]` here, so nothing obliges an audit: the startup audit is what catches it.
+#[tool_router(router = legacy_router)]
+impl Desk {
+    #[tool(description = "Resend an invoice", annotations(idempotent_hint = true))]
+    async fn resend(&self, Parameters(message): Parameters<Message>) -> String {
+        message.text
+    }
+}
+
+#[test]
+fn the_startup_audit_sees_the_recipes_of_every_audited_impl() {
+    let router = Desk::tool_router() + Desk::admin_router();
+    let served = idem_runtime::mcp::checked_router(router, &[]).expect("both hinted tools have recipes");
+    let mut names: Vec<String> = served.list_all().into_iter().map(|tool| tool.name.to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["idem_status", "place", "set_status"]);
+    assert_eq!(Desk::idem_backed_tools(), ["place"], "the default router's impl lists its own");
+
+    let with_legacy = Desk::tool_router() + Desk::admin_router() + Desk::legacy_router();
+    let refused = idem_runtime::mcp::checked_router(with_legacy, &[]).map(|_| ()).unwrap_err();
+    assert_eq!(refused.tools, ["resend"]);
+    let _ = Desk { idem: Idem::new(MemoryLedger::new()) }.idem;
+}
+
+#[test]
+fn a_tool_lists_the_recipe_that_backs_its_hint() {
+    let tools = Shop::tool_router().list_all();
+    let meta = |name: &str| {
+        let tool = tools.iter().find(|tool| tool.name == name).unwrap();
+        serde_json::to_value(&tool.meta).unwrap()
+    };
+    assert_eq!(meta("place_order"), json!({ "idem": { "key": ["order_id"] } }));
+    assert_eq!(meta("set_status"), json!({ "idem": { "inherent": true } }));
+    assert_eq!(meta("send_message"), Value::Null);
+}

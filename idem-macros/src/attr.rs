@@ -150,7 +150,12 @@ fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta) -> syn::Res
 
 /// Sets a string option from `option = "..."`; any other value is reported and skipped.
 fn set_string(cx: &mut Ctxt, meta: &ParseNestedMeta, span: Span, attr: &mut Attr<LitStr>) -> syn::Result<()> {
-    match meta.value()?.parse::<Expr>()? {
+    let mut value = meta.value()?.parse::<Expr>()?;
+    // A `$key:literal` or `$key:expr` from `macro_rules!` arrives in an invisible group.
+    while let Expr::Group(group) = value {
+        value = *group.expr;
+    }
+    match value {
         Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(lit), .. }) => {
             if let Err(error) = attr.set(span, lit) {
                 cx.push(error);

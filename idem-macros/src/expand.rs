@@ -21,32 +21,41 @@
 //! }
 //! ```
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
+use syn::{Attribute, FnArg, Ident, Pat, ReturnType, Type};
 
 use crate::attr::Ctxt;
+use crate::handler::Handler;
 use crate::tool::{ToolAttr, is_tool};
 use crate::valid::{ArgPath, Recipe, Stale};
 
-/// Handler parameters that are not tool arguments: rmcp's extractors, and idem's own handle and
-/// caller (passed in for `idem = ...` and `caller = ...`).
+/// Parameter types that are not tool arguments, by name: used only to guess which parameter is
+/// the arguments struct when one is not named. Whether a parameter is left out of the arguments
+/// is decided by its type (`idem_runtime::__private::Probe`), which a user type named like one of
+/// these cannot trip.
 const EXTRACTORS: &[&str] = &[
     "RequestContext",
     "Extension",
+    "Extensions",
     "Peer",
     "CancellationToken",
     "RequestId",
     "ToolName",
     "RequestMetaObject",
-    "Meta",
+    "RequestState",
+    "InputResponses",
     "Caller",
     "Idem",
 ];
 
+/// clippy's default `too_many_arguments` threshold.
+const CLIPPY_MAX_ARGUMENTS: usize = 7;
+
 /// Expands `#[idempotent]` on `item`, or records why it cannot.
-pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: ItemFn) -> TokenStream {
+pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream {
     check_async(cx, &item);
     let (tool_name, is_tool) = rewrite_tool_attr(cx, recipe, &mut item);
     if recipe.inherent.is_some() {
@@ -61,13 +70,32 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: ItemFn) -> TokenStream {
         );
         return TokenStream::new();
     };
+    if let Some(span) = find_ident(ret.to_token_stream(), "impl") {
+        cx.error(
+            span,
+            "an `#[idempotent]` handler's result is stored and decoded again for every repeat, so it needs a \
+             type that can be named: write the concrete type instead of `impl Trait`",
+        );
+        return TokenStream::new();
+    }
     let args = Arguments::collect(cx, recipe, &mut item);
     let body = wrap_body(recipe, &tool_name, &item, &args, &ret, is_tool);
-    item.block = Box::new(syn::parse_quote!({ #body }));
+    let mut group = Group::new(Delimiter::Brace, body);
+    group.set_span(item.body.span());
+    item.body = group;
     if is_tool {
         into_mcp_tool(recipe, &mut item, &ret);
     }
     item.into_token_stream()
+}
+
+/// The span of the first `name` among `tokens`, at any depth.
+fn find_ident(tokens: TokenStream, name: &str) -> Option<Span> {
+    tokens.into_iter().find_map(|token| match token {
+        proc_macro2::TokenTree::Ident(ident) if ident == name => Some(ident.span()),
+        proc_macro2::TokenTree::Group(group) => find_ident(group.stream(), name),
+        _ => None,
+    })
 }
 
 /// An rmcp tool reads its caller from the request context and returns idem's outcome, which
@@ -77,15 +105,20 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: ItemFn) -> TokenStream {
 /// // Input:  async fn charge(&self, p: Parameters<Charge>) -> Result<Receipt, E>
 /// // Output: async fn charge(&self, idem_context: Context, p: Parameters<Charge>) -> ToolOutcome<Result<Receipt, E>>
 /// ```
-fn into_mcp_tool(recipe: &Recipe, item: &mut ItemFn, ret: &Type) {
+fn into_mcp_tool(recipe: &Recipe, item: &mut Handler, ret: &Type) {
     let krate = &recipe.krate;
     let context = Ident::new("idem_context", Span::mixed_site());
     let position = usize::from(item.sig.receiver().is_some());
+    let written = item.sig.inputs.len();
     item.sig.inputs.insert(position, syn::parse_quote!(#context: #krate::mcp::Context));
     item.sig.output = syn::parse_quote!(-> #krate::mcp::ToolOutcome<#ret>);
+    // The context parameter is ours: clippy should not count it against the user's signature.
+    if written == CLIPPY_MAX_ARGUMENTS {
+        item.attrs.push(syn::parse_quote!(#[allow(clippy::too_many_arguments)]));
+    }
 }
 
-fn check_async(cx: &mut Ctxt, item: &ItemFn) {
+fn check_async(cx: &mut Ctxt, item: &Handler) {
     if item.sig.asyncness.is_some() {
         return;
     }
@@ -112,8 +145,8 @@ fn is_pin(ty: &Type) -> bool {
 
 /// Inserts `idempotent_hint = true` into a sibling `#[tool(...)]`, refusing contradictions, and
 /// returns the tool's name (`name =` of the recipe, then of `#[tool]`, then the fn's name).
-fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut ItemFn) -> (String, bool) {
-    let fn_name = item.sig.ident.to_string();
+fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut Handler) -> (String, bool) {
+    let fn_name = item.sig.ident.unraw().to_string();
     let explicit = recipe.name.as_ref().map(syn::LitStr::value);
     let Some(index) = item.attrs.iter().position(is_tool) else {
         return (explicit.unwrap_or(fn_name), false);
@@ -150,11 +183,40 @@ fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut ItemFn) -> (Stri
         let krate = &recipe.krate;
         tool.push(syn::parse_quote!(output_schema = #krate::mcp::output_schema::<#inner>()));
     }
+    // The tool's `_meta` says which recipe backs its hint, so the startup audit
+    // (`mcp::checked_router`) sees every audited impl's tools in whatever router holds them.
+    let krate = &recipe.krate;
+    let backing = if recipe.inherent.is_some() {
+        quote!(#krate::mcp::Backing::Inherent)
+    } else {
+        let keys = recipe.keys.iter().map(|key| &key.text);
+        quote!(#krate::mcp::Backing::Key(&[#(#keys),*]))
+    };
+    tool.stamp_meta(|user| match user {
+        Some(user) => quote!(#krate::mcp::backed_meta(::core::option::Option::Some(#user), #backing)),
+        None => quote!(#krate::mcp::backed_meta(::core::option::Option::None, #backing)),
+    });
     match tool.with_idempotent_hint(&item.attrs[index]) {
         Ok(rewritten) => item.attrs[index] = rewritten,
         Err(error) => cx.push(error),
     }
     (name, true)
+}
+
+/// A handler parameter as the key and the fingerprint see it.
+struct Param {
+    /// The name in the body of the generated code (the user's, or ours for a pattern).
+    binding: Ident,
+    /// The name in the fingerprint and in messages.
+    name: String,
+    /// Named by its type like an rmcp extractor: not a candidate for the arguments struct.
+    likely_extractor: bool,
+    /// A plain value (no named fields): not a candidate for the arguments struct.
+    plain: bool,
+    /// Its `#[cfg(...)]` attributes, repeated on every statement that reads it.
+    cfgs: Vec<Attribute>,
+    /// The user could name it in `key`, `ignore` or `task` (not a destructuring pattern).
+    nameable: bool,
 }
 
 /// How the handler's parameters feed the key and the fingerprint.
@@ -166,97 +228,207 @@ struct Arguments {
 }
 
 impl Arguments {
-    fn collect(cx: &mut Ctxt, recipe: &Recipe, item: &mut ItemFn) -> Self {
+    #[allow(clippy::too_many_lines)]
+    fn collect(cx: &mut Ctxt, recipe: &Recipe, item: &mut Handler) -> Self {
         let mut rebinds = Vec::new();
-        // (binding, is an rmcp extractor, is a plain value that has no fields to name)
-        let mut named: Vec<(Ident, bool, bool)> = Vec::new();
-        let mut params_struct: Option<TokenStream> = None;
+        let mut params: Vec<Param> = Vec::new();
+        let mut params_struct: Option<(TokenStream, Vec<Attribute>)> = None;
+        let ignored_param = |name: &str| recipe.ignore.iter().any(|path| path.text == name);
         for (index, input) in item.sig.inputs.iter_mut().enumerate() {
             let FnArg::Typed(typed) = input else { continue };
+            let cfgs: Vec<Attribute> = typed.attrs.iter().filter(|attr| attr.path().is_ident("cfg")).cloned().collect();
             let is_params = last_segment_is(&typed.ty, &["Parameters"]);
-            let binding = match &*typed.pat {
-                Pat::Ident(pat) if pat.subpat.is_none() && pat.by_ref.is_none() => pat.ident.clone(),
-                _ => {
+            let (binding, name, nameable) = match &*typed.pat {
+                Pat::Ident(pat) if pat.subpat.is_none() && pat.by_ref.is_none() => {
+                    let name = pat.ident.unraw().to_string();
+                    if name.starts_with('_') {
+                        // Read at the macro's own span, so that clippy's `used_underscore_binding`
+                        // does not blame the user's `_x` for what the macro reads.
+                        (Ident::new(&pat.ident.to_string(), Span::call_site()), name, true)
+                    } else {
+                        (pat.ident.clone(), name, true)
+                    }
+                }
+                pattern => {
                     // Give the parameter a name of ours and bind the user's pattern inside the body.
+                    let name = pattern.to_token_stream().to_string().replace(' ', "");
                     let ident = Ident::new(&format!("idem_param_{index}"), Span::mixed_site());
                     let pattern = std::mem::replace(&mut *typed.pat, syn::parse_quote!(#ident));
-                    rebinds.push(quote!(let #pattern = #ident;));
-                    ident
+                    rebinds.push(quote!(#(#cfgs)* let #pattern = #ident;));
+                    (ident, name, false)
                 }
             };
+            if !ignored_param(&name)
+                && let Some(span) = unordered_set(&typed.ty)
+            {
+                cx.error(
+                    span,
+                    format!(
+                        "a `HashSet` cannot be part of an idempotency key or fingerprint: each deserialised set \
+                         iterates in its own random order, so every retry would get a different key (a duplicate) \
+                         or a spurious conflict; use a `BTreeSet` for `{name}` (an `IndexSet` also works)"
+                    ),
+                );
+            }
+            if let Some(path) = paths_through_option(recipe, &name, &typed.ty) {
+                cx.error(
+                    path.span,
+                    format!(
+                        "`{name}` is an `Option`, so the key path `{}` may lead nowhere; key on `{name}` itself \
+                         (then `None` and each `Some` are different operations) or make `{name}` required",
+                        path.text
+                    ),
+                );
+            }
             if is_params && params_struct.is_none() {
-                params_struct = Some(quote!(#binding.0));
+                params_struct = Some((quote!(#binding.0), cfgs));
             } else {
-                named.push((binding, last_segment_is(&typed.ty, EXTRACTORS), is_plain_value(&typed.ty)));
+                params.push(Param {
+                    binding,
+                    name,
+                    likely_extractor: last_segment_is(&typed.ty, EXTRACTORS),
+                    plain: is_plain_value(&typed.ty),
+                    cfgs,
+                    nameable,
+                });
             }
         }
         // One argument that no path names is the handler's arguments struct: paths are its fields.
         // Not when it is a plain value (`order_id: String`): a path that does not name it is a
         // misspelt argument, and "no argument named" says so better than "no field on `String`".
-        let arguments: Vec<_> = named.iter().filter(|(_, extractor, _)| !extractor).collect();
+        let candidates: Vec<&Param> = params.iter().filter(|param| !param.likely_extractor).collect();
         let paths = || recipe.keys.iter().chain(&recipe.ignore).chain(&recipe.task);
+        let mut root_param: Option<String> = None;
         if params_struct.is_none()
-            && let [(single, _, false)] = arguments[..]
-            && !paths().any(|path| path.segments[0] == *single)
+            && let [single] = candidates[..]
+            && !single.plain
+            && single.nameable
+            && !paths().any(|path| path.text.split('.').next() == Some(single.name.as_str()))
         {
-            params_struct = Some(quote!(#single));
+            let binding = &single.binding;
+            params_struct = Some((quote!(#binding), single.cfgs.clone()));
+            root_param = Some(single.name.clone());
         }
         let args = Ident::new("idem_args", Span::mixed_site());
-        let mut statements = Vec::new();
-        let path_expr = |root: &TokenStream, path: &ArgPath| {
-            let segments = &path.segments;
-            quote_spanned!(path.span=> &#root #(.#segments)*)
+        let private = {
+            let krate = &recipe.krate;
+            quote!(#krate::__private)
         };
-        if let Some(root) = &params_struct {
-            statements.push(quote!(#args.all(&#root);));
+        let path_expr =
+            |root: &TokenStream, segments: &[Ident], span: Span| quote_spanned!(span=> &#root #(.#segments)*);
+        // `(&&&&&&Probe(&value)).idem_kind()`: the value's type decides what it is (see `Probe`).
+        let kind = |value: &TokenStream, span: Span| {
+            let probe = quote_spanned!(span=> #private::Probe(#value));
+            quote!((&&&&&&#probe).idem_kind())
+        };
+        let mut statements = vec![quote!(use #private::kinds::*;)];
+        let named = |param: &Param| param.nameable.then(|| param.name.clone());
+        if let Some((root, cfgs)) = &params_struct {
+            statements.push(quote!(#(#cfgs)* #args.all(&#root);));
             for key in &recipe.keys {
                 let text = &key.text;
-                let value = path_expr(root, key);
-                statements.push(quote!(#args.select(#text, #value);));
+                let value = path_expr(root, &key.segments, key.span);
+                let kind = kind(&value, key.span);
+                statements.push(quote!(#(#cfgs)* #kind.select(&mut #args, #text, #value);));
             }
             if let Some(task) = &recipe.task {
-                let value = path_expr(root, task);
-                statements.push(quote!(#args.task(#value);));
+                let value = path_expr(root, &task.segments, task.span);
+                statements.push(quote!(#(#cfgs)* #args.task(#value);));
             }
             for ignored in &recipe.ignore {
+                if params.iter().any(|param| {
+                    named(param).as_deref() == Some(ignored.text.as_str())
+                        && root_param.as_deref() != Some(ignored.text.as_str())
+                }) {
+                    continue; // another parameter, left out below
+                }
                 // Not read, only named, so that rustc checks the field exists (E0609 on the literal).
-                let value = path_expr(root, ignored);
-                statements.push(quote!(let _ = #value;));
+                let value = path_expr(root, &ignored.segments, ignored.span);
+                statements.push(quote!(#(#cfgs)* let _ = #value;));
+            }
+            // The other parameters: extractors are left out by type; anything else is an argument.
+            for param in &params {
+                if root_param.as_deref() == Some(param.name.as_str()) || ignored_param(&param.name) {
+                    continue;
+                }
+                statements.push(insert(&args, param, &kind));
             }
             return Self { statements, rebinds };
         }
-        let names: Vec<String> = named.iter().map(|(ident, _, _)| ident.to_string()).collect();
-        for path in recipe.keys.iter().chain(&recipe.ignore).chain(&recipe.task) {
-            let first = path.segments[0].to_string();
-            if !names.contains(&first) {
+        let names: Vec<String> = params.iter().filter_map(named).collect();
+        for path in paths() {
+            let first = path.text.split('.').next().unwrap_or_default();
+            if !names.iter().any(|name| name == first) {
                 let list = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
-                let options =
-                    if list.is_empty() { "it has none".to_owned() } else { format!("its arguments are {list}") };
+                let options = match (list.is_empty(), params.iter().any(|param| !param.nameable)) {
+                    (true, false) => "it has none".to_owned(),
+                    (true, true) => "it has no named ones (a destructured parameter cannot be named)".to_owned(),
+                    (false, false) => format!("its arguments are {list}"),
+                    (false, true) => {
+                        format!("its arguments are {list} (a destructured parameter cannot be named)")
+                    }
+                };
                 cx.error(path.span, format!("no argument named `{first}` in this handler; {options}"));
             }
         }
-        let ignored = |ident: &Ident| recipe.ignore.iter().any(|path| path.segments[0] == *ident);
-        for (ident, extractor, _) in &named {
-            if !extractor && !ignored(ident) {
-                let name = ident.to_string();
-                statements.push(quote!(#args.insert(#name, &#ident);));
+        for param in &params {
+            if !ignored_param(&param.name) {
+                statements.push(insert(&args, param, &kind));
             }
         }
+        let rooted = |path: &ArgPath| {
+            let param =
+                params.iter().find(|param| param.nameable && path.text.split('.').next() == Some(param.name.as_str()));
+            param.map(|param| {
+                // The whole path at the literal, so rustc's errors about it underline the literal.
+                let mut root = param.binding.clone();
+                root.set_span(path.span.resolved_at(root.span()));
+                let root = root.to_token_stream();
+                (path_expr(&root, &path.segments[1..], path.span), param.cfgs.clone())
+            })
+        };
         for key in &recipe.keys {
-            let root = key.segments[0].to_token_stream();
-            let rest = ArgPath { text: key.text.clone(), segments: key.segments[1..].to_vec(), span: key.span };
-            let value = path_expr(&root, &rest);
+            let Some((value, cfgs)) = rooted(key) else { continue };
             let text = &key.text;
-            statements.push(quote!(#args.select(#text, #value);));
+            let kind = kind(&value, key.span);
+            statements.push(quote!(#(#cfgs)* #kind.select(&mut #args, #text, #value);));
         }
-        if let Some(task) = &recipe.task {
-            let root = task.segments[0].to_token_stream();
-            let rest = ArgPath { text: task.text.clone(), segments: task.segments[1..].to_vec(), span: task.span };
-            let value = path_expr(&root, &rest);
-            statements.push(quote!(#args.task(#value);));
+        if let Some(task) = &recipe.task
+            && let Some((value, cfgs)) = rooted(task)
+        {
+            statements.push(quote!(#(#cfgs)* #args.task(#value);));
         }
         Self { statements, rebinds }
     }
+}
+
+/// `idem_args.insert("name", &value)` for an argument, nothing for an extractor: by type.
+fn insert(args: &Ident, param: &Param, kind: &dyn Fn(&TokenStream, Span) -> TokenStream) -> TokenStream {
+    let binding = &param.binding;
+    let span = binding.span().resolved_at(Span::mixed_site());
+    let span = if param.nameable { param.binding.span() } else { span };
+    let value = quote_spanned!(span=> &#binding);
+    let kind = kind(&value, span);
+    let name = &param.name;
+    let cfgs = &param.cfgs;
+    quote!(#(#cfgs)* #kind.insert(&mut #args, #name, #value);)
+}
+
+/// A key or task path that reaches into the parameter `name` of type `Option<...>`.
+fn paths_through_option<'a>(recipe: &'a Recipe, name: &str, ty: &Type) -> Option<&'a ArgPath> {
+    if !last_segment_is(ty, &["Option"]) {
+        return None;
+    }
+    recipe
+        .keys
+        .iter()
+        .chain(&recipe.task)
+        .find(|path| path.segments.len() > 1 && path.text.split('.').next() == Some(name))
+}
+
+/// Where `ty` names a `HashSet` (at any depth: `Option<HashSet<_>>`, `Vec<HashSet<_>>`).
+fn unordered_set(ty: &Type) -> Option<Span> {
+    find_ident(ty.to_token_stream(), "HashSet")
 }
 
 /// Whether `ty` is a value with no named fields (a string, a number, a collection), so that it
@@ -299,7 +471,7 @@ fn last_segment_is(ty: &Type, names: &[&str]) -> bool {
     matches!(ty, Type::Path(path) if path.path.segments.last().is_some_and(|s| names.iter().any(|n| s.ident == n)))
 }
 
-fn wrap_body(recipe: &Recipe, tool_name: &str, item: &ItemFn, args: &Arguments, ret: &Type, mcp: bool) -> TokenStream {
+fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments, ret: &Type, mcp: bool) -> TokenStream {
     let krate = &recipe.krate;
     let private = quote!(#krate::__private);
     let recipe_tokens = recipe_expr(recipe, tool_name);
@@ -313,7 +485,8 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &ItemFn, args: &Arguments, 
             // Spanned at the receiver, so "does not give methods an `Idem` handle" points at `&self`.
             let span = item.sig.receiver().map_or_else(Span::call_site, |receiver| receiver.self_token.span);
             let has_idem = respan(quote!(#krate::HasIdem::idem), span);
-            quote_spanned!(span=> ::core::option::Option::Some(#private::handle(#has_idem(self))))
+            let receiver = receiver_ref(item);
+            quote_spanned!(span=> ::core::option::Option::Some(#private::handle(#has_idem(#receiver))))
         }
         (None, false) => quote!(#private::installed()),
     };
@@ -323,9 +496,12 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &ItemFn, args: &Arguments, 
     };
     let statements = &args.statements;
     let rebinds = &args.rebinds;
-    let block = &item.block;
+    // The body's statements go straight into the async block, not as a nested `{ ... }`: a
+    // one-line body would otherwise draw `unused_braces` with a suggestion that does not compile.
+    let (inner_attrs, body) = item.body_parts();
     let handler = quote! {
         move || async move {
+            #inner_attrs
             #(#rebinds)*
             #[allow(
                 unknown_lints,
@@ -340,7 +516,7 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &ItemFn, args: &Arguments, 
                 let idem_fake_return: #ret = loop {};
                 return idem_fake_return;
             }
-            #block
+            #body
         }
     };
     // rustc reports the unmet bounds of `run` (the return type must be a `Result` of a storable
@@ -374,6 +550,21 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &ItemFn, args: &Arguments, 
         #(#statements)*
         let #handle: ::core::option::Option<#krate::Idem> = #handle_expr;
         #run
+    }
+}
+
+/// `self` as a `&Self`, whatever the receiver: `&self`, `self`, `self: Arc<Self>`, `self: Pin<&mut Self>`.
+fn receiver_ref(item: &Handler) -> TokenStream {
+    let Some(receiver) = item.sig.receiver() else { return quote!(self) };
+    let self_token = receiver.self_token;
+    match &receiver.kind {
+        syn::ReceiverKind::Value => quote!(&#self_token),
+        syn::ReceiverKind::Typed(_, ty) => match &**ty {
+            Type::Path(path) if path.qself.is_none() && path.path.is_ident("Self") => quote!(&#self_token),
+            Type::Reference(_) => quote!(#self_token),
+            _ => quote!(&*#self_token),
+        },
+        _ => quote!(#self_token),
     }
 }
 

@@ -79,6 +79,21 @@ impl ToolAttr {
         self.args.push(meta);
     }
 
+    /// Replaces `meta = expr` by `stamp(Some(expr))`, or adds `meta = stamp(None)`.
+    pub fn stamp_meta(&mut self, stamp: impl FnOnce(Option<&Expr>) -> proc_macro2::TokenStream) {
+        for meta in &mut self.args {
+            if let Meta::NameValue(nv) = meta
+                && nv.path.is_ident("meta")
+            {
+                let stamped = stamp(Some(&nv.value));
+                nv.value = syn::parse_quote!(#stamped);
+                return;
+            }
+        }
+        let stamped = stamp(None);
+        self.args.push(syn::parse_quote!(meta = #stamped));
+    }
+
     /// The attribute with `idempotent_hint = true` in its annotations (added if absent).
     pub fn with_idempotent_hint(mut self, original: &Attribute) -> syn::Result<Attribute> {
         if self.idempotent.is_none() {

@@ -1,6 +1,7 @@
 //! Validate: turn the parsed [`Args`] into a [`Recipe`] the expansion can trust.
 
 use proc_macro2::Span;
+use syn::ext::IdentExt;
 use syn::{Expr, Ident, LitStr, Path};
 
 use crate::attr::{Args, Ctxt};
@@ -150,9 +151,9 @@ fn path_list(cx: &mut Ctxt, lit: &LitStr, option: &str) -> Vec<ArgPath> {
         }
         let mut segments = Vec::new();
         for segment in text.split('.') {
-            match syn::parse_str::<Ident>(segment.trim()) {
-                Ok(ident) if segment.trim() == segment => segments.push(Ident::new(&ident.to_string(), span)),
-                _ => {
+            match field_name(segment, span) {
+                Some(ident) => segments.push(ident),
+                None => {
                     cx.error(
                         span,
                         format!(
@@ -168,6 +169,9 @@ fn path_list(cx: &mut Ctxt, lit: &LitStr, option: &str) -> Vec<ArgPath> {
         if segments.is_empty() {
             continue;
         }
+        // The serialised name: serde writes `r#type` as `type`.
+        let text = segments.iter().map(|segment| segment.unraw().to_string()).collect::<Vec<_>>().join(".");
+        let text = text.as_str();
         if paths.iter().any(|path| path.text == text) {
             cx.error(span, format!("`{text}` appears twice in `{option}`; name each argument once"));
             continue;
@@ -175,6 +179,25 @@ fn path_list(cx: &mut Ctxt, lit: &LitStr, option: &str) -> Vec<ArgPath> {
         paths.push(ArgPath { text: text.to_owned(), segments, span });
     }
     paths
+}
+
+/// A field or argument name from a key path, spanned at the literal: `order_id`, or a keyword
+/// written plainly (`type`) or raw (`r#type`), which becomes the raw identifier `r#type`.
+/// `None` for anything that cannot name a field (and never a panic: `Ident::new` would).
+fn field_name(segment: &str, span: Span) -> Option<Ident> {
+    if segment.trim() != segment {
+        return None;
+    }
+    let name = segment.strip_prefix("r#").unwrap_or(segment);
+    if matches!(name, "" | "self" | "Self" | "super" | "crate" | "_") {
+        return None;
+    }
+    if let Ok(mut ident) = syn::parse_str::<Ident>(name) {
+        ident.set_span(span);
+        return Some(ident);
+    }
+    let raw = syn::parse_str::<Ident>(&format!("r#{name}")).ok()?;
+    Some(Ident::new_raw(&raw.unraw().to_string(), span))
 }
 
 fn window(cx: &mut Ctxt, lit: &LitStr) -> Option<u64> {

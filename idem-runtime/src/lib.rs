@@ -113,6 +113,7 @@ pub use window::{WindowError, parse_window};
 /// struct Payments { idem: Idem }
 /// impl HasIdem for Payments { fn idem(&self) -> &Idem { &self.idem } }
 ///
+/// #[idem_runtime::audit_idempotent]
 /// impl Payments {
 ///     #[idempotent(key = "card, amount_cents", window = "15m", ignore = "note", stale = "takeover")]
 ///     async fn charge_card(&self, charge: Charge) -> Result<String, ChargeError> {
@@ -154,8 +155,9 @@ pub use window::{WindowError, parse_window};
 ///
 /// Above `#[tool(...)]`, the attribute inserts `idempotent_hint = true` into its
 /// `annotations(...)`, and refuses `idempotent_hint = false` or `read_only_hint = true` beside a
-/// recipe. Below `#[tool]` it fails and says to move it. Put [`audit_idempotent`] on the
-/// `#[tool_router]` impl so a tool that claims the hint without a recipe does not compile.
+/// recipe. Below `#[tool]` it fails and says to move it. A method with `#[idempotent]` compiles
+/// only in an impl marked [`audit_idempotent`], so a tool that claims the hint without a recipe
+/// cannot sit beside it unnoticed.
 ///
 /// # Compile-time checks
 ///
@@ -169,7 +171,8 @@ pub use idem_macros::idempotent;
 /// Audits a `#[tool_router]` impl: a tool whose annotations say `idempotent_hint = true` (the
 /// bare word `idempotent_hint` counts) must carry `#[idempotent(key = ...)]` or
 /// `#[idempotent(inherent = "...")]`, or the impl does not compile. Works above or below
-/// `#[tool_router]`. (A compiled example is `tests/ui/pass/` in the repository: this crate does
+/// `#[tool_router]`, and is required on every impl that uses `#[idempotent]` on a method. A type
+/// may have several audited impls (rmcp's named routers). (A compiled example is `tests/ui/pass/` in the repository: this crate does
 /// not depend on rmcp.)
 ///
 /// ```text

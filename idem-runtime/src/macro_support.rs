@@ -239,3 +239,158 @@ pub type NoReconcile<T, E> = fn(Operation) -> std::future::Ready<Reconciled<T, E
 pub const fn no_reconcile<T, E>() -> Option<NoReconcile<T, E>> {
     None
 }
+
+/// Which handler parameters are arguments, decided by type (never by a type's name, which a
+/// user type could share): the generated code calls
+/// `(&&&&&&Probe(&value)).idem_kind().insert(&mut arguments, "name", &value)`, and method
+/// resolution picks the first impl that applies, in this order (autoref specialisation):
+///
+/// 1. rmcp's raw arguments map (`JsonObject`): an argument;
+/// 2. idem's own handle and caller (`Idem`, `Caller`): left out;
+/// 3. rmcp's extractors (what rmcp's own `FromContextPart` builds from the request context):
+///    left out;
+/// 4. a `HashSet`, whose serialised order differs from one deserialisation to the next: refused;
+/// 5. anything `Serialize`: an argument;
+/// 6. anything else: refused, with a message that names the fixes.
+pub struct Probe<'a, T: ?Sized>(pub &'a T);
+
+/// An argument: serialised into the key or the fingerprint.
+pub struct Serialized;
+/// Not an argument (an extractor, idem's handle or caller): left out.
+pub struct Skipped;
+/// A `HashSet`: refused at compile time.
+pub struct Unordered;
+/// Not `Serialize`: refused at compile time.
+pub struct Unserializable;
+
+/// Level 1: rmcp's raw arguments map.
+pub trait RawArgumentsKind {
+    /// The tag for this level.
+    fn idem_kind(&self) -> Serialized {
+        Serialized
+    }
+}
+#[cfg(feature = "rmcp")]
+impl RawArgumentsKind for &&&&&Probe<'_, rmcp::model::JsonObject> {}
+
+/// Level 2: idem's own handle and caller.
+pub trait IdemKind {
+    /// The tag for this level.
+    fn idem_kind(&self) -> Skipped {
+        Skipped
+    }
+}
+impl<T: IdemParameter + ?Sized> IdemKind for &&&&Probe<'_, T> {}
+
+/// idem's own parameters (`idem = ...`, `caller = ...`), never part of the arguments.
+pub trait IdemParameter {}
+impl IdemParameter for Idem {}
+impl IdemParameter for Caller {}
+impl<T: IdemParameter + ?Sized> IdemParameter for &T {}
+
+/// Level 3: rmcp's extractors.
+pub trait ExtractorKind {
+    /// The tag for this level.
+    fn idem_kind(&self) -> Skipped {
+        Skipped
+    }
+}
+#[cfg(feature = "rmcp")]
+impl<T> ExtractorKind for &&&Probe<'_, T> where
+    T: rmcp::handler::server::common::FromContextPart<rmcp::handler::server::tool::ToolCallContext<'static, AnyServer>>
+{
+}
+
+/// Stands for the server type when asking whether a type is one of rmcp's extractors.
+#[cfg(feature = "rmcp")]
+pub struct AnyServer;
+
+/// Level 4: a `HashSet`.
+pub trait UnorderedKind {
+    /// The tag for this level.
+    fn idem_kind(&self) -> Unordered {
+        Unordered
+    }
+}
+impl<T, S> UnorderedKind for &&Probe<'_, std::collections::HashSet<T, S>> {}
+
+/// Level 5: a serialisable argument.
+pub trait SerializedKind {
+    /// The tag for this level.
+    fn idem_kind(&self) -> Serialized {
+        Serialized
+    }
+}
+impl<T: Serialize + ?Sized> SerializedKind for &Probe<'_, T> {}
+
+/// Level 6: anything else.
+pub trait UnserializableKind {
+    /// The tag for this level.
+    fn idem_kind(&self) -> Unserializable {
+        Unserializable
+    }
+}
+impl<T: ?Sized> UnserializableKind for Probe<'_, T> {}
+
+impl Serialized {
+    /// A named argument.
+    pub fn insert<T: Serialize + ?Sized>(self, arguments: &mut Arguments, name: &str, value: &T) {
+        arguments.insert(name, value);
+    }
+    /// A key path's value.
+    pub fn select<T: Serialize + ?Sized>(self, arguments: &mut Arguments, path: &str, value: &T) {
+        arguments.select(path, value);
+    }
+}
+
+impl Skipped {
+    /// Not an argument: nothing to record.
+    pub fn insert<T: ?Sized>(self, _: &mut Arguments, _: &str, _: &T) {}
+    /// Named by a key path: then it is part of the key after all, and must serialise.
+    pub fn select<T: Serialize + ?Sized>(self, arguments: &mut Arguments, path: &str, value: &T) {
+        arguments.select(path, value);
+    }
+}
+
+/// Never implemented: the message of a `HashSet` argument.
+#[diagnostic::on_unimplemented(
+    message = "a `HashSet` cannot be part of an idempotency key or fingerprint: its serialised order changes \
+               from one call to the next",
+    label = "this argument is a `HashSet`",
+    note = "each deserialised `HashSet` iterates in its own random order, so every retry would get a different \
+            key (a duplicate) or a spurious conflict: use a `BTreeSet` (or an `IndexSet`, which keeps the order \
+            it was sent in)"
+)]
+pub trait OrderedCollection {}
+
+impl Unordered {
+    /// Refused: see [`OrderedCollection`].
+    pub fn insert<T: OrderedCollection + ?Sized>(self, _: &mut Arguments, _: &str, _: &T) {}
+    /// Refused: see [`OrderedCollection`].
+    pub fn select<T: OrderedCollection + ?Sized>(self, _: &mut Arguments, _: &str, _: &T) {}
+}
+
+/// Never implemented: the message of an argument that cannot be serialised.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of an idempotency key or fingerprint: it does not implement \
+               `serde::Serialize`",
+    label = "this argument is serialised into the key or the fingerprint",
+    note = "if it is part of the call, derive `serde::Serialize` for it; if it is a dependency (a database \
+            handle, a client, a config), leave it out with `#[idempotent(ignore = \"...\")]` naming this argument"
+)]
+pub trait KeyArgument {}
+
+impl Unserializable {
+    /// Refused: see [`KeyArgument`].
+    pub fn insert<T: KeyArgument + ?Sized>(self, _: &mut Arguments, _: &str, _: &T) {}
+    /// Refused: see [`KeyArgument`].
+    pub fn select<T: KeyArgument + ?Sized>(self, _: &mut Arguments, _: &str, _: &T) {}
+}
+
+/// The kind traits, for the generated `use` (their methods share a name on purpose).
+pub mod kinds {
+    pub use super::{
+        ExtractorKind as _, IdemKind as _, RawArgumentsKind as _, SerializedKind as _, UnorderedKind as _,
+        UnserializableKind as _,
+    };
+}

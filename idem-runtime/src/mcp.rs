@@ -243,9 +243,39 @@ impl std::fmt::Display for AuditError {
 
 impl std::error::Error for AuditError {}
 
-/// The startup audit: every tool `router` lists with `idempotentHint: true` must be one of
-/// `backed` (the tools with a recipe or inherent reason; `#[audit_idempotent]` generates
-/// `Self::idem_backed_tools()`), tools added by hand included.
+/// What backs a tool's `idempotentHint: true`, as `#[idempotent]` records it in the tool's
+/// `_meta.idem` (`{"key": ["card", "amount_cents"]}` or `{"inherent": true}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backing {
+    /// A key recipe over these argument paths.
+    Key(&'static [&'static str]),
+    /// A naturally idempotent tool, with a written reason.
+    Inherent,
+}
+
+/// The `_meta` `#[idempotent]` gives a tool: the user's own (`#[tool(meta = ...)]`), plus
+/// `idem: {"key": [...]}` or `idem: {"inherent": true}`.
+#[must_use]
+pub fn backed_meta(meta: Option<MetaObject>, backing: Backing) -> MetaObject {
+    let mut meta = meta.unwrap_or_else(|| MetaObject(JsonObject::new()));
+    let idem = match backing {
+        Backing::Key(paths) => json!({ "key": paths }),
+        Backing::Inherent => json!({ "inherent": true }),
+    };
+    meta.0.insert("idem".to_owned(), idem);
+    meta
+}
+
+/// Whether a tool's `_meta` says a recipe backs it (see [`backed_meta`]).
+fn backed_by_recipe(tool: &Tool) -> bool {
+    let idem = tool.meta.as_ref().and_then(|meta| meta.0.get("idem"));
+    idem.is_some_and(|idem| idem.get("key").is_some_and(Value::is_array) || idem.get("inherent") == Some(&json!(true)))
+}
+
+/// The startup audit: every tool `router` lists with `idempotentHint: true` must be backed by a
+/// recipe — an `#[idempotent]` tool (its `_meta.idem` says so, from whichever audited impl or
+/// named router it came) or one of `backed` (tools added by hand that `Idem::call` protects).
 ///
 /// # Errors
 /// The offending tools.
@@ -254,7 +284,7 @@ pub fn audit<S: Send + Sync + 'static>(router: &ToolRouter<S>, backed: &[&str]) 
         .list_all()
         .into_iter()
         .filter(|tool| tool.annotations.as_ref().is_some_and(|a| a.idempotent_hint == Some(true)))
-        .filter(|tool| !backed.contains(&tool.name.as_ref()))
+        .filter(|tool| !backed.contains(&tool.name.as_ref()) && !backed_by_recipe(tool))
         .map(|tool| tool.name.to_string())
         .collect();
     if tools.is_empty() { Ok(()) } else { Err(AuditError { tools }) }

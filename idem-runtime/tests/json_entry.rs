@@ -295,6 +295,7 @@ impl HasIdem for Shop {
     }
 }
 
+#[idem_runtime::audit_idempotent]
 impl Shop {
     fn new() -> Self {
         Shop { idem: Idem::new(MemoryLedger::new()).with_local_caller(alice()), downstream: Downstream::default() }

@@ -15,6 +15,7 @@ impl IdempotentError for ShopError {
 
 struct Shop;
 
+#[idem_runtime::audit_idempotent]
 impl Shop {
     #[idempotent(key = "order_id")]
     async fn place(&self, order_id: String) -> Result<String, ShopError> {

@@ -4,7 +4,7 @@
 /// What a re-exporting crate's `lib.rs` holds.
 mod toolkit {
     pub use idem_runtime;
-    pub use idem_runtime::{ErrorClass, HasIdem, Idem, IdempotentError, Rejection, idempotent};
+    pub use idem_runtime::{ErrorClass, HasIdem, Idem, IdempotentError, Rejection, audit_idempotent, idempotent};
 }
 
 use serde::{Deserialize, Serialize};
@@ -39,6 +39,7 @@ impl toolkit::HasIdem for Shop {
 mod handlers {
     use super::{Shop, ShopError, toolkit};
 
+    #[toolkit::audit_idempotent]
     impl Shop {
         #[toolkit::idempotent(key = "order_id", stale = "takeover", scope = "tenant", crate = toolkit::idem_runtime)]
         pub async fn cancel(&self, order_id: String) -> Result<String, ShopError> {

@@ -65,6 +65,16 @@ async fn charge(card: String, amount_cents: u64, memo: Option<String>) -> Result
     Ok(amount_cents)
 }
 
+/// A one-line body: no `unused_braces` (whose suggested fix would not compile).
+#[idempotent(key = "id")]
+async fn one_line(id: u64) -> Result<u64, ShopError> { Ok(id) }
+
+/// A parameter compiled out by `#[cfg]` is not read by the generated code.
+#[idempotent(key = "card")]
+async fn with_cfg(card: String, #[cfg(any())] trace: String) -> Result<String, ShopError> {
+    Ok(card)
+}
+
 #[idempotent(key = "card")]
 async fn charge_struct(args: Charge) -> Result<u64, ShopError> {
     Ok(args.amount_cents)
@@ -74,5 +84,7 @@ fn main() {
     let shop = Shop { idem: Idem::new(idem_runtime::MemoryLedger::new()) };
     let _ = (Shop::tool_router(), Shop::idem_backed_tools(), shop.idem);
     drop(charge(String::new(), 1, None));
+    drop(one_line(1));
+    drop(with_cfg(String::new()));
     drop(charge_struct(Charge { card: String::new(), amount_cents: 1, memo: None }));
 }

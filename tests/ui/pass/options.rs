@@ -98,6 +98,7 @@ struct Backoffice {
     operator: Caller,
 }
 
+#[audit_idempotent]
 impl Backoffice {
     #[idempotent(key = "order_id", idem = self.ledger, caller = self.operator)]
     async fn cancel(&self, order_id: String) -> Result<String, ChargeError> {

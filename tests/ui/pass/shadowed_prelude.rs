@@ -73,6 +73,7 @@ impl HasIdem for Shop {
     }
 }
 
+#[::idem_runtime::audit_idempotent]
 impl Shop {
     #[idempotent(key = "order_id", caller = ::idem_runtime::Caller::new("acme", "ops"))]
     async fn cancel(&self, order_id: u64) -> Result<u64> {
