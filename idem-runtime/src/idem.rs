@@ -265,8 +265,7 @@ struct Inner {
     ledger_timeout_set: bool,
     /// This handle's clock against the ledger's.
     skew: Arc<std::sync::Mutex<Option<Skew>>>,
-    /// Set while one call measures the skew, so concurrent calls use the last measurement
-    /// instead of all asking the ledger at once.
+    /// Set while a background measurement of the skew runs, so calls start at most one.
     measuring: Arc<AtomicBool>,
     /// Bounds the background ledger work (lost-claim releases, completion retries).
     background: Arc<tokio::sync::Semaphore>,
@@ -281,6 +280,8 @@ struct Skew {
     offset: i64,
     /// Whether times corrected by it can be acted on (see [`ClaimRequest::clock_trusted`]).
     trusted: bool,
+    /// The ledger keeps no clock: every handle on it shares this process's, for good.
+    clockless: bool,
 }
 
 impl std::fmt::Debug for Idem {
@@ -474,34 +475,47 @@ impl Idem {
         *self.inner.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Now on the ledger's clock, and whether it can be acted on. Measures the skew against the
-    /// ledger's clock when the last measurement is older than a third of the lease: one extra
-    /// statement per handle that often, never per call.
+    /// Now on the ledger's clock, and whether it can be acted on. The first call measures the
+    /// skew against the ledger's clock; after that a measurement older than a third of the lease
+    /// is refreshed in the background (one extra statement per handle that often, never per
+    /// call, and never on a call's path), and one older than the whole lease is not acted on.
     async fn ledger_time(&self) -> (u64, bool) {
         let local = self.now_ms();
-        let every = millis(self.inner.lease / 3).max(1);
+        let skew = match self.skew() {
+            Some(skew) if skew.clockless => return (local, true),
+            Some(skew) => Some(skew),
+            None => None,
+        };
+        let Some(skew) = skew else {
+            // Every call measures until one measurement exists: no time is stated on an
+            // unmeasured clock.
+            let skew = self.measure().await;
+            return (self.now_ms().saturating_add_signed(skew.offset), skew.trusted);
+        };
+        let age = local.saturating_sub(skew.at);
+        if age >= millis(self.inner.lease / 3).max(1)
+            && let Some(measuring) = Measuring::start(&self.inner.measuring)
+        {
+            let idem = self.clone();
+            tokio::spawn(async move {
+                let _measuring = measuring;
+                idem.measure().await;
+            });
+        }
+        let fresh = age < millis(self.inner.lease).max(1);
+        (local.saturating_add_signed(skew.offset), skew.trusted && fresh)
+    }
+
+    /// Measures this handle's clock against the ledger's, and keeps the measurement.
+    async fn measure(&self) -> Skew {
         let last = self.skew();
-        if let Some(skew) = last
-            && local >= skew.at
-            && local - skew.at < every
-        {
-            return (local.saturating_add_signed(skew.offset), skew.trusted);
-        }
-        let measuring = Measuring::start(&self.inner.measuring);
-        if measuring.is_none()
-            && let Some(skew) = last
-        {
-            // Another call is measuring: the last measurement stands until it is done. (With none
-            // yet, every call measures: no time is stated on an unmeasured clock.)
-            return (local.saturating_add_signed(skew.offset), skew.trusted);
-        }
         let before = self.now_ms();
         let answer = self.bounded(self.inner.ledger.now()).await;
         let after = self.now_ms();
         let quarter = millis(self.inner.lease / 4);
         let skew = match answer {
             // The ledger keeps no clock of its own: every handle on it shares this process's.
-            Ok(None) => Skew { at: after, offset: 0, trusted: true },
+            Ok(None) => Skew { at: after, offset: 0, trusted: true, clockless: true },
             Ok(Some(ledger)) => {
                 let midpoint = before / 2 + after / 2;
                 let offset = i64::try_from(i128::from(ledger) - i128::from(midpoint)).unwrap_or(0);
@@ -517,15 +531,15 @@ impl Idem {
                         no takeovers or window ends are acted on until it is"
                     );
                 }
-                Skew { at: after, offset, trusted: !uncertain && !jumped }
+                Skew { at: after, offset, trusted: !uncertain && !jumped, clockless: false }
             }
             Err(error) => {
                 tracing::warn!(%error, "could not read the ledger's clock; no takeovers until it can be read");
-                Skew { at: after, offset: last.map_or(0, |skew| skew.offset), trusted: false }
+                Skew { at: after, offset: last.map_or(0, |skew| skew.offset), trusted: false, clockless: false }
             }
         };
         *self.inner.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(skew);
-        (after.saturating_add_signed(skew.offset), skew.trusted)
+        skew
     }
 
     /// Ledger time `after` from now.
@@ -1055,16 +1069,16 @@ impl Idem {
     }
 }
 
-/// The one skew measurement in flight; ends when dropped (also when its call is cancelled).
-struct Measuring<'a>(&'a AtomicBool);
+/// The one background skew measurement in flight; ends when dropped.
+struct Measuring(Arc<AtomicBool>);
 
-impl<'a> Measuring<'a> {
-    fn start(flag: &'a AtomicBool) -> Option<Self> {
-        flag.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).ok().map(|_| Self(flag))
+impl Measuring {
+    fn start(flag: &Arc<AtomicBool>) -> Option<Self> {
+        flag.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).ok().map(|_| Self(Arc::clone(flag)))
     }
 }
 
-impl Drop for Measuring<'_> {
+impl Drop for Measuring {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
     }
