@@ -311,6 +311,19 @@ pub async fn release_undoes_only_its_own_claim(ledger: Arc<dyn Ledger>) {
     claim(&*ledger, &held).await;
     complete(&*ledger, &held, Outcome::Completed(b"done".to_vec())).await;
     assert_eq!(ledger.release(&held.key, held.token).await, Err(LedgerError::Fenced), "a settled record stays");
+
+    // A fresh claim whose lapsed lease `hold` turned unknown before the release landed: only
+    // its own (never run) handler could have acted, so it is released to failed all the same.
+    let orphan = request(T0);
+    claim(&*ledger, &orphan).await;
+    assert_eq!(claim(&*ledger, &repeat(&orphan, T0 + LEASE + 1)).await, Claim::Unknown);
+    ledger.release(&orphan.key, orphan.token).await.expect("the orphan's claimer releases it");
+    assert_eq!(claim(&*ledger, &repeat(&orphan, T0 + LEASE + 2)).await.won(), Some(Won::Fresh));
+    // But an unknown record its holder recorded itself is never released by a stranger.
+    let recorded = request(T0);
+    claim(&*ledger, &recorded).await;
+    complete(&*ledger, &recorded, Outcome::Unknown).await;
+    assert_eq!(ledger.release(&recorded.key, Token::random()).await, Err(LedgerError::Fenced));
 }
 
 /// A claimer whose clock is not known to agree with the ledger's acts on no time: a lapsed

@@ -448,10 +448,27 @@ async fn outage(test: &str, url: &str, fault: Fault) {
 /// and the handler's run counter; the lost call's own answer has been checked.
 async fn lose_a_claim_answer(test: &str) -> Option<(Idem, Caller, Value, String, Arc<AtomicUsize>)> {
     let (url, direct) = support::connect("postgres", test).await?;
-    let proxy = Arc::new(Proxy::start(through(&url, 1).1));
-    let (proxied, _) = through(&url, proxy.port);
-    let through_proxy = Idem::new(SeaOrmLedger::connect(&proxied).await.unwrap()).with_lease(LEASE);
     let idem = Idem::new(direct).with_lease(LEASE);
+    // The scenario needs the claim to reach the server whole, which holds only when the pool
+    // hands the call its warmed connection (one whose statements are prepared: sqlx waits for
+    // the answer to a first `Parse`, which the blackhole swallows). When it hands out another,
+    // nothing reaches the server: set the scene again (it happened about one run in three
+    // before issue 10 too).
+    for _ in 0..5 {
+        if let Some(lost) = try_to_lose_a_claim_answer(&url, &idem).await {
+            return Some(lost);
+        }
+    }
+    panic!("the lost claim never reached the server in five tries");
+}
+
+async fn try_to_lose_a_claim_answer(url: &str, idem: &Idem) -> Option<(Idem, Caller, Value, String, Arc<AtomicUsize>)> {
+    let proxy = Arc::new(Proxy::start(through(url, 1).1));
+    let (proxied, _) = through(url, proxy.port);
+    // The ledger's clock is read locally: a clock read through the proxy (idem refreshes its
+    // skew in the background every third of a lease) would take the warmed connection.
+    let ledger = SeaOrmLedger::connect_without_migrating(&proxied).await.unwrap().with_clock(idem_runtime::SystemClock);
+    let through_proxy = Idem::new(ledger).with_lease(LEASE);
     let caller = Caller::new(unique("rel-ack-tenant"), "loader");
     let runs = Arc::new(AtomicUsize::new(0));
     let order = unique("order");
@@ -479,10 +496,15 @@ async fn lose_a_claim_answer(test: &str) -> Option<(Idem, Caller, Value, String,
     };
     // The claim is committed on the server while its answer is being swallowed.
     let reference = key_of(&caller, &order).reference().to_string();
-    let committed = support::poll(Duration::from_secs(10), || async {
+    let committed = support::poll(Duration::from_secs(5), || async {
         idem.status(&caller, &reference).await.unwrap().map(|status| status.state)
     })
     .await;
+    if committed.is_none() {
+        proxy.cut();
+        pending.abort();
+        return None;
+    }
     assert_eq!(committed, Some(State::InProgress), "the claim committed on the server");
     // The outage: the connection is cut and stays down for a moment (as outages do).
     proxy.cut();
@@ -494,7 +516,7 @@ async fn lose_a_claim_answer(test: &str) -> Option<(Idem, Caller, Value, String,
     let RelError::Rejected { message, .. } = &error else { unreachable!() };
     assert!(message.contains("nothing was executed") && message.contains("safe to retry"), "{message}");
     assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing was executed");
-    Some((idem, caller, arguments, reference, runs))
+    Some((idem.clone(), caller, arguments, reference, runs))
 }
 
 /// After a lost claim answer the caller is told the truth (`ledger_unavailable`, nothing ran),

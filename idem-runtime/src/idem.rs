@@ -34,6 +34,8 @@ pub const DEFAULT_VERDICT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long an operation that never settled (unknown, or in progress under a dead holder) is
 /// kept past its window for an operator, before the sweep may delete it.
 pub const DEFAULT_UNSETTLED_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How many times a lost claim's release is tried.
+const RELEASE_TRIES: u32 = 8;
 /// How many background ledger jobs (releasing a lost claim, retrying a completion) one handle
 /// runs at once; past this, a lost claim is left to its lease.
 const BACKGROUND_JOBS: usize = 32;
@@ -863,9 +865,9 @@ impl Idem {
     /// The claim may have committed before its answer was lost. Undo it — fenced by our token,
     /// and only what it did: a fresh claim becomes failed, a takeover gives its lease back — so
     /// the retry the caller was told is safe runs instead of hearing "in flight" although
-    /// nothing ran. In the background, a few times over at most one lease, and stopping at the
-    /// first answer; at most [`BACKGROUND_JOBS`] at once per handle, past which the claim is
-    /// left to run out its lease.
+    /// nothing ran. In the background, at most [`RELEASE_TRIES`] times with growing pauses,
+    /// stopping at the first answer; at most [`BACKGROUND_JOBS`] at once per handle, past which
+    /// the claim is left to run out its lease.
     fn release_lost_claim(&self, request: &ClaimRequest) {
         let (key, token) = (request.key, request.token);
         let Ok(permit) = Arc::clone(&self.inner.background).try_acquire_owned() else {
@@ -875,9 +877,10 @@ impl Idem {
         let idem = self.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let deadline = tokio::time::Instant::now() + idem.inner.lease;
-            let mut pause = idem.inner.lease / 16;
-            loop {
+            // A few tries, spread over about a lease (and at least a few seconds, for a ledger
+            // coming back from an outage).
+            let mut pause = (idem.inner.lease / 16).max(Duration::from_millis(20));
+            for attempt in 1..=RELEASE_TRIES {
                 match idem.bounded(idem.inner.ledger.release(&key, token)).await {
                     Ok(()) => {
                         tracing::info!(reference = %key.reference(), "released a claim whose answer was lost");
@@ -885,14 +888,13 @@ impl Idem {
                     }
                     // Nothing of ours to undo: the claim never committed, or is someone else's.
                     Err(LedgerError::Fenced) => return,
-                    Err(_) if tokio::time::Instant::now() + pause < deadline => {
-                        tokio::time::sleep(pause).await;
-                        pause *= 2;
-                    }
-                    Err(error) => {
+                    Err(error) if attempt == RELEASE_TRIES => {
                         tracing::warn!(reference = %key.reference(), %error, "could not release a lost claim; \
                             it runs out its lease");
-                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(2));
                     }
                 }
             }

@@ -248,12 +248,19 @@ impl Ledger for MemoryLedger {
 
     fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
         let result = match self.lock().current.get_mut(key) {
+            // A fresh claim becomes failed (nothing ran) — also once `hold` turned its lapsed
+            // lease "unknown", which only its own unrun handler could have been.
+            Some(record)
+                if record.token == token
+                    && record.attempt == Won::Fresh
+                    && record.state != State::Completed
+                    && record.state != State::Failed =>
+            {
+                record.settle(State::Failed, None, 0);
+                Ok(())
+            }
             Some(record) if record.token == token && record.state == State::InProgress => {
-                if record.attempt == Won::Fresh {
-                    record.settle(State::Failed, None, 0);
-                } else {
-                    record.lease_until = 0;
-                }
+                record.lease_until = 0;
                 Ok(())
             }
             _ => Err(LedgerError::Fenced),

@@ -497,8 +497,10 @@ pub trait Ledger: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(), LedgerError>>;
 
     /// Undoes a claim whose answer was lost, and only what that claim did: a fresh claim
-    /// becomes failed (nothing ran), a takeover goes back to an in-progress record under a
-    /// lapsed lease, so the tool's stale policy still applies to the operation.
+    /// becomes failed (nothing ran) — also if `hold` has meanwhile turned its lapsed lease
+    /// "unknown", since only its own handler, which never ran, could have acted — and a takeover
+    /// goes back to an in-progress record under a lapsed lease, so the tool's stale policy still
+    /// applies to the operation.
     /// [`LedgerError::Fenced`] if `token` holds no in-progress claim (it never committed, or was
     /// superseded): there is nothing to undo.
     fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>>;

@@ -445,14 +445,15 @@ impl SeaOrmLedger {
 
     async fn release_now(&self, key: &Key, token: Token) -> Result<(), LedgerError> {
         let backend = self.backend();
-        // A fresh claim becomes failed (nothing ran); a takeover only gives its lease back, so
-        // the operation stays in progress under a lapsed lease and its stale policy applies.
+        // A fresh claim becomes failed (nothing ran) — also once `hold` turned its lapsed lease
+        // "unknown", which only its own unrun handler could have been; a takeover only gives its
+        // lease back, so the operation stays in progress and its stale policy applies.
         let sql = sql(
             backend,
             "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
              expires_at = CASE WHEN attempt = 0 THEN window_end ELSE expires_at END, \
              lease_until = CASE WHEN attempt = 0 THEN lease_until ELSE 0 END \
-             WHERE key = ? AND token = ? AND state = 1",
+             WHERE key = ? AND token = ? AND (state = 1 OR (state = 4 AND attempt = 0))",
         );
         let values = vec![key_value(key), token_value(token)];
         let done = self.db.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(failed)?;
