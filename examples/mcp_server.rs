@@ -263,7 +263,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ledger = SeaOrmLedger::from_env().await?;
     let local = std::env::var("IDEM_LOCAL_CALLER").unwrap_or_else(|_| "local:user".to_owned());
     let (tenant, subject) = local.split_once(':').ok_or("IDEM_LOCAL_CALLER must be `tenant:subject`")?;
+    // Keys are keyed with IDEM_SECRET, or on the SQLite default with a secret kept beside the
+    // ledger file; on PostgreSQL or MySQL without IDEM_SECRET this stops here and says how.
     let idem = Idem::new(ledger);
+    idem.check_secret()?;
     let delay = options.processor_delay;
     match options.http {
         None => {

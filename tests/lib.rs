@@ -88,3 +88,25 @@ pub async fn durable(
         }
     }
 }
+
+/// The secret every test handle on a shared database keys with: fixed, so separate processes
+/// (a crash test's child, a restarted server) and separate handles agree, as replicas must.
+///
+/// # Panics
+/// Never: the bytes are long enough.
+#[must_use]
+pub fn test_secret() -> idem_runtime::Secret {
+    idem_runtime::Secret::new(1, &[0x5e; 32]).expect("32 bytes")
+}
+
+/// A handle on `ledger` keyed with [`test_secret`] (PostgreSQL and MariaDB have no default).
+#[must_use]
+pub fn idem(ledger: impl idem_runtime::Ledger) -> idem_runtime::Idem {
+    idem_runtime::Idem::new(ledger).with_secret(test_secret())
+}
+
+/// A handle on a shared ledger keyed with [`test_secret`].
+#[must_use]
+pub fn idem_shared(ledger: std::sync::Arc<dyn idem_runtime::Ledger>) -> idem_runtime::Idem {
+    idem_runtime::Idem::from_shared(ledger).with_secret(test_secret())
+}

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use idem_runtime::ledger::{
     BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, State, StatusReport, Token, Won,
 };
-use idem_runtime::{Caller, Clock, Idem, Key, MemoryLedger, Recipe, Ref, StalePolicy, SystemClock, TenantTag};
+use idem_runtime::{Caller, Clock, Key, MemoryLedger, Recipe, Ref, StalePolicy, SystemClock, TenantTag};
 use serde_json::json;
 use support::scale;
 use support::{RelError, unique};
@@ -217,8 +217,8 @@ async fn late_holder_through_idem(backend: &str) {
     let (mut b_stored, mut a_answers, mut violations) = (0, BTreeMap::new(), Vec::new());
     for round in 0..rounds {
         let paused: Arc<dyn Ledger> = Arc::new(Paused(Arc::clone(&ledger)));
-        let replica_a = Idem::from_shared(paused).with_lease(std::time::Duration::from_millis(300));
-        let replica_b = Idem::from_shared(Arc::clone(&ledger));
+        let replica_a = idem_tests::idem_shared(paused).with_lease(std::time::Duration::from_millis(300));
+        let replica_b = idem_tests::idem_shared(Arc::clone(&ledger));
         let caller = Caller::new(unique("rel-fence-tenant"), "agent");
         let arguments = json!({ "order_id": unique("order") });
         let (claimed_tx, claimed) = tokio::sync::oneshot::channel();

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+use std::sync::OnceLock;
 
 use crate::canonical::CanonicalError;
 use crate::clock::{Clock, SystemClock};
@@ -17,6 +18,7 @@ use crate::ledger::{Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolutio
 use crate::recipe::{Recipe, ScopeRule};
 use crate::rejection::{ErrorClass, IdempotentError, Rejection};
 use crate::scope::{Caller, Scope};
+use crate::secret::{Secret, SecretError};
 
 /// How long a record lives when its recipe sets no window.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -88,7 +90,7 @@ impl Operation {
     #[must_use]
     pub fn idempotency_key(&self) -> String {
         let mut hasher = Sha256::new();
-        hasher.update(b"idem/v1/operation\0");
+        hasher.update(b"idem/v2/operation\0");
         hasher.update(self.key.as_bytes());
         hasher.update(self.window_end.to_be_bytes());
         hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect()
@@ -260,6 +262,12 @@ struct Inner {
     unsettled_retention: Duration,
     max_result_bytes: usize,
     local_caller: Option<Caller>,
+    /// The secret given in code, if any (else `IDEM_SECRET`, else the ledger's default).
+    secret: Option<Secret>,
+    /// Previous secrets given in code, still honoured for operations recorded under them.
+    previous: Vec<Secret>,
+    /// The secrets in use, resolved on first use.
+    keyring: Arc<OnceLock<Result<Arc<Keyring>, SecretError>>>,
     ledger_timeout: Duration,
     /// Whether the ledger timeout was set by hand (then a lease too short for it is refused).
     ledger_timeout_set: bool,
@@ -312,6 +320,9 @@ impl Idem {
                 unsettled_retention: DEFAULT_UNSETTLED_RETENTION,
                 max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
                 local_caller: None,
+                secret: None,
+                previous: Vec::new(),
+                keyring: Arc::default(),
                 ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
                 ledger_timeout_set: false,
                 skew: Arc::default(),
@@ -325,6 +336,7 @@ impl Idem {
         change(inner);
         // A new clock, ledger or lease makes the old skew measurement meaningless.
         inner.skew = Arc::default();
+        inner.keyring = Arc::default();
         self
     }
 
@@ -424,6 +436,75 @@ impl Idem {
     #[must_use]
     pub fn with_local_caller(self, caller: Caller) -> Self {
         self.configure(|inner| inner.local_caller = Some(caller))
+    }
+
+    /// Keys every operation with `secret` (HMAC-SHA256), instead of the one in `IDEM_SECRET` or
+    /// the ledger's default. Every replica on one ledger must use the same secret.
+    ///
+    /// Without one: `IDEM_SECRET` (`<version>:<hex>`, at least 32 bytes, see [`crate::secret`]);
+    /// else a [`MemoryLedger`](crate::MemoryLedger) uses a random secret per process, and the
+    /// embedded SQLite default one it generates once and keeps beside its file (owner-only);
+    /// PostgreSQL and MySQL refuse — check at startup with [`Idem::check_secret`].
+    #[must_use]
+    pub fn with_secret(self, secret: Secret) -> Self {
+        self.configure(|inner| inner.secret = Some(secret))
+    }
+
+    /// Also honours `secret`, a previous one, for operations recorded under it: during a
+    /// rotation a repeat of an operation made under the old secret is answered from that record
+    /// (replayed, in flight, unknown) rather than run again. Keep it until the longest window
+    /// (or retention) of operations made under it has run; see [`crate::secret`] for the steps.
+    #[must_use]
+    pub fn with_previous_secret(self, secret: Secret) -> Self {
+        self.configure(|inner| inner.previous.push(secret))
+    }
+
+    /// Whether this handle has a secret to key operations with; call it at startup so a missing
+    /// or malformed secret stops the server instead of refusing every call.
+    ///
+    /// # Errors
+    /// No secret is configured and the ledger has no default (PostgreSQL, MySQL), or a
+    /// configured one is malformed, or the SQLite default's secret file cannot be used.
+    pub fn check_secret(&self) -> Result<(), SecretError> {
+        self.keyring().map(|_| ())
+    }
+
+    /// The secrets in use: resolved once per configuration.
+    fn keyring(&self) -> Result<Arc<Keyring>, SecretError> {
+        self.inner.keyring.get_or_init(|| self.resolve_keyring().map(Arc::new)).clone()
+    }
+
+    fn resolve_keyring(&self) -> Result<Keyring, SecretError> {
+        let (current, mut previous) = match &self.inner.secret {
+            Some(secret) => (secret.clone(), Vec::new()),
+            None => match crate::secret::from_env()? {
+                Some(configured) => configured,
+                None => (self.inner.ledger.default_secret()?, Vec::new()),
+            },
+        };
+        previous.extend(self.inner.previous.iter().cloned());
+        Ok(Keyring { current, previous })
+    }
+
+    /// The key a call of `recipe` by `caller` with `arguments` (a JSON object, as for
+    /// [`Idem::call`]) has under this handle's current secret: what the handler would see as
+    /// [`Operation::key`], and whose [`Key::reference`] the caller would be given. For operators
+    /// and tests; a secret-less derivation does not exist.
+    ///
+    /// # Errors
+    /// As [`Idem::call`] refuses: no secret, invalid arguments, a missing task id.
+    pub fn key_of(&self, recipe: &Recipe, caller: &Caller, arguments: &Value) -> Result<Key, Rejection> {
+        let keyring = self.keyring().map_err(|error| no_secret(&error))?;
+        let arguments = CallArguments::from_json(recipe, arguments)?;
+        let scope = scope_of(recipe, caller, &arguments)?;
+        Key::derive(&keyring.current, self.namespace(recipe), &scope, recipe.tool(), &arguments.selected)
+            .map_err(|error| Rejection::InvalidArguments { error })
+    }
+
+    /// The namespace `recipe`'s keys are derived in.
+    #[allow(clippy::unused_self)]
+    fn namespace<'a>(&'a self, _recipe: &'a Recipe) -> &'a str {
+        DEFAULT_NAMESPACE
     }
 
     /// Makes this the process-wide handle that `#[idempotent]` free functions run under
@@ -595,11 +676,21 @@ impl Idem {
     {
         let tool = recipe.tool();
         let arguments = arguments?;
+        let keyring = self.keyring().map_err(|error| no_secret(&error))?;
+        let caller = self.caller(caller)?;
+        let scope = scope_of(recipe, &caller, &arguments)?;
         let (now, clock_trusted) = self.ledger_time().await;
-        let (request, fingerprint) = self.prepare(recipe, caller, &arguments, now, clock_trusted)?;
+        let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
+        let (mut request, mut fingerprint) = self.prepare(&keyring.current, &at)?;
+        let mut claim = self.claim(&request).await?;
+        if matches!(claim, Claim::Won { attempt: Won::Fresh, .. })
+            && let Some(earlier) = self.earlier_operation(&keyring, &at, &request).await?
+        {
+            (request, fingerprint, claim) = earlier;
+        }
         let key = request.key;
         let reference = key.reference();
-        let (attempt, window_end) = match self.claim(&request).await? {
+        let (attempt, window_end) = match claim {
             Claim::Won { attempt, window_end } => (attempt, window_end),
             Claim::Replay { result } => {
                 tracing::info!(tool, %reference, "replay");
@@ -689,49 +780,42 @@ impl Idem {
             if ambiguous {
                 self.release_lost_claim(request);
             }
-            Rejection::LedgerUnavailable { detail: error.to_string() }
+            unavailable(&error)
         })
     }
 
-    /// Derives the claim for a call at ledger time `now`, or the rejection that stops it before
-    /// the ledger.
+    /// The caller of a call: the one given, else the one in scope ([`with_caller`]), else the
+    /// local identity; none: refused.
+    fn caller<'c>(&self, caller: Option<&'c Caller>) -> Result<std::borrow::Cow<'c, Caller>, Rejection> {
+        match caller {
+            Some(caller) => Ok(std::borrow::Cow::Borrowed(caller)),
+            None => CALLER
+                .try_with(Clone::clone)
+                .ok()
+                .or_else(|| self.inner.local_caller.clone())
+                .map(std::borrow::Cow::Owned)
+                .ok_or(Rejection::NoCaller),
+        }
+    }
+
+    /// Derives the claim for a call under `secret`, or the rejection that stops it before the
+    /// ledger.
     fn prepare<'a>(
         &self,
-        recipe: &Recipe,
-        caller: Option<&Caller>,
-        arguments: &'a CallArguments<'_>,
-        now: u64,
-        clock_trusted: bool,
+        secret: &Secret,
+        at: &Derive<'_, 'a, '_>,
     ) -> Result<(ClaimRequest, Fingerprint<'a>), Rejection> {
-        let caller = match caller {
-            Some(caller) => std::borrow::Cow::Borrowed(caller),
-            None => std::borrow::Cow::Owned(
-                CALLER
-                    .try_with(Clone::clone)
-                    .ok()
-                    .or_else(|| self.inner.local_caller.clone())
-                    .ok_or(Rejection::NoCaller)?,
-            ),
-        };
         let invalid = |error| Rejection::InvalidArguments { error };
-        let scope = match (recipe.scope_rule(), &arguments.task) {
-            (ScopeRule::Tenant, _) => Scope::tenant(&caller),
-            (ScopeRule::Task(_), Some(task)) if !task.is_null() => Scope::task(&caller, task.clone()),
-            (ScopeRule::Task(path), _) => {
-                return Err(invalid(CanonicalError::Invalid {
-                    message: format!("the task id argument `{path}` is missing; the key's scope needs it"),
-                }));
-            }
-            _ => Scope::caller(&caller),
-        };
-        let (all, selected) = (&*arguments.all, &arguments.selected);
-        let key = Key::derive(&scope, recipe.tool(), selected).map_err(invalid)?;
-        let fingerprint = Fingerprint::of(all, recipe.ignored()).map_err(invalid)?;
+        let recipe = at.recipe;
+        let (all, selected) = (&*at.arguments.all, &at.arguments.selected);
+        let key = Key::derive(secret, self.namespace(recipe), at.scope, recipe.tool(), selected).map_err(invalid)?;
+        let fingerprint = Fingerprint::of(secret, all, recipe.ignored()).map_err(invalid)?;
         let window = recipe.window_duration().unwrap_or(self.inner.retention);
+        let now = at.now;
         let window_end = clamp(now.saturating_add(millis(window)));
         let request = ClaimRequest {
             key,
-            tenant: scope.tenant_tag(),
+            tenant: at.scope.tenant_tag(secret),
             fingerprint: fingerprint.digest,
             arg_tags: fingerprint.tags.clone(),
             token: Token::random(),
@@ -740,9 +824,64 @@ impl Idem {
             expires_at: clamp(window_end.saturating_add(millis(self.inner.unsettled_retention))),
             lease_until: clamp(now.saturating_add(millis(self.inner.lease))),
             stale: recipe.stale_policy(),
-            clock_trusted,
+            clock_trusted: at.clock_trusted,
         };
         Ok((request, fingerprint))
+    }
+
+    /// After a fresh claim under the current secret: an operation recorded under a previous
+    /// secret (before a rotation) that is still live is this call's operation. The fresh claim
+    /// is given back and the call is answered by that record. `None`: there is none.
+    ///
+    /// Every replica claims first and looks second, so of two replicas keying one operation
+    /// under different secrets at once, at least one sees the other's claim and yields; if both
+    /// do, neither runs and the caller is told to ask again.
+    async fn earlier_operation<'a>(
+        &self,
+        keyring: &Keyring,
+        at: &Derive<'_, 'a, '_>,
+        claimed: &ClaimRequest,
+    ) -> Result<Option<(ClaimRequest, Fingerprint<'a>, Claim)>, Rejection> {
+        for secret in &keyring.previous {
+            let (request, fingerprint) = self.prepare(secret, at)?;
+            let found = match self.bounded(self.inner.ledger.lookup(&request.key, at.now)).await {
+                Ok(found) => found,
+                Err(error) => {
+                    tracing::error!(reference = %claimed.key.reference(), %error, "ledger unavailable; handler not run");
+                    self.give_back(claimed).await;
+                    return Err(unavailable(&error));
+                }
+            };
+            let live = found.is_some_and(|report| match report.state {
+                crate::ledger::State::Completed => true,
+                crate::ledger::State::InProgress | crate::ledger::State::Unknown => report.window_end > at.now,
+                _ => false,
+            });
+            if !live {
+                continue;
+            }
+            tracing::info!(reference = %request.key.reference(), version = secret.version(),
+                "the operation was recorded under a previous secret; answering from that record");
+            self.give_back(claimed).await;
+            let claim = self.claim(&request).await?;
+            if matches!(claim, Claim::Won { attempt: Won::Fresh, .. }) {
+                // It settled as "nothing happened" meanwhile, or its claimer yielded to ours:
+                // running now could race a replica that keys it under the other secret.
+                self.give_back(&request).await;
+                return Err(Rejection::InFlight { reference: request.key.reference() });
+            }
+            return Ok(Some((request, fingerprint, claim)));
+        }
+        Ok(None)
+    }
+
+    /// Gives a fresh claim back (it becomes "failed": nothing ran), in the background if the
+    /// ledger does not answer at once.
+    async fn give_back(&self, request: &ClaimRequest) {
+        match self.bounded(self.inner.ledger.release(&request.key, request.token)).await {
+            Ok(()) | Err(LedgerError::Fenced) => {}
+            Err(_) => self.release_lost_claim(request),
+        }
     }
 
     /// Runs `future` (the handler, or a reconcile function) while a task of its own renews the
@@ -1004,9 +1143,15 @@ impl Idem {
     /// A malformed ref, or the ledger's failure.
     pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
         let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
-        let tenant = crate::key::TenantTag::of(caller.tenant());
+        let keyring = self.keyring().map_err(StatusError::Secret)?;
         let (now, _) = self.ledger_time().await;
-        self.inner.ledger.status(tenant, reference, now).await.map_err(StatusError::Ledger)
+        for secret in keyring.all() {
+            let tenant = crate::key::TenantTag::of(secret, caller.tenant());
+            if let Some(report) = self.inner.ledger.status(tenant, reference, now).await.map_err(StatusError::Ledger)? {
+                return Ok(Some(report));
+            }
+        }
+        Ok(None)
     }
 
     /// Settles an unknown (or dead-holder) operation of the caller's tenant: the operator path
@@ -1017,10 +1162,18 @@ impl Idem {
     /// A malformed ref, no such operation, or one that is not unknown.
     pub async fn resolve(&self, caller: &Caller, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
         let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
-        let tenant = crate::key::TenantTag::of(caller.tenant());
+        let keyring = self.keyring().map_err(StatusError::Secret)?;
         let (now, _) = self.ledger_time().await;
         let keep_until = clamp(now.saturating_add(millis(self.inner.verdict_retention)));
-        self.inner.ledger.resolve(tenant, reference, resolution, now, keep_until).await.map_err(StatusError::Ledger)
+        let mut answer = Err(LedgerError::NotFound);
+        for secret in keyring.all() {
+            let tenant = crate::key::TenantTag::of(secret, caller.tenant());
+            answer = self.inner.ledger.resolve(tenant, reference, resolution.clone(), now, keep_until).await;
+            if answer != Err(LedgerError::NotFound) {
+                break;
+            }
+        }
+        answer.map_err(StatusError::Ledger)
     }
 
     /// Deletes expired records, `batch` at a time, until none are left; returns how many.
@@ -1059,6 +1212,8 @@ pub enum StatusError {
     Ref(RefError),
     /// The ledger failed or refused.
     Ledger(LedgerError),
+    /// The handle has no usable secret.
+    Secret(SecretError),
 }
 
 impl std::fmt::Display for StatusError {
@@ -1066,6 +1221,7 @@ impl std::fmt::Display for StatusError {
         match self {
             Self::Ref(error) => error.fmt(f),
             Self::Ledger(error) => error.fmt(f),
+            Self::Secret(error) => error.fmt(f),
         }
     }
 }
@@ -1078,6 +1234,59 @@ fn decode<T: DeserializeOwned, E: IdempotentError>(bytes: &[u8], reference: Ref)
         Ok(Stored::Err(error)) => Ok(Err(error)),
         Err(error) => Err(Rejection::UnreadableResult { reference, detail: error.to_string() }),
     }
+}
+
+/// The namespace of keys when none is configured.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The secrets a handle keys with.
+#[derive(Debug)]
+struct Keyring {
+    /// New operations are keyed with this one.
+    current: Secret,
+    /// Operations recorded under these are still found.
+    previous: Vec<Secret>,
+}
+
+impl Keyring {
+    fn all(&self) -> impl Iterator<Item = &Secret> {
+        std::iter::once(&self.current).chain(&self.previous)
+    }
+}
+
+/// What a claim is derived from, apart from the secret.
+struct Derive<'r, 'a, 's> {
+    recipe: &'r Recipe,
+    scope: &'s Scope,
+    arguments: &'a CallArguments<'a>,
+    now: u64,
+    clock_trusted: bool,
+}
+
+/// The scope `recipe` keys a call of `caller` in.
+fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArguments<'_>) -> Result<Scope, Rejection> {
+    Ok(match (recipe.scope_rule(), &arguments.task) {
+        (ScopeRule::Tenant, _) => Scope::tenant(caller),
+        (ScopeRule::Task(_), Some(task)) if !task.is_null() => Scope::task(caller, task.clone()),
+        (ScopeRule::Task(path), _) => {
+            return Err(Rejection::InvalidArguments {
+                error: CanonicalError::Invalid {
+                    message: format!("the task id argument `{path}` is missing; the key's scope needs it"),
+                },
+            });
+        }
+        _ => Scope::caller(caller),
+    })
+}
+
+/// The refusal of a call on a handle without a usable secret: nothing runs unkeyed.
+fn no_secret(error: &SecretError) -> Rejection {
+    tracing::error!(%error, "no usable idem secret; handler not run");
+    Rejection::LedgerUnavailable { detail: error.to_string() }
+}
+
+fn unavailable(error: &LedgerError) -> Rejection {
+    Rejection::LedgerUnavailable { detail: error.to_string() }
 }
 
 /// A call's arguments, split the way a recipe needs them.

@@ -1,7 +1,8 @@
 //! `idem` makes an agent tool call safe to repeat.
 //!
 //! A tool handler annotated with [`idempotent`] derives an idempotency key on the server
-//! (caller scope + tool + canonicalised chosen arguments, SHA-256), claims it in a [`Ledger`]
+//! (namespace + caller scope + tool + canonicalised chosen arguments, HMAC-SHA256 under a server
+//! [`Secret`]), claims it in a [`Ledger`]
 //! before its side effect, and answers every repeat from the stored result instead of running
 //! twice. This crate is the one users depend on: it re-exports the macros and holds key
 //! derivation, the ledger trait and its backends, and the call orchestration.
@@ -69,6 +70,7 @@ pub mod mcp;
 mod recipe;
 mod rejection;
 mod scope;
+pub mod secret;
 mod window;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -83,6 +85,7 @@ pub use ledger::{Ledger, LedgerError, State, StatusReport};
 pub use recipe::{Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL};
 pub use scope::{Caller, CallerError, Scope};
+pub use secret::{Secret, SecretError};
 pub use window::{WindowError, parse_window};
 
 /// Makes an async handler safe to repeat: derive a key, claim it, run once, replay the rest.

@@ -109,10 +109,10 @@ impl Scope {
         &self.tenant
     }
 
-    /// The tag stored with records for tenant-scoped status lookups.
+    /// The tag stored with records for tenant-scoped status lookups, keyed with `secret`.
     #[must_use]
-    pub fn tenant_tag(&self) -> TenantTag {
-        TenantTag::of(&self.tenant)
+    pub fn tenant_tag(&self, secret: &crate::secret::Secret) -> TenantTag {
+        TenantTag::of(secret, &self.tenant)
     }
 
     /// Appends [`Scope::material`] in canonical form, without building the object (members in

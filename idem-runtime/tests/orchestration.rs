@@ -462,6 +462,9 @@ impl Ledger for Faulty {
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         self.fault().unwrap_or_else(|| self.inner.now())
     }
+    fn default_secret(&self) -> Result<idem_runtime::Secret, idem_runtime::SecretError> {
+        self.inner.default_secret()
+    }
 }
 
 fn down() -> Faulty {
@@ -657,14 +660,7 @@ async fn a_lost_takeover_claim_is_released_back_to_its_policy() {
     let (caller, args) = (alice(), charge(42, "x"));
     let lost = idem.call(&recipe, Some(&caller), &args, || async { Ok::<_, ToolError>(downstream.charge()) }).await;
     assert_eq!(lost.unwrap_err().code(), "ledger_unavailable");
-    let reference = Key::derive(
-        &idem_runtime::Scope::caller(&alice()),
-        "charge_card",
-        json!({ "card": "tok_visa", "amount_cents": 42 }).as_object().unwrap(),
-    )
-    .unwrap()
-    .reference()
-    .to_string();
+    let reference = idem.key_of(&recipe, &alice(), &args).unwrap().reference().to_string();
     let mut status = None;
     for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -348,4 +348,9 @@ impl Ledger for MemoryLedger {
         let now = self.clock.as_ref().map(|clock| clock.now_ms());
         Box::pin(async move { Ok(now) })
     }
+
+    /// A random secret per process: the records die with it.
+    fn default_secret(&self) -> Result<crate::secret::Secret, crate::secret::SecretError> {
+        Ok(crate::secret::ephemeral())
+    }
 }

@@ -34,6 +34,7 @@ use std::pin::Pin;
 
 use crate::key::{Key, Ref, TenantTag};
 use crate::recipe::StalePolicy;
+use crate::secret::{Secret, SecretError};
 
 /// A boxed, sendable future: keeps [`Ledger`] object-safe so `Arc<dyn Ledger>` can be chosen at
 /// run time (by URL).
@@ -536,6 +537,17 @@ pub trait Ledger: Send + Sync + 'static {
     /// none. Replicas measure their skew against it and state every time on it, so leases and
     /// windows do not depend on every replica's clock agreeing.
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>>;
+
+    /// The secret a handle on this ledger keys with when none is configured (in code or in
+    /// `IDEM_SECRET`). The default refuses: a ledger that replicas share needs one secret given
+    /// to all of them. [`MemoryLedger`](memory::MemoryLedger) uses a random secret per process
+    /// (it forgets everything on restart anyway); the SQLite default keeps one beside its file.
+    ///
+    /// # Errors
+    /// No secret can be had without configuration.
+    fn default_secret(&self) -> Result<Secret, SecretError> {
+        Err(SecretError::Required { ledger: "this ledger (it names no default secret)".to_owned() })
+    }
 }
 
 impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
@@ -583,5 +595,8 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
     }
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         (**self).now()
+    }
+    fn default_secret(&self) -> Result<Secret, SecretError> {
+        (**self).default_secret()
     }
 }

@@ -72,6 +72,39 @@ pub struct SeaOrmLedger {
     db: DatabaseConnection,
     /// A clock that stands in for the database server's (tests that simulate time).
     clock: Option<Arc<dyn Clock>>,
+    /// Where a handle without a configured secret gets one.
+    own_secret: OwnSecret,
+}
+
+/// The secret a SQL ledger offers a handle that has none configured.
+#[derive(Clone, Debug)]
+enum OwnSecret {
+    /// A SQLite file: a secret kept in this file beside it, made on first use.
+    File(std::path::PathBuf),
+    /// An in-memory SQLite database: a random secret per process.
+    Ephemeral,
+    /// A shared database (or one whose file is unknown): none; it must be configured.
+    Required(&'static str),
+}
+
+impl OwnSecret {
+    fn of(backend: DbBackend, url: Option<&str>) -> Self {
+        match (backend, url) {
+            (DbBackend::Postgres, _) => Self::Required("a PostgreSQL ledger"),
+            (DbBackend::MySql, _) => Self::Required("a MySQL ledger"),
+            (_, Some(url)) if url.contains(":memory:") || url.contains("mode=memory") => Self::Ephemeral,
+            (_, Some(url)) => {
+                let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
+                let path = path.split('?').next().unwrap_or_default();
+                if path.is_empty() {
+                    Self::Required("a SQLite ledger whose file is unknown")
+                } else {
+                    Self::File(std::path::PathBuf::from(format!("{path}.secret")))
+                }
+            }
+            (_, None) => Self::Required("a SQLite ledger opened from a connection (its file is unknown)"),
+        }
+    }
 }
 
 impl std::fmt::Debug for SeaOrmLedger {
@@ -144,14 +177,18 @@ impl SeaOrmLedger {
     /// # Errors
     /// The database cannot be reached.
     pub async fn connect_with(options: ConnectOptions) -> Result<Self, LedgerError> {
+        let url = options.get_url().to_owned();
         let db = Database::connect(options).await.map_err(failed)?;
-        Ok(Self { db, clock: None })
+        let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
+        Ok(Self { db, clock: None, own_secret })
     }
 
-    /// Wraps an existing sea-orm connection (pool). Run [`SeaOrmLedger::migrate`] once.
+    /// Wraps an existing sea-orm connection (pool). Run [`SeaOrmLedger::migrate`] once. Its
+    /// file unknown, a SQLite ledger made this way has no default secret: configure one.
     #[must_use]
     pub fn from_connection(db: DatabaseConnection) -> Self {
-        Self { db, clock: None }
+        let own_secret = OwnSecret::of(db.get_database_backend(), None);
+        Self { db, clock: None, own_secret }
     }
 
     /// The connection pool.
@@ -696,6 +733,18 @@ impl Ledger for SeaOrmLedger {
 
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         Box::pin(self.now_ms())
+    }
+
+    /// SQLite in a file: a secret generated once and kept beside the file as
+    /// `<file>.secret`, readable by its owner only. SQLite in memory: a random one per process.
+    /// PostgreSQL and MySQL: none — replicas share the ledger and must share a configured
+    /// secret.
+    fn default_secret(&self) -> Result<crate::secret::Secret, crate::secret::SecretError> {
+        match &self.own_secret {
+            OwnSecret::File(path) => crate::secret::Secret::load_or_create(path),
+            OwnSecret::Ephemeral => Ok(crate::secret::ephemeral()),
+            OwnSecret::Required(ledger) => Err(crate::secret::SecretError::Required { ledger: (*ledger).to_owned() }),
+        }
     }
 }
 

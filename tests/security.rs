@@ -1,0 +1,244 @@
+//! Issue 11: what a reader of the ledger can learn, which operations can share a key, and who
+//! may read whose operation.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::{
+    Caller, ErrorClass, Fingerprint, Idem, IdempotentError, Ledger, MemoryLedger, Recipe, Rejection, Secret, State,
+};
+use sea_orm::{ConnectionTrait, Statement};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Error {
+    Idem(String),
+}
+
+impl IdempotentError for Error {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::NothingHappened
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self::Idem(rejection.code().to_owned())
+    }
+}
+
+static CHARGE: Recipe = Recipe::new("charge", &["card", "amount_cents"]);
+
+const CARD: &str = "4111111111111111";
+const AMOUNT: u64 = 734_519;
+
+/// The fingerprint and argument tags of the one stored row.
+async fn stored_row(ledger: &SeaOrmLedger) -> (Vec<u8>, Vec<u8>) {
+    let db = ledger.connection();
+    let row = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT fingerprint, arg_tags FROM idem_records",
+        ))
+        .await
+        .unwrap()
+        .expect("one record");
+    (row.try_get_by_index(0).unwrap(), row.try_get_by_index(1).unwrap())
+}
+
+/// What a reader without the secret can compute: the public, unkeyed digest of the canonical
+/// arguments, and the 2-byte FNV tag of a value.
+fn unkeyed_candidate(amount: u64) -> [u8; 32] {
+    Sha256::digest(format!("{{\"amount_cents\":{amount},\"card\":\"{CARD}\"}}").as_bytes()).into()
+}
+
+fn fnv16(bytes: &[u8]) -> [u8; 2] {
+    let mut hash: u32 = 0x811c_9dc5;
+    for &byte in bytes {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    let folded = (hash >> 16) ^ (hash & 0xffff);
+    [(folded >> 8) as u8, (folded & 0xff) as u8]
+}
+
+/// A reader of a stored row (a backup, a replica, a BI export) who knows the card cannot
+/// brute-force the amount from the tags and the fingerprint without the server's secret.
+#[tokio::test]
+async fn a_ledger_reader_without_the_secret_cannot_brute_force_an_amount() {
+    let ledger = SeaOrmLedger::connect("sqlite::memory:").await.unwrap();
+    let idem = Idem::new(ledger.clone());
+    let caller = Caller::new("acme", "alice");
+    let args = json!({ "card": CARD, "amount_cents": AMOUNT });
+    idem.call(&CHARGE, Some(&caller), &args, || async { Ok::<_, Error>("charged".to_owned()) }).await.unwrap();
+    let (fingerprint, tags) = stored_row(&ledger).await;
+
+    // Without the secret: narrow by the value tag, confirm by the fingerprint.
+    let amount_tag = tags.chunks_exact(4).next().map(|tag| [tag[2], tag[3]]).unwrap();
+    let found: Vec<u64> = (0..1_000_000u64)
+        .filter(|amount| fnv16(amount.to_string().as_bytes()) == amount_tag)
+        .filter(|amount| unkeyed_candidate(*amount)[..] == fingerprint[..])
+        .collect();
+    assert_eq!(found, Vec::<u64>::new(), "a reader without the secret recovered the amount");
+}
+
+/// The same search with the secret succeeds: the row does determine the amount, so the search
+/// above fails for want of the secret and nothing else.
+#[tokio::test]
+async fn with_the_secret_the_same_search_finds_the_amount() {
+    let ledger = SeaOrmLedger::connect("sqlite::memory:").await.unwrap();
+    let secret = Secret::new(1, &[0x17; 32]).unwrap();
+    let idem = Idem::new(ledger.clone()).with_secret(secret.clone());
+    let args = json!({ "card": CARD, "amount_cents": AMOUNT });
+    idem.call(&CHARGE, Some(&alice()), &args, || async { Ok::<_, Error>("charged".to_owned()) }).await.unwrap();
+    let (fingerprint, tags) = stored_row(&ledger).await;
+    // Narrow by the value tag (HMAC of "idem/v2/argument-value", NUL, name, NUL, value), confirm
+    // by the fingerprint.
+    let mut block = [0u8; 64];
+    block[..32].copy_from_slice(&[0x17; 32]);
+    let inner =
+        Sha256::new().chain_update(block.map(|b| b ^ 0x36)).chain_update(b"idem/v2/argument-value\0amount_cents\0");
+    let outer = Sha256::new().chain_update(block.map(|b| b ^ 0x5c));
+    let found: Vec<u64> = (0..1_000_000u64)
+        .filter(|amount| {
+            let digest = inner.clone().chain_update(amount.to_string()).finalize();
+            outer.clone().chain_update(digest).finalize()[..2] == tags[2..4]
+        })
+        .filter(|amount| {
+            let candidate = json!({ "card": CARD, "amount_cents": amount });
+            Fingerprint::of(&secret, candidate.as_object().unwrap(), &[]).unwrap().digest[..] == fingerprint[..]
+        })
+        .collect();
+    assert_eq!(found, vec![AMOUNT]);
+}
+
+fn alice() -> Caller {
+    Caller::new("acme", "alice")
+}
+
+fn secret(version: u32, byte: u8) -> Secret {
+    Secret::new(version, &[byte; 32]).unwrap()
+}
+
+/// Runs a charge on `idem`, counting runs in `runs`; `hold` keeps the handler running a while.
+async fn charge(idem: &Idem, args: &serde_json::Value, runs: &AtomicUsize, hold: Duration) -> Result<String, Error> {
+    idem.call(&CHARGE, Some(&alice()), args, || async {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(hold).await;
+        Ok::<_, Error>(format!("receipt-{n}"))
+    })
+    .await
+    .map(|served| served.value)
+}
+
+/// A rotation never turns a repeat into a second execution: an operation recorded under the
+/// previous secret is replayed (or answered in flight) by a handle on the new one, its status
+/// is still found, and new operations are keyed with the new secret.
+#[tokio::test]
+async fn a_rotated_secret_still_finds_operations_made_under_the_previous_one() {
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+    let (v1, v2) = (secret(1, 0x11), secret(2, 0x22));
+    let before = Idem::from_shared(Arc::clone(&ledger)).with_secret(v1.clone());
+    let after = Idem::from_shared(Arc::clone(&ledger)).with_secret(v2.clone()).with_previous_secret(v1.clone());
+    let runs = AtomicUsize::new(0);
+    let args = json!({ "card": CARD, "amount_cents": 1250 });
+
+    assert_eq!(charge(&before, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-1");
+    assert_eq!(charge(&after, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-1", "replayed across a rotation");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let old_ref = before.key_of(&CHARGE, &alice(), &args).unwrap().reference().to_string();
+    let status = after.status(&alice(), &old_ref).await.unwrap().expect("found under the previous secret");
+    assert_eq!(status.state, State::Completed);
+
+    // In flight under the old secret: the new handle answers in flight, it does not run.
+    let slow = json!({ "card": CARD, "amount_cents": 990 });
+    let first = charge(&before, &slow, &runs, Duration::from_millis(300));
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        charge(&after, &slow, &runs, Duration::ZERO).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.unwrap(), "receipt-2");
+    assert!(matches!(second, Err(Error::Idem(ref code)) if code == "in_flight"), "{second:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    // A new operation is keyed with the new secret, and the keys differ.
+    let new = json!({ "card": CARD, "amount_cents": 1 });
+    assert_eq!(charge(&after, &new, &runs, Duration::ZERO).await.unwrap(), "receipt-3");
+    assert_ne!(after.key_of(&CHARGE, &alice(), &new).unwrap(), before.key_of(&CHARGE, &alice(), &new).unwrap());
+
+    // Without the previous secret, the same repeat would have run again: the test can fail.
+    let forgot = Idem::from_shared(Arc::clone(&ledger)).with_secret(v2);
+    assert_eq!(charge(&forgot, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-4");
+}
+
+/// During a rolling rotation, two replicas key the same operation under different secrets at
+/// the same moment: it still runs at most once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_mid_rotation_never_both_run_one_operation() {
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+    let (v1, v2) = (secret(1, 0x11), secret(2, 0x22));
+    let old = Idem::from_shared(Arc::clone(&ledger)).with_secret(v1.clone()).with_previous_secret(v2.clone());
+    let new = Idem::from_shared(Arc::clone(&ledger)).with_secret(v2).with_previous_secret(v1);
+    for amount in 0..200u64 {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let args = json!({ "card": CARD, "amount_cents": amount });
+        let tasks = [old.clone(), new.clone()].map(|idem| {
+            let (runs, args) = (Arc::clone(&runs), args.clone());
+            tokio::spawn(async move { charge(&idem, &args, &runs, Duration::from_millis(2)).await })
+        });
+        for task in tasks {
+            let _ = task.await.unwrap();
+        }
+        assert!(runs.load(Ordering::SeqCst) <= 1, "amount {amount} ran {} times", runs.load(Ordering::SeqCst));
+    }
+}
+
+/// The embedded default needs no setup: a secret is generated once, kept beside the ledger
+/// file, owner-only, and reused after a restart (so the restarted process replays).
+#[tokio::test]
+async fn the_sqlite_default_keeps_its_own_secret_beside_the_file() {
+    let dir = std::env::temp_dir().join(format!("idem-security-{}", idem_runtime::ledger::Token::random().0));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ledger.sqlite3");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let runs = AtomicUsize::new(0);
+    let args = json!({ "card": CARD, "amount_cents": 5 });
+    let first = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    first.check_secret().expect("zero setup");
+    assert_eq!(charge(&first, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-1");
+    let secret_file = dir.join("ledger.sqlite3.secret");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&secret_file).expect("the secret file").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "owner-only");
+    }
+    let restarted = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    assert_eq!(charge(&restarted, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// PostgreSQL and MySQL are shared by replicas: without a configured secret, the handle says how
+/// to set one, and no call runs.
+#[tokio::test]
+async fn a_shared_database_without_a_secret_refuses_and_says_how_to_set_one() {
+    for (backend, url) in
+        [("postgres", "postgres://postgres@127.0.0.1:5432/test"), ("mysql", "mysql://root@127.0.0.1:3306/test")]
+    {
+        let Ok(ledger) = SeaOrmLedger::connect(url).await else {
+            idem_tests::skip(&format!("security::a_shared_database_without_a_secret::{backend}"), "no server");
+            continue;
+        };
+        let idem = Idem::new(ledger);
+        let error = idem.check_secret().expect_err("no secret on a shared database").to_string();
+        assert!(error.contains("IDEM_SECRET=1:") && error.contains("every replica"), "{backend}: {error}");
+        let runs = AtomicUsize::new(0);
+        let refused = charge(&idem, &json!({ "card": CARD, "amount_cents": 7 }), &runs, Duration::ZERO).await;
+        assert!(matches!(refused, Err(Error::Idem(ref code)) if code == "ledger_unavailable"), "{refused:?}");
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        idem.with_secret(idem_tests::test_secret()).check_secret().expect("configured in code");
+    }
+}
