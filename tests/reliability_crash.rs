@@ -30,9 +30,14 @@ use serde_json::json;
 use support::downstream::FileDownstream;
 use support::{RelError, scale, stored_ok, unique};
 
-static TAKEOVER: Recipe = Recipe::new("rel_crash_charge", &["order_id"]).stale(StalePolicy::Takeover);
-static RECONCILE: Recipe = Recipe::new("rel_crash_charge", &["order_id"]).stale(StalePolicy::Reconcile);
-static HOLD: Recipe = Recipe::new("rel_crash_charge", &["order_id"]).stale(StalePolicy::Hold);
+/// One tool, declared once, whose stale policy each run configures (as the child's does): one
+/// declaration site, so one handle accepts all three.
+const fn charge(stale: StalePolicy) -> Recipe {
+    Recipe::new("rel_crash_charge", &["order_id"]).stale(stale)
+}
+static TAKEOVER: Recipe = charge(StalePolicy::Takeover);
+static RECONCILE: Recipe = charge(StalePolicy::Reconcile);
+static HOLD: Recipe = charge(StalePolicy::Hold);
 
 const POINTS: [&str; 3] = ["claim", "effect", "record"];
 const POLICIES: [StalePolicy; 3] = [StalePolicy::Takeover, StalePolicy::Reconcile, StalePolicy::Hold];

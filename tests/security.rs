@@ -242,3 +242,198 @@ async fn a_shared_database_without_a_secret_refuses_and_says_how_to_set_one() {
         idem.with_secret(idem_tests::test_secret()).check_secret().expect("configured in code");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 2: no two tools share keys by accident.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+enum CommandError {
+    Refused { code: String, message: String },
+}
+
+impl IdempotentError for CommandError {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::NothingHappened
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self::Refused { code: rejection.code().to_owned(), message: rejection.to_string() }
+    }
+}
+
+static SHOP: std::sync::OnceLock<Idem> = std::sync::OnceLock::new();
+
+/// One handle for the module-level handlers below (not `Idem::install`: tests run in parallel).
+fn shop() -> &'static Idem {
+    SHOP.get_or_init(|| Idem::new(MemoryLedger::new()).with_local_caller(alice()))
+}
+
+static ORDERS_CANCELLED: AtomicUsize = AtomicUsize::new(0);
+static SUBSCRIPTIONS_CANCELLED: AtomicUsize = AtomicUsize::new(0);
+
+mod orders {
+    use super::*;
+
+    #[idem_runtime::idempotent(key = "id", idem = super::shop())]
+    pub async fn cancel(id: String) -> Result<String, CommandError> {
+        ORDERS_CANCELLED.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("order {id} cancelled"))
+    }
+}
+
+mod subscriptions {
+    use super::*;
+
+    #[idem_runtime::idempotent(key = "id", idem = super::shop())]
+    pub async fn cancel(id: String) -> Result<String, CommandError> {
+        SUBSCRIPTIONS_CANCELLED.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("subscription {id} cancelled"))
+    }
+}
+
+/// `orders::cancel` and `subscriptions::cancel` under one handle: the second is refused (and
+/// says how to fix it) rather than handed the first one's result.
+#[tokio::test]
+async fn two_handlers_with_one_name_never_replay_each_other() {
+    assert_eq!(orders::cancel("7".into()).await.unwrap(), "order 7 cancelled");
+    let second = subscriptions::cancel("7".into()).await;
+    assert_eq!(SUBSCRIPTIONS_CANCELLED.load(Ordering::SeqCst), 0, "not run: {second:?}");
+    let Err(CommandError::Refused { code, message }) = second else { panic!("replayed: {second:?}") };
+    assert_eq!(code, "duplicate_tool");
+    assert!(message.contains("name = "), "{message}");
+    assert_eq!(ORDERS_CANCELLED.load(Ordering::SeqCst), 1);
+}
+
+/// The command-handler pattern: one trait, one method name, many commands.
+trait Handler {
+    async fn handle(&self, order_id: String) -> Result<String, CommandError>;
+}
+
+struct Commands {
+    idem: Idem,
+    placed: AtomicUsize,
+    cancelled: AtomicUsize,
+}
+
+struct PlaceOrder<'a>(&'a Commands);
+struct CancelOrder<'a>(&'a Commands);
+struct CancelOrderRenamed<'a>(&'a Commands);
+
+impl idem_runtime::HasIdem for PlaceOrder<'_> {
+    fn idem(&self) -> &Idem {
+        &self.0.idem
+    }
+}
+impl idem_runtime::HasIdem for CancelOrder<'_> {
+    fn idem(&self) -> &Idem {
+        &self.0.idem
+    }
+}
+impl idem_runtime::HasIdem for CancelOrderRenamed<'_> {
+    fn idem(&self) -> &Idem {
+        &self.0.idem
+    }
+}
+
+impl Handler for PlaceOrder<'_> {
+    #[idem_runtime::idempotent(key = "order_id")]
+    async fn handle(&self, order_id: String) -> Result<String, CommandError> {
+        self.0.placed.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("placed {order_id}"))
+    }
+}
+
+impl Handler for CancelOrder<'_> {
+    #[idem_runtime::idempotent(key = "order_id")]
+    async fn handle(&self, order_id: String) -> Result<String, CommandError> {
+        self.0.cancelled.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("cancelled {order_id}"))
+    }
+}
+
+impl Handler for CancelOrderRenamed<'_> {
+    #[idem_runtime::idempotent(key = "order_id", name = "cancel_order")]
+    async fn handle(&self, order_id: String) -> Result<String, CommandError> {
+        self.0.cancelled.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("cancelled {order_id}"))
+    }
+}
+
+#[tokio::test]
+async fn command_handlers_sharing_a_method_name_never_replay_each_other() {
+    let commands = Commands {
+        idem: Idem::new(MemoryLedger::new()).with_local_caller(alice()),
+        placed: AtomicUsize::new(0),
+        cancelled: AtomicUsize::new(0),
+    };
+    assert_eq!(PlaceOrder(&commands).handle("o-7".into()).await.unwrap(), "placed o-7");
+    let cancelled = CancelOrder(&commands).handle("o-7".into()).await;
+    assert_ne!(cancelled, Ok("placed o-7".to_owned()), "CancelOrder got PlaceOrder's result");
+    assert!(matches!(&cancelled, Err(CommandError::Refused { code, .. }) if code == "duplicate_tool"), "{cancelled:?}");
+    assert_eq!(commands.cancelled.load(Ordering::SeqCst), 0);
+    // `name =` is the way out: a name of its own is a key of its own.
+    assert_eq!(CancelOrderRenamed(&commands).handle("o-7".into()).await.unwrap(), "cancelled o-7");
+    assert_eq!((commands.placed.load(Ordering::SeqCst), commands.cancelled.load(Ordering::SeqCst)), (1, 1));
+}
+
+static CREATE: Recipe = Recipe::new("create", &["id"]);
+
+/// Two MCP servers on one ledger both have `create`: their namespaces keep them apart.
+#[tokio::test]
+async fn two_servers_on_one_ledger_never_share_keys() {
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+    let server = |namespace: &str| {
+        Idem::from_shared(Arc::clone(&ledger)).with_secret(idem_tests::test_secret()).with_namespace(namespace)
+    };
+    let (orders, billing) = (server("orders"), server("billing"));
+    let runs = AtomicUsize::new(0);
+    let create = |idem: Idem, made: &'static str| {
+        let runs = &runs;
+        async move {
+            let args = json!({ "id": "42" });
+            let served = idem
+                .call(&CREATE, Some(&alice()), &args, || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(made.to_owned())
+                })
+                .await
+                .unwrap();
+            served.value
+        }
+    };
+    assert_eq!(create(orders.clone(), "order 42").await, "order 42");
+    assert_eq!(create(billing, "invoice 42").await, "invoice 42", "not the other server's result");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // In one namespace they are one tool: the same call is a repeat (so the test can fail).
+    assert_eq!(create(server("orders"), "order again").await, "order 42");
+}
+
+struct Keyed(Idem);
+
+impl idem_runtime::HasIdem for Keyed {
+    fn idem(&self) -> &Idem {
+        &self.0
+    }
+}
+
+impl Keyed {
+    #[idem_runtime::idempotent(key = "id")]
+    async fn create(&self, id: String) -> Result<String, Error> {
+        let _ = id;
+        Ok(idem_runtime::current_operation().unwrap().key().to_string())
+    }
+}
+
+/// `#[idempotent]` keys a handler in its package's namespace (stable across module moves and
+/// refactors); `Idem::with_namespace` replaces it for every tool of a handle.
+#[tokio::test]
+async fn the_default_namespace_is_the_declaring_package() {
+    let idem = Idem::new(MemoryLedger::new()).with_local_caller(alice());
+    let key = Keyed(idem.clone()).create("42".into()).await.unwrap();
+    let expected =
+        idem.key_of(&Recipe::new("create", &["id"]).namespace("idem-tests"), &alice(), &json!({ "id": "42" }));
+    assert_eq!(key, expected.unwrap().to_string());
+    let named = idem.with_namespace("shop");
+    let key = Keyed(named.clone()).create("42".into()).await.unwrap();
+    assert_eq!(key, named.key_of(&CREATE, &alice(), &json!({ "id": "42" })).unwrap().to_string());
+}

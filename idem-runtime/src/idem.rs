@@ -262,6 +262,10 @@ struct Inner {
     unsettled_retention: Duration,
     max_result_bytes: usize,
     local_caller: Option<Caller>,
+    /// The namespace of every tool's keys, if set (else each recipe's, else the default).
+    namespace: Option<String>,
+    /// The recipes seen per tool name: (namespace, where declared).
+    registry: Arc<std::sync::Mutex<Registry>>,
     /// The secret given in code, if any (else `IDEM_SECRET`, else the ledger's default).
     secret: Option<Secret>,
     /// Previous secrets given in code, still honoured for operations recorded under them.
@@ -276,6 +280,9 @@ struct Inner {
     /// Bounds the background ledger work (lost-claim releases, completion retries).
     background: Arc<tokio::sync::Semaphore>,
 }
+
+/// The recipes a handle has seen, per tool name: their namespace and where each is declared.
+type Registry = std::collections::HashMap<&'static str, Vec<(String, &'static std::panic::Location<'static>)>>;
 
 /// A measurement of this handle's clock against the ledger's.
 #[derive(Clone, Copy, Debug)]
@@ -320,6 +327,8 @@ impl Idem {
                 unsettled_retention: DEFAULT_UNSETTLED_RETENTION,
                 max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
                 local_caller: None,
+                namespace: None,
+                registry: Arc::default(),
                 secret: None,
                 previous: Vec::new(),
                 keyring: Arc::default(),
@@ -501,10 +510,50 @@ impl Idem {
             .map_err(|error| Rejection::InvalidArguments { error })
     }
 
+    /// Derives every tool's keys in `namespace`, the server's name — two servers on one ledger
+    /// with a tool of the same name then never share keys. Without it, each recipe's own: the
+    /// name of the package that declares the handler (`#[idempotent]`), else `"default"`.
+    /// Renaming the namespace re-keys every tool (repeats of earlier operations run again).
+    #[must_use]
+    pub fn with_namespace(self, namespace: impl Into<String>) -> Self {
+        let namespace = namespace.into();
+        self.configure(|inner| inner.namespace = Some(namespace))
+    }
+
     /// The namespace `recipe`'s keys are derived in.
-    #[allow(clippy::unused_self)]
-    fn namespace<'a>(&'a self, _recipe: &'a Recipe) -> &'a str {
-        DEFAULT_NAMESPACE
+    #[must_use]
+    pub fn namespace<'a>(&'a self, recipe: &'a Recipe) -> &'a str {
+        self.inner.namespace.as_deref().or(recipe.namespace_name()).unwrap_or(DEFAULT_NAMESPACE)
+    }
+
+    /// Registers `recipe` with this handle, refusing a different recipe (declared elsewhere)
+    /// with the same tool name in the same namespace: the two would share keys. Every call
+    /// registers its recipe before anything else; call this at startup to find a clash before
+    /// the first call does.
+    ///
+    /// # Errors
+    /// [`Rejection::DuplicateTool`], naming both places.
+    pub fn register(&self, recipe: &Recipe) -> Result<(), Rejection> {
+        let namespace = self.namespace(recipe);
+        let mut registry = self.inner.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seen = registry.entry(recipe.tool()).or_default();
+        match seen.iter().find(|(known, _)| known == namespace) {
+            None => {
+                seen.push((namespace.to_owned(), recipe.site()));
+                Ok(())
+            }
+            Some((_, site)) if *site == recipe.site() => Ok(()),
+            Some((_, site)) => {
+                let rejection = Rejection::DuplicateTool {
+                    namespace: namespace.to_owned(),
+                    tool: recipe.tool().to_owned(),
+                    first: site.to_string(),
+                    second: recipe.site().to_string(),
+                };
+                tracing::error!(%rejection, "duplicate tool; handler not run");
+                Err(rejection)
+            }
+        }
     }
 
     /// Makes this the process-wide handle that `#[idempotent]` free functions run under
@@ -675,6 +724,7 @@ impl Idem {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let tool = recipe.tool();
+        self.register(recipe)?;
         let arguments = arguments?;
         let keyring = self.keyring().map_err(|error| no_secret(&error))?;
         let caller = self.caller(caller)?;

@@ -51,6 +51,19 @@ pub enum Rejection {
         /// What is wrong, and where.
         error: CanonicalError,
     },
+    /// Two different handlers are registered under one tool name in one namespace on this
+    /// handle: they would share keys and replay each other's results, so the second is refused.
+    /// A server bug; the message says how to fix it.
+    DuplicateTool {
+        /// The namespace.
+        namespace: String,
+        /// The tool name.
+        tool: String,
+        /// Where the first registered handler's recipe is declared.
+        first: String,
+        /// Where the refused one's is.
+        second: String,
+    },
     /// The operation completed, but its stored result no longer decodes as the handler's result
     /// type (the code changed since it was stored).
     UnreadableResult {
@@ -63,7 +76,8 @@ pub enum Rejection {
 
 impl Rejection {
     /// A stable machine-readable code: `in_flight`, `conflict`, `outcome_unknown`,
-    /// `ledger_unavailable`, `no_caller`, `invalid_arguments` or `unreadable_result`.
+    /// `ledger_unavailable`, `no_caller`, `invalid_arguments`, `duplicate_tool` or
+    /// `unreadable_result`.
     #[must_use]
     pub const fn code(&self) -> &'static str {
         match self {
@@ -73,6 +87,7 @@ impl Rejection {
             Self::LedgerUnavailable { .. } => "ledger_unavailable",
             Self::NoCaller => "no_caller",
             Self::InvalidArguments { .. } => "invalid_arguments",
+            Self::DuplicateTool { .. } => "duplicate_tool",
             Self::UnreadableResult { .. } => "unreadable_result",
         }
     }
@@ -85,7 +100,10 @@ impl Rejection {
             | Self::Conflict { reference, .. }
             | Self::OutcomeUnknown { reference }
             | Self::UnreadableResult { reference, .. } => Some(*reference),
-            Self::LedgerUnavailable { .. } | Self::NoCaller | Self::InvalidArguments { .. } => None,
+            Self::LedgerUnavailable { .. }
+            | Self::NoCaller
+            | Self::InvalidArguments { .. }
+            | Self::DuplicateTool { .. } => None,
         }
     }
 
@@ -132,6 +150,13 @@ impl fmt::Display for Rejection {
                  repeat. Authenticate the caller (or configure a local identity) and call again",
             ),
             Self::InvalidArguments { error } => write!(f, "nothing was executed: {error}"),
+            Self::DuplicateTool { namespace, tool, first, second } => write!(
+                f,
+                "nothing was executed: two handlers are registered as tool `{tool}` in namespace `{namespace}` on \
+                 one idem handle (declared at {first} and at {second}), so they would share keys and replay \
+                 each other's results. Give each its own name with `#[idempotent(name = \"...\")]`, or serve \
+                 them from handles with different namespaces (`Idem::with_namespace`)"
+            ),
             Self::UnreadableResult { reference, detail } => write!(
                 f,
                 "ref {reference} completed earlier, but its stored result cannot be read by this version of \

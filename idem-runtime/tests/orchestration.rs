@@ -554,7 +554,7 @@ async fn the_forwarded_key_names_the_operation_in_its_window() {
     assert_ne!(next_window.value, first.value, "a new operation forwards a new key downstream");
 
     // A takeover of a dead holder forwards the same key as the dead holder did.
-    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
+    let recipe = Recipe::new("charge_card_takeover", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
     let seen = std::sync::Mutex::new(Vec::new());
     let remember_then_hang = || async {
         seen.lock().unwrap().push(current_operation().unwrap().idempotency_key());
