@@ -35,6 +35,7 @@ macro_rules! ledger_conformance {
             many_arguments_are_stored,
             renew_extends_only_the_holders_lease,
             status_is_scoped_to_the_tenant,
+            status_is_scoped_to_the_subject,
             resolve_settles_unknown,
             sweep_is_bounded_and_spares_live_leases,
             two_hundred_concurrent_claims_one_winner

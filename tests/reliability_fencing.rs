@@ -62,6 +62,7 @@ fn requests() -> (ClaimRequest, ClaimRequest) {
     let a = ClaimRequest {
         key: Key::from_bytes(random_bytes()),
         tenant: TenantTag(random_bytes()),
+        subject: idem_runtime::SubjectTag::TENANT,
         fingerprint: [3; 32],
         arg_tags: vec![[1, 2, 3, 4]],
         token: Token::random(),
@@ -84,7 +85,11 @@ fn requests() -> (ClaimRequest, ClaimRequest) {
 }
 
 async fn stored(ledger: &dyn Ledger, request: &ClaimRequest) -> (State, Option<Vec<u8>>) {
-    let status = ledger.status(request.tenant, request.key.reference(), request.now + 1).await.unwrap().unwrap();
+    let status = ledger
+        .status(request.tenant, request.subject, request.key.reference(), request.now + 1)
+        .await
+        .unwrap()
+        .unwrap();
     (status.state, status.result)
 }
 
@@ -308,10 +313,11 @@ impl Ledger for Paused {
     fn status<'a>(
         &'a self,
         t: TenantTag,
+        s: idem_runtime::SubjectTag,
         r: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.0.status(t, r, now)
+        self.0.status(t, s, r, now)
     }
     fn resolve<'a>(
         &'a self,

@@ -949,7 +949,12 @@ async fn sql_metacharacters_everywhere(backend: &str) {
     let ledger: &Arc<dyn Ledger> = idem.ledger();
     assert!(
         ledger
-            .status(TenantTag::of(&idem_tests::test_secret(), "t"), Ref::parse(&reference).unwrap(), idem.now_ms())
+            .status(
+                TenantTag::of(&idem_tests::test_secret(), "t"),
+                idem_runtime::SubjectTag::TENANT,
+                Ref::parse(&reference).unwrap(),
+                idem.now_ms()
+            )
             .await
             .unwrap()
             .is_none()

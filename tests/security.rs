@@ -437,3 +437,30 @@ async fn the_default_namespace_is_the_declaring_package() {
     let key = Keyed(named.clone()).create("42".into()).await.unwrap();
     assert_eq!(key, named.key_of(&CREATE, &alice(), &json!({ "id": "42" })).unwrap().to_string());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 3: status is scoped to the subject.
+// ---------------------------------------------------------------------------------------------
+
+static TEAM_INVOICE: Recipe = Recipe::new("pay_invoice", &["invoice"]).scope(idem_runtime::ScopeRule::Tenant);
+static PRIVATE_NOTE: Recipe = Recipe::new("write_note", &["note"]);
+
+/// Two subjects of one tenant: a record made under the caller's scope is visible to that caller
+/// alone; a record made with `scope = "tenant"` to the whole tenant.
+#[tokio::test]
+async fn status_shows_a_callers_operation_to_that_caller_alone() {
+    let idem = Idem::new(MemoryLedger::new());
+    let (alice, bob) = (alice(), Caller::new("acme", "bob"));
+    let private = json!({ "note": "alice's diagnosis" });
+    let made = idem.call(&PRIVATE_NOTE, Some(&alice), &private, || async { Ok::<_, Error>("secret".to_owned()) }).await;
+    let reference = made.unwrap().reference.to_string();
+    assert!(idem.status(&alice, &reference).await.unwrap().is_some(), "the caller sees its own");
+    assert_eq!(idem.status(&bob, &reference).await.unwrap(), None, "a colleague does not");
+
+    let shared = json!({ "invoice": "inv-9" });
+    let paid = idem.call(&TEAM_INVOICE, Some(&alice), &shared, || async { Ok::<_, Error>("paid".to_owned()) }).await;
+    let reference = paid.unwrap().reference.to_string();
+    let seen = idem.status(&bob, &reference).await.unwrap().expect("a tenant-scoped record is the tenant's");
+    assert_eq!(seen.result.as_deref(), Some(&br#"{"ok":"paid"}"#[..]));
+    assert_eq!(idem.status(&Caller::new("globex", "alice"), &reference).await.unwrap(), None);
+}

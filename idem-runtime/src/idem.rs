@@ -866,6 +866,7 @@ impl Idem {
         let request = ClaimRequest {
             key,
             tenant: at.scope.tenant_tag(secret),
+            subject: at.scope.subject_tag(secret),
             fingerprint: fingerprint.digest,
             arg_tags: fingerprint.tags.clone(),
             token: Token::random(),
@@ -1187,7 +1188,8 @@ impl Idem {
         }
     }
 
-    /// The status of operation `reference` in the caller's tenant.
+    /// The status of operation `reference`, if the caller may see it: its own operations, and
+    /// those of its tenant made with `scope = "tenant"`. Never another subject's.
     ///
     /// # Errors
     /// A malformed ref, or the ledger's failure.
@@ -1197,7 +1199,10 @@ impl Idem {
         let (now, _) = self.ledger_time().await;
         for secret in keyring.all() {
             let tenant = crate::key::TenantTag::of(secret, caller.tenant());
-            if let Some(report) = self.inner.ledger.status(tenant, reference, now).await.map_err(StatusError::Ledger)? {
+            let subject = crate::key::SubjectTag::of(secret, caller.tenant(), caller.subject());
+            let report =
+                self.inner.ledger.status(tenant, subject, reference, now).await.map_err(StatusError::Ledger)?;
+            if let Some(report) = report {
                 return Ok(Some(report));
             }
         }

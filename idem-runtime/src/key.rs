@@ -175,6 +175,29 @@ impl TenantTag {
     }
 }
 
+/// A short keyed tag of the subject a record belongs to, stored with it so a status lookup by
+/// ref only shows a caller its own operations — or, for records made with `scope = "tenant"`
+/// ([`SubjectTag::TENANT`]), the tenant's.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SubjectTag(pub [u8; 8]);
+
+impl SubjectTag {
+    /// The tag of records visible to the whole tenant (those made under `scope = "tenant"`).
+    pub const TENANT: Self = Self([0; 8]);
+
+    /// The tag of `subject` of `tenant` under `secret` (never [`SubjectTag::TENANT`]).
+    #[must_use]
+    pub fn of(secret: &Secret, tenant: &str, subject: &str) -> Self {
+        let digest = secret.mac("idem/v2/subject", &[tenant.as_bytes(), b"\0", subject.as_bytes()]);
+        let mut tag = [0u8; 8];
+        tag.copy_from_slice(&digest[..8]);
+        if tag == Self::TENANT.0 {
+            tag[7] = 1;
+        }
+        Self(tag)
+    }
+}
+
 /// A digest of all of a call's arguments (minus those a recipe ignores), stored with its record.
 ///
 /// Same key with a different `digest` is a conflict. The per-argument `tags` (4 bytes each: a

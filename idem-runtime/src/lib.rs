@@ -79,7 +79,7 @@ pub use idem::{
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, Served, StatusError,
     current_operation, with_caller,
 };
-pub use key::{Fingerprint, Key, Ref, RefError, TenantTag};
+pub use key::{Fingerprint, Key, Ref, RefError, SubjectTag, TenantTag};
 pub use ledger::memory::MemoryLedger;
 pub use ledger::{Ledger, LedgerError, State, StatusReport};
 pub use recipe::{Recipe, ScopeRule, StalePolicy};

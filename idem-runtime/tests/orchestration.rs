@@ -441,10 +441,11 @@ impl Ledger for Faulty {
     fn status<'a>(
         &'a self,
         t: TenantTag,
+        s: idem_runtime::SubjectTag,
         r: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.fault().unwrap_or_else(|| self.inner.status(t, r, now))
+        self.fault().unwrap_or_else(|| self.inner.status(t, s, r, now))
     }
     fn resolve<'a>(
         &'a self,

@@ -79,6 +79,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .bind(now + 30_000)
                 .bind(fp)
                 .bind(tags)
+                .bind(2i64)
                 .fetch_optional(pool)
                 .await
                 .unwrap();
@@ -105,6 +106,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .bind(now + 30_000)
                 .bind(fp)
                 .bind(tags)
+                .bind(2i64)
                 .fetch_optional(pool)
                 .await
                 .unwrap();
@@ -131,6 +133,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .bind(now + 30_000)
                 .bind(fp)
                 .bind(tags)
+                .bind(2i64)
                 .execute(pool)
                 .await
                 .unwrap();

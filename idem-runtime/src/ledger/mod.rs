@@ -32,7 +32,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::key::{Key, Ref, TenantTag};
+use crate::key::{Key, Ref, SubjectTag, TenantTag};
 use crate::recipe::StalePolicy;
 use crate::secret::{Secret, SecretError};
 
@@ -142,6 +142,8 @@ pub struct ClaimRequest {
     pub key: Key,
     /// The tenant, for scoped status lookups.
     pub tenant: TenantTag,
+    /// The subject (or [`SubjectTag::TENANT`] for a tenant-wide record), for status lookups.
+    pub subject: SubjectTag,
     /// The digest of all fingerprinted arguments.
     pub fingerprint: [u8; 32],
     /// Per-argument tags, to name differing arguments in a conflict.
@@ -507,11 +509,13 @@ pub trait Ledger: Send + Sync + 'static {
     /// The record of `key`, by its full key, if it is not expired at `now`.
     fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>>;
 
-    /// The operation `reference` of `tenant`, if any. Never another tenant's. The current record
-    /// of its key, or else the newest superseded one.
+    /// The operation `reference` of `tenant`, if any, that `subject` may see: its own, or one
+    /// of its tenant's made tenant-wide ([`SubjectTag::TENANT`]). Never another tenant's or
+    /// another subject's. The current record of its key, or else the newest superseded one.
     fn status<'a>(
         &'a self,
         tenant: TenantTag,
+        subject: SubjectTag,
         reference: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>>;
@@ -575,10 +579,11 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
     fn status<'a>(
         &'a self,
         tenant: TenantTag,
+        subject: SubjectTag,
         reference: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        (**self).status(tenant, reference, now)
+        (**self).status(tenant, subject, reference, now)
     }
     fn resolve<'a>(
         &'a self,
