@@ -464,3 +464,227 @@ async fn status_shows_a_callers_operation_to_that_caller_alone() {
     assert_eq!(seen.result.as_deref(), Some(&br#"{"ok":"paid"}"#[..]));
     assert_eq!(idem.status(&Caller::new("globex", "alice"), &reference).await.unwrap(), None);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Items 3, 4 and 5 over a real rmcp server: the request context as the HTTP transport fills it.
+// ---------------------------------------------------------------------------------------------
+
+mod over_mcp {
+    use std::sync::Mutex;
+
+    use idem_runtime::{HasIdem, audit_idempotent, idempotent};
+    use rmcp::handler::server::router::tool::ToolRouter;
+    use rmcp::handler::server::wrapper::Parameters;
+    use rmcp::{ServiceExt, tool, tool_handler, tool_router};
+    use serde_json::Value;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    use super::*;
+
+    impl rmcp::model::IntoContents for CommandError {
+        fn into_contents(self) -> Vec<rmcp::model::ContentBlock> {
+            let Self::Refused { message, .. } = self;
+            vec![rmcp::model::ContentBlock::text(message)]
+        }
+    }
+
+    #[derive(Serialize, Deserialize, schemars::JsonSchema)]
+    struct Checkout {
+        order_id: String,
+        sku: String,
+    }
+
+    /// How the next request arrives: over stdio (no HTTP parts), or over HTTP with the caller
+    /// an auth middleware put into the request's extensions (or none).
+    #[derive(Clone)]
+    enum Arrival {
+        Stdio,
+        Http(Option<Caller>),
+    }
+
+    #[derive(Clone)]
+    struct Warehouse {
+        idem: Idem,
+        /// What the stock system really reserved: (sku, reservation).
+        reserved: Arc<Mutex<Vec<String>>>,
+        next: Arc<Mutex<Arrival>>,
+        router: ToolRouter<Self>,
+    }
+
+    impl HasIdem for Warehouse {
+        fn idem(&self) -> &Idem {
+            &self.idem
+        }
+    }
+
+    #[audit_idempotent]
+    #[tool_router]
+    impl Warehouse {
+        fn new(idem: Idem) -> Self {
+            let router = idem_runtime::mcp::checked_router(Self::tool_router(), Self::idem_backed_tools()).unwrap();
+            Self { idem, reserved: Arc::default(), next: Arc::new(Mutex::new(Arrival::Stdio)), router }
+        }
+
+        #[idempotent(key = "order_id")]
+        #[tool(description = "Check an order out: reserves its stock through an idempotent step")]
+        async fn checkout(&self, Parameters(checkout): Parameters<Checkout>) -> Result<String, CommandError> {
+            let reservation = self.reserve(checkout.sku).await?;
+            Ok(format!("{} checked out with {reservation}", checkout.order_id))
+        }
+
+        /// An idempotent step inside a tool: not a tool itself, so it has no request context.
+        #[idempotent(key = "sku")]
+        async fn reserve(&self, sku: String) -> Result<String, CommandError> {
+            let mut reserved = self.reserved.lock().unwrap();
+            reserved.push(sku.clone());
+            Ok(format!("reservation-{} of {sku}", reserved.len()))
+        }
+    }
+
+    #[tool_handler(router = self.router)]
+    impl rmcp::ServerHandler for Warehouse {
+        async fn call_tool(
+            &self,
+            request: rmcp::model::CallToolRequestParams,
+            mut context: rmcp::service::RequestContext<rmcp::RoleServer>,
+        ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+            // What rmcp's streamable HTTP transport does: the request's parts, with whatever the
+            // auth middleware inserted, go into the context's extensions.
+            if let Arrival::Http(caller) = self.next.lock().unwrap().clone() {
+                let (mut parts, ()) = http::Request::builder().uri("/mcp").body(()).unwrap().into_parts();
+                if let Some(caller) = caller {
+                    parts.extensions.insert(caller);
+                }
+                context.extensions.insert(parts);
+            }
+            let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+            self.router.call(call).await
+        }
+    }
+
+    struct Wire {
+        writer: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+        lines: tokio::io::Lines<BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+        next: Arc<Mutex<Arrival>>,
+        id: u64,
+    }
+
+    impl Wire {
+        async fn connect(server: Warehouse) -> Self {
+            let next = Arc::clone(&server.next);
+            let (client, end) = tokio::io::duplex(64 * 1024);
+            tokio::spawn(async move {
+                let running = server.serve(tokio::io::split(end)).await.expect("the server starts");
+                let _ = running.waiting().await;
+            });
+            let (reader, writer) = tokio::io::split(client);
+            let mut wire = Self { writer, lines: BufReader::new(reader).lines(), next, id: 0 };
+            let init = json!({
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": { "name": "idem-security", "version": "0.0.0" }
+            });
+            wire.request("initialize", init).await;
+            wire.send(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).await;
+            wire
+        }
+
+        async fn send(&mut self, message: Value) {
+            let mut line = serde_json::to_vec(&message).unwrap();
+            line.push(b'\n');
+            self.writer.write_all(&line).await.unwrap();
+        }
+
+        async fn request(&mut self, method: &str, params: Value) -> Value {
+            self.id += 1;
+            let id = self.id;
+            self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })).await;
+            loop {
+                let line = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())
+                    .await
+                    .expect("the server answers")
+                    .unwrap()
+                    .expect("the pipe stays open");
+                let message: Value = serde_json::from_str(&line).unwrap();
+                if message["id"] == json!(id) {
+                    return message["result"].clone();
+                }
+            }
+        }
+
+        /// Calls `tool` as `arrival`; the tool result.
+        async fn call(&mut self, arrival: Arrival, tool: &str, arguments: Value) -> Value {
+            *self.next.lock().unwrap() = arrival;
+            self.request("tools/call", json!({ "name": tool, "arguments": arguments })).await
+        }
+    }
+
+    fn text(result: &Value) -> String {
+        result.pointer("/content/0/text").and_then(Value::as_str).unwrap_or_default().to_owned()
+    }
+
+    fn code(result: &Value) -> Option<&str> {
+        result.pointer("/_meta/idem/code").and_then(Value::as_str)
+    }
+
+    fn warehouse() -> Warehouse {
+        // A local identity is configured, as for stdio (the quickstart does the same).
+        Warehouse::new(Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("local", "user")))
+    }
+
+    /// Item 4: an HTTP request without an authenticated caller is refused — by tools and by the
+    /// status tool — even though a local identity is configured; over stdio the local identity
+    /// is the caller.
+    #[tokio::test]
+    async fn an_http_request_without_a_caller_never_gets_the_local_identity() {
+        let server = warehouse();
+        let reserved = Arc::clone(&server.reserved);
+        let mut wire = Wire::connect(server).await;
+        let args = json!({ "order_id": "o-1", "sku": "sku-1" });
+        let refused = wire.call(Arrival::Http(None), "checkout", args.clone()).await;
+        assert_eq!(code(&refused), Some("no_caller"), "{refused}");
+        assert!(reserved.lock().unwrap().is_empty(), "nothing ran");
+
+        let local = wire.call(Arrival::Stdio, "checkout", args).await;
+        assert_eq!(text(&local), "o-1 checked out with reservation-1 of sku-1", "{local}");
+        let reference = local.pointer("/_meta/idem/ref").and_then(Value::as_str).unwrap().to_owned();
+        let status = wire.call(Arrival::Http(None), "idem_status", json!({ "ref": reference })).await;
+        assert_eq!(code(&status), Some("no_caller"), "the status tool too: {status}");
+        let own = wire.call(Arrival::Stdio, "idem_status", json!({ "ref": reference })).await;
+        assert_eq!(own.pointer("/structuredContent/state").and_then(Value::as_str), Some("completed"), "{own}");
+    }
+
+    /// Item 3 over MCP: the status tool never returns another subject's stored result.
+    #[tokio::test]
+    async fn the_status_tool_never_shows_a_colleagues_result() {
+        let mut wire = Wire::connect(warehouse()).await;
+        let (alice, bob) = (Caller::new("acme", "alice"), Caller::new("acme", "bob"));
+        let done =
+            wire.call(Arrival::Http(Some(alice.clone())), "checkout", json!({ "order_id": "o-9", "sku": "s" })).await;
+        let reference = done.pointer("/_meta/idem/ref").and_then(Value::as_str).expect("a ref").to_owned();
+        let theirs = wire.call(Arrival::Http(Some(bob)), "idem_status", json!({ "ref": reference })).await;
+        assert_eq!(code(&theirs), Some("not_found"), "{theirs}");
+        assert!(!theirs.to_string().contains("checked out"), "{theirs}");
+        let own = wire.call(Arrival::Http(Some(alice)), "idem_status", json!({ "ref": reference })).await;
+        assert_eq!(
+            own.pointer("/structuredContent/result").and_then(Value::as_str),
+            Some("o-9 checked out with reservation-1 of s")
+        );
+    }
+
+    /// Item 5: an idempotent step inside a tool runs as the tool's caller. Two tenants check
+    /// out the same sku: each gets a reservation of its own, never the other tenant's.
+    #[tokio::test]
+    async fn a_nested_operation_runs_as_the_outer_operations_caller() {
+        let server = warehouse();
+        let reserved = Arc::clone(&server.reserved);
+        let mut wire = Wire::connect(server).await;
+        let (alice, bob) = (Caller::new("acme", "alice"), Caller::new("globex", "bob"));
+        let args = json!({ "order_id": "o-1", "sku": "sku-1" });
+        let first = wire.call(Arrival::Http(Some(alice)), "checkout", args.clone()).await;
+        assert_eq!(text(&first), "o-1 checked out with reservation-1 of sku-1", "{first}");
+        let second = wire.call(Arrival::Http(Some(bob)), "checkout", args).await;
+        assert_eq!(text(&second), "o-1 checked out with reservation-2 of sku-1", "bob got alice's step: {second}");
+        assert_eq!(reserved.lock().unwrap().len(), 2);
+    }
+}

@@ -190,9 +190,17 @@ pub fn current_operation() -> Option<Operation> {
 }
 
 /// Runs `future` with `caller` as the authenticated caller of every idempotent call inside it
-/// that is not given one explicitly. Transports (the MCP adapter, your middleware) call this.
+/// that is not given one explicitly. Transports (your middleware) call this; every idempotent
+/// handler runs this way as its own caller, so operations nested in it are its caller's.
 pub async fn with_caller<F: Future>(caller: Caller, future: F) -> F::Output {
     CALLER.scope(caller, future).await
+}
+
+/// The caller in scope: the caller of the idempotent handler running now (nested operations and
+/// anything else the handler calls act for it), or the one given to [`with_caller`].
+#[must_use]
+pub fn current_caller() -> Option<Caller> {
+    CALLER.try_with(Clone::clone).ok()
 }
 
 /// Gives `#[idempotent]` methods their [`Idem`] handle: implement it for your server type.
@@ -699,18 +707,21 @@ impl Idem {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let arguments = CallArguments::from_json(recipe, arguments);
-        match self.execute(recipe, caller, arguments, reconcile, handler).await {
+        match self.execute(recipe, caller, true, arguments, reconcile, handler).await {
             Ok(Served { value: Ok(value), replayed, reference }) => Ok(Served { value, replayed, reference }),
             Ok(Served { value: Err(error), .. }) => Err(error),
             Err(rejection) => Err(E::from_rejection(rejection)),
         }
     }
 
-    /// The orchestration behind [`Idem::call`] and `#[idempotent]`.
+    /// The orchestration behind [`Idem::call`] and `#[idempotent]`. Without a `caller`, the one
+    /// in scope or the local identity — if `fallback` (never for a request that came over
+    /// HTTP). The handler and a reconcile function run with the caller in scope.
     pub(crate) async fn execute<T, E, F, Fut, R, RFut>(
         &self,
         recipe: &Recipe,
         caller: Option<&Caller>,
+        fallback: bool,
         arguments: Result<CallArguments<'_>, Rejection>,
         reconcile: R,
         handler: F,
@@ -727,7 +738,7 @@ impl Idem {
         self.register(recipe)?;
         let arguments = arguments?;
         let keyring = self.keyring().map_err(|error| no_secret(&error))?;
-        let caller = self.caller(caller)?;
+        let caller = self.caller(caller, fallback)?;
         let scope = scope_of(recipe, &caller, &arguments)?;
         let (now, clock_trusted) = self.ledger_time().await;
         let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
@@ -782,10 +793,13 @@ impl Idem {
         let result = match attempt {
             Won::Reconcile => {
                 tracing::warn!(tool, %reference, "stale lease; reconciling with the downstream");
-                match self.drive(&request, &lease, &recorded, reconcile(operation.clone())).await {
+                let asked = CALLER.scope(caller.clone().into_owned(), reconcile(operation.clone()));
+                match self.drive(&request, &lease, &recorded, asked).await {
                     Err(panic) => self.unwind(&request, &lease, panic).await,
                     Ok(Reconciled::Happened(result)) => result,
-                    Ok(Reconciled::NothingHappened) => self.run(&request, operation, &lease, &recorded, handler).await,
+                    Ok(Reconciled::NothingHappened) => {
+                        self.run(&request, operation, &caller, &lease, &recorded, handler).await
+                    }
                     Ok(Reconciled::StillUnknown) => {
                         self.finish(&request, &lease, Outcome::Unknown, false).await;
                         return Err(Rejection::OutcomeUnknown { reference });
@@ -794,11 +808,11 @@ impl Idem {
             }
             Won::Takeover => {
                 tracing::warn!(tool, %reference, "stale lease taken over; running again under a new token");
-                self.run(&request, operation, &lease, &recorded, handler).await
+                self.run(&request, operation, &caller, &lease, &recorded, handler).await
             }
             Won::Fresh => {
                 tracing::debug!(tool, %reference, "claimed");
-                self.run(&request, operation, &lease, &recorded, handler).await
+                self.run(&request, operation, &caller, &lease, &recorded, handler).await
             }
         };
         let recorded = recorded.load(Ordering::SeqCst);
@@ -834,11 +848,16 @@ impl Idem {
         })
     }
 
-    /// The caller of a call: the one given, else the one in scope ([`with_caller`]), else the
-    /// local identity; none: refused.
-    fn caller<'c>(&self, caller: Option<&'c Caller>) -> Result<std::borrow::Cow<'c, Caller>, Rejection> {
+    /// The caller of a call: the one given, else (with `fallback`) the one in scope
+    /// ([`with_caller`], an outer idempotent handler's), else the local identity; none: refused.
+    fn caller<'c>(
+        &self,
+        caller: Option<&'c Caller>,
+        fallback: bool,
+    ) -> Result<std::borrow::Cow<'c, Caller>, Rejection> {
         match caller {
             Some(caller) => Ok(std::borrow::Cow::Borrowed(caller)),
+            None if !fallback => Err(Rejection::NoCaller),
             None => CALLER
                 .try_with(Clone::clone)
                 .ok()
@@ -986,12 +1005,14 @@ impl Idem {
         }
     }
 
-    /// Runs the handler as `operation` under [`Idem::drive`]. A panic records the outcome as
-    /// unknown (the effect may have happened) and then continues unwinding.
+    /// Runs the handler as `operation` of `caller` (in scope for everything it calls) under
+    /// [`Idem::drive`]. A panic records the outcome as unknown (the effect may have happened)
+    /// and then continues unwinding.
     async fn run<T, E, F, Fut>(
         &self,
         request: &ClaimRequest,
         operation: Operation,
+        caller: &Caller,
         lease: &Arc<LeaseState>,
         recorded: &Arc<AtomicBool>,
         handler: F,
@@ -1000,7 +1021,8 @@ impl Idem {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        match self.drive(request, lease, recorded, OPERATION.scope(operation, handler())).await {
+        let handler = CALLER.scope(caller.clone(), OPERATION.scope(operation, handler()));
+        match self.drive(request, lease, recorded, handler).await {
             Ok(result) => result,
             Err(panic) => self.unwind(request, lease, panic).await,
         }

@@ -77,7 +77,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use idem::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, Served, StatusError,
-    current_operation, with_caller,
+    current_caller, current_operation, with_caller,
 };
 pub use key::{Fingerprint, Key, Ref, RefError, SubjectTag, TenantTag};
 pub use ledger::memory::MemoryLedger;

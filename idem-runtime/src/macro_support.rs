@@ -176,7 +176,7 @@ where
 {
     let Some(idem) = idem else { return R::from_result(Err(no_idem())) };
     let handler = || async { handler().await.into_result() };
-    let served = idem.execute(recipe, caller.as_ref(), arguments.finish(), reconcile, handler).await;
+    let served = idem.execute(recipe, caller.as_ref(), true, arguments.finish(), reconcile, handler).await;
     R::from_result(flatten(served))
 }
 
@@ -212,6 +212,9 @@ where
             detail: "no idem ledger is configured for this tool (implement `HasIdem`)".to_owned(),
         });
     };
+    // Over HTTP only the request's authenticated caller counts: no fallback to a caller in
+    // scope or the local identity.
+    let fallback = !crate::mcp::is_remote(context);
     let caller = caller.or_else(|| crate::mcp::caller_of(context));
     let handler = || async { handler().await.into_result() };
     let reconcile = |operation| async move {
@@ -220,7 +223,7 @@ where
             None => Reconciled::StillUnknown,
         }
     };
-    match idem.execute(recipe, caller.as_ref(), arguments.finish(), reconcile, handler).await {
+    match idem.execute(recipe, caller.as_ref(), fallback, arguments.finish(), reconcile, handler).await {
         Ok(served) => ToolOutcome::Served {
             result: R::from_result(served.value),
             reference: served.reference,

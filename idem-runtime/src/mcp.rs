@@ -35,13 +35,31 @@ pub type Context = rmcp::service::RequestContext<RoleServer>;
 /// the request's extensions (or directly into the context's).
 #[must_use]
 pub fn caller_of(context: &Context) -> Option<Caller> {
-    #[cfg(feature = "mcp-http")]
     if let Some(caller) =
         context.extensions.get::<http::request::Parts>().and_then(|parts| parts.extensions.get::<Caller>())
     {
         return Some(caller.clone());
     }
     context.extensions.get::<Caller>().cloned()
+}
+
+/// Whether the request arrived over HTTP (rmcp put its request parts into the context). Such a
+/// request is answered for its authenticated caller only: never the local (stdio) identity, nor
+/// a caller in scope — without one it is refused.
+#[must_use]
+pub fn is_remote(context: &Context) -> bool {
+    context.extensions.get::<http::request::Parts>().is_some()
+}
+
+/// The caller a request is served for: its authenticated one; over stdio, failing that, the
+/// caller in scope or the handle's local identity. Over HTTP without one: none.
+fn caller_for(idem: &Idem, context: &Context) -> Option<Caller> {
+    caller_of(context).or_else(|| {
+        if is_remote(context) {
+            return None;
+        }
+        crate::idem::current_caller().or_else(|| idem.local_caller().cloned())
+    })
 }
 
 /// What an idempotent rmcp tool returns: its own result (fresh or replayed), or idem's refusal.
@@ -154,7 +172,7 @@ pub fn status_tool<S: HasIdem + Send + Sync + 'static>() -> ToolRouter<S> {
 }
 
 async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObject>) -> CallToolResult {
-    let Some(caller) = caller_of(context).or_else(|| idem.local_caller().cloned()) else {
+    let Some(caller) = caller_for(idem, context) else {
         return refusal(&Rejection::NoCaller);
     };
     let args: StatusArgs = match serde_json::from_value(Value::Object(arguments.unwrap_or_default())) {
