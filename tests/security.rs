@@ -672,6 +672,31 @@ mod over_mcp {
         );
     }
 
+    /// Item 6: a broken ledger's raw error (here SQLite's "no such table: idem_records") goes to
+    /// the log, not to the agent, who is told nothing ran, a retry is safe, and an incident ref.
+    #[tokio::test]
+    async fn raw_database_errors_never_reach_the_agent() {
+        let ledger = SeaOrmLedger::connect("sqlite::memory:").await.unwrap();
+        ledger.connection().execute_unprepared("DROP TABLE idem_records").await.unwrap();
+        let idem = Idem::new(ledger).with_local_caller(Caller::new("local", "user"));
+        let (args, runs) = (json!({ "card": CARD, "amount_cents": 3 }), AtomicUsize::new(0));
+        let Err(Error::Idem(refused)) = charge(&idem, &args, &runs, Duration::ZERO).await else {
+            panic!("expected a refusal")
+        };
+        assert_eq!(refused, "ledger_unavailable");
+        let mut wire = Wire::connect(Warehouse::new(idem)).await;
+        let refused = wire.call(Arrival::Stdio, "checkout", json!({ "order_id": "o-1", "sku": "s" })).await;
+        assert_eq!(code(&refused), Some("ledger_unavailable"), "{refused}");
+        let said = text(&refused);
+        assert!(!said.contains("idem_records") && !said.contains("no such table"), "raw error sent: {said}");
+        assert!(said.contains("nothing was executed") && said.contains("safe to retry"), "{said}");
+        let incident = refused.pointer("/_meta/idem/incident").and_then(Value::as_str).unwrap_or_default();
+        assert!(said.contains(incident) && incident.len() == 16, "an incident ref to correlate: {refused}");
+        let status = wire.call(Arrival::Stdio, "idem_status", json!({ "ref": "0123456789abcdef" })).await;
+        assert!(!status.to_string().contains("idem_records"), "raw error sent by the status tool: {status}");
+        assert_eq!(code(&status), Some("ledger_unavailable"), "{status}");
+    }
+
     /// Item 5: an idempotent step inside a tool runs as the tool's caller. Two tenants check
     /// out the same sku: each gets a reservation of its own, never the other tenant's.
     #[tokio::test]
@@ -687,4 +712,44 @@ mod over_mcp {
         assert_eq!(text(&second), "o-1 checked out with reservation-2 of sku-1", "bob got alice's step: {second}");
         assert_eq!(reserved.lock().unwrap().len(), 2);
     }
+}
+
+/// Item 6: the example's demo bearer tokens take any `tenant:subject` at its word, so the example
+/// refuses to serve them on an address other machines can reach.
+#[test]
+fn the_demo_tokens_refuse_a_non_loopback_address() {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(std::path::Path::parent).unwrap();
+    let server = profile.join("examples").join(format!("mcp_server{}", std::env::consts::EXE_SUFFIX));
+    assert!(server.is_file(), "build the example first: cargo build --example mcp_server");
+    let dir = std::env::temp_dir().join(format!("idem-demo-{}", idem_runtime::ledger::Token::random().0));
+    std::fs::create_dir_all(&dir).unwrap();
+    for address in ["0.0.0.0:0", "[::]:0"] {
+        let mut child = std::process::Command::new(&server)
+            .args(["--http", address])
+            .current_dir(&dir)
+            .env("IDEM_DATABASE_URL", "sqlite::memory:")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        let status = status.unwrap_or_else(|| panic!("the demo server served on {address}: {stderr}"));
+        assert!(!status.success(), "{address}: {stderr}");
+        assert!(stderr.contains("loopback"), "{address}: says why and what to do: {stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -787,7 +787,7 @@ impl Idem {
             // operation by now. Give the claim back (fenced by our token) and run nothing.
             tracing::error!(tool, %reference, "the claim was answered after its lease ended; handler not run");
             self.release_lost_claim(&request);
-            return Err(Rejection::LedgerUnavailable { detail: "the ledger answered too late".to_owned() });
+            return Err(Rejection::ledger_unavailable(format!("ref {reference}: the ledger answered too late")));
         }
         let recorded = Arc::clone(&operation.recorded);
         let result = match attempt {
@@ -1358,12 +1358,11 @@ fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArguments<'_>) -> 
 
 /// The refusal of a call on a handle without a usable secret: nothing runs unkeyed.
 fn no_secret(error: &SecretError) -> Rejection {
-    tracing::error!(%error, "no usable idem secret; handler not run");
-    Rejection::LedgerUnavailable { detail: error.to_string() }
+    Rejection::ledger_unavailable(format!("no usable idem secret: {error}"))
 }
 
 fn unavailable(error: &LedgerError) -> Rejection {
-    Rejection::LedgerUnavailable { detail: error.to_string() }
+    Rejection::ledger_unavailable(error)
 }
 
 /// A call's arguments, split the way a recipe needs them.

@@ -106,6 +106,12 @@ impl Ref {
         &self.0
     }
 
+    /// A ref from its raw bytes.
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; REF_HEX_LEN / 2]) -> Self {
+        Self(bytes)
+    }
+
     /// Parses a ref as printed (16 hex digits; surrounding whitespace ignored).
     pub fn parse(text: &str) -> Result<Self, RefError> {
         let text = text.trim();

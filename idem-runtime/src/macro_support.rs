@@ -134,11 +134,10 @@ pub fn installed() -> Option<Idem> {
 }
 
 fn no_idem<E: IdempotentError>() -> E {
-    E::from_rejection(Rejection::LedgerUnavailable {
-        detail: "no idem ledger is configured for this handler: call `Idem::install` at startup, implement \
-                 `HasIdem`, or pass `idem = ...`"
-            .to_owned(),
-    })
+    E::from_rejection(Rejection::ledger_unavailable(
+        "no idem ledger is configured for this handler: call `Idem::install` at startup, implement `HasIdem`, \
+         or pass `idem = ...`",
+    ))
 }
 
 /// Runs a handler under `recipe`.
@@ -208,9 +207,9 @@ where
 {
     use crate::mcp::ToolOutcome;
     let Some(idem) = idem else {
-        return ToolOutcome::Refused(Rejection::LedgerUnavailable {
-            detail: "no idem ledger is configured for this tool (implement `HasIdem`)".to_owned(),
-        });
+        return ToolOutcome::Refused(Rejection::ledger_unavailable(
+            "no idem ledger is configured for this tool (implement `HasIdem`)",
+        ));
     };
     // Over HTTP only the request's authenticated caller counts: no fallback to a caller in
     // scope or the local identity.

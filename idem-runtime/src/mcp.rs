@@ -52,8 +52,10 @@ pub fn is_remote(context: &Context) -> bool {
 }
 
 /// The caller a request is served for: its authenticated one; over stdio, failing that, the
-/// caller in scope or the handle's local identity. Over HTTP without one: none.
-fn caller_for(idem: &Idem, context: &Context) -> Option<Caller> {
+/// caller in scope or the handle's local identity. Over HTTP without one: none. For tools
+/// without a recipe that must answer per caller (a listing scoped to the caller's tenant).
+#[must_use]
+pub fn request_caller(idem: &Idem, context: &Context) -> Option<Caller> {
     caller_of(context).or_else(|| {
         if is_remote(context) {
             return None;
@@ -107,6 +109,9 @@ pub fn refusal(rejection: &Rejection) -> CallToolResult {
     }
     if let Rejection::Conflict { differing, .. } = rejection {
         idem.insert("differing".to_owned(), json!(differing));
+    }
+    if let Rejection::LedgerUnavailable { incident, .. } = rejection {
+        idem.insert("incident".to_owned(), Value::String(incident.to_string()));
     }
     idem.insert("executed".to_owned(), Value::Bool(false));
     idem.insert("retry".to_owned(), Value::String(if rejection.retry_is_safe() { "safe" } else { "no" }.to_owned()));
@@ -172,7 +177,7 @@ pub fn status_tool<S: HasIdem + Send + Sync + 'static>() -> ToolRouter<S> {
 }
 
 async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObject>) -> CallToolResult {
-    let Some(caller) = caller_for(idem, context) else {
+    let Some(caller) = request_caller(idem, context) else {
         return refusal(&Rejection::NoCaller);
     };
     let args: StatusArgs = match serde_json::from_value(Value::Object(arguments.unwrap_or_default())) {
@@ -227,7 +232,17 @@ async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObjec
             ),
         ),
         Err(crate::StatusError::Ref(error)) => status_error("bad_request", error.to_string()),
-        Err(status_error_) => status_error("ledger_unavailable", status_error_.to_string()),
+        Err(error) => {
+            // The backend's words name hosts, users and relations: logged, not sent.
+            let incident = crate::rejection::incident(&error.to_string());
+            status_error(
+                "ledger_unavailable",
+                format!(
+                    "the idempotency ledger is unavailable, so the status cannot be read now; ask again later \
+                     (incident {incident} in the server's log)"
+                ),
+            )
+        }
     }
 }
 
