@@ -697,6 +697,24 @@ mod over_mcp {
         assert_eq!(code(&status), Some("ledger_unavailable"), "{status}");
     }
 
+    /// A free function `checkout` beside the rmcp tool `checkout`, on one handle.
+    #[idempotent(key = "order_id", idem = handle)]
+    async fn checkout(handle: &Idem, order_id: String) -> Result<String, CommandError> {
+        Ok(format!("free checkout of {order_id}"))
+    }
+
+    /// Item 2: a free function and an rmcp tool with one name on one handle do not share keys:
+    /// the second to run is refused, not handed the first one's result.
+    #[tokio::test]
+    async fn a_free_function_and_a_tool_with_one_name_never_replay_each_other() {
+        let idem = Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("local", "user"));
+        let mut wire = Wire::connect(Warehouse::new(idem.clone())).await;
+        let tool = wire.call(Arrival::Stdio, "checkout", json!({ "order_id": "o-1", "sku": "s" })).await;
+        assert_eq!(text(&tool), "o-1 checked out with reservation-1 of s", "{tool}");
+        let free = checkout(&idem, "o-1".to_owned()).await;
+        assert!(matches!(&free, Err(CommandError::Refused { code, .. }) if code == "duplicate_tool"), "{free:?}");
+    }
+
     /// Item 5: an idempotent step inside a tool runs as the tool's caller. Two tenants check
     /// out the same sku: each gets a reservation of its own, never the other tenant's.
     #[tokio::test]
@@ -752,4 +770,46 @@ fn the_demo_tokens_refuse_a_non_loopback_address() {
         assert!(stderr.contains("loopback"), "{address}: says why and what to do: {stderr}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A stand-in for an AEAD under a key from a KMS: reversible, and the plain bytes are not in the
+/// sealed ones.
+struct Reversed;
+
+impl idem_runtime::ResultSeal for Reversed {
+    fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, String> {
+        Ok(b"sealed:".iter().copied().chain(plain.iter().rev().map(|b| b ^ 0x55)).collect())
+    }
+    fn open(&self, sealed: &[u8]) -> Result<Vec<u8>, String> {
+        let body = sealed.strip_prefix(b"sealed:").ok_or("not sealed by this seal")?;
+        Ok(body.iter().rev().map(|b| b ^ 0x55).collect())
+    }
+}
+
+/// Item 6: results are stored as the handler returned them unless the server seals them; a
+/// sealed result is stored sealed, and replayed and shown by status opened.
+#[tokio::test]
+async fn a_result_seal_keeps_stored_results_from_a_ledger_reader() {
+    let ledger = SeaOrmLedger::connect("sqlite::memory:").await.unwrap();
+    let idem = Idem::new(ledger.clone()).with_secret(idem_tests::test_secret()).with_result_seal(Reversed);
+    let args = json!({ "card": CARD, "amount_cents": 12 });
+    let runs = AtomicUsize::new(0);
+    let handler = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, Error>(format!("charged card {CARD}"))
+    };
+    let first = idem.call(&CHARGE, Some(&alice()), &args, handler).await.unwrap();
+    let db = ledger.connection();
+    let row = db.query_one_raw(Statement::from_string(db.get_database_backend(), "SELECT result FROM idem_records"));
+    let stored: Vec<u8> = row.await.unwrap().unwrap().try_get_by_index(0).unwrap();
+    assert!(!String::from_utf8_lossy(&stored).contains(CARD), "stored in the clear");
+    let again = idem.call(&CHARGE, Some(&alice()), &args, handler).await.unwrap();
+    assert_eq!((again.value, again.replayed, runs.load(Ordering::SeqCst)), (first.value.clone(), true, 1));
+    let status = idem.status(&alice(), &first.reference.to_string()).await.unwrap().unwrap();
+    assert_eq!(status.result, Some(format!(r#"{{"ok":"charged card {CARD}"}}"#).into_bytes()));
+    // A handle without the seal cannot read it, and does not run the handler again either.
+    let unsealed = Idem::new(ledger).with_secret(idem_tests::test_secret());
+    let refused = unsealed.call(&CHARGE, Some(&alice()), &args, handler).await;
+    assert!(matches!(refused, Err(Error::Idem(ref code)) if code == "unreadable_result"), "{refused:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

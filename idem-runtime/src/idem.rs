@@ -166,6 +166,7 @@ impl Operation {
                 detail: format!("the result is {} bytes, above the limit of {max}", bytes.len()),
             });
         }
+        let bytes = self.idem.seal(bytes).map_err(|error| LedgerError::Corrupt { detail: error })?;
         let keep_until = self.idem.keep_until(self.idem.inner.grace);
         let outcome = Outcome::Completed(bytes);
         crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, outcome, keep_until).await?;
@@ -253,6 +254,29 @@ enum Stored<T, E> {
     Err(E),
 }
 
+/// What happens to a result between the handler and the ledger: [`seal`](ResultSeal::seal)ed
+/// before it is stored, [`open`](ResultSeal::open)ed after it is read back (replays, status).
+///
+/// Without one, results are stored as the handler returned them, and anyone who can read the
+/// ledger (a backup, a replica, an export) can read them. Plug in an AEAD under a key from your
+/// KMS to encrypt them, or a redaction (`open` returning its input) to keep only what repeats
+/// need — then repeats get the redacted result. Every handle on a ledger must use the same seal.
+pub trait ResultSeal: Send + Sync + 'static {
+    /// The bytes to store for `plain` (the result's JSON).
+    ///
+    /// # Errors
+    /// The result cannot be sealed: it is returned to its caller and recorded as "outcome
+    /// unknown".
+    fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, String>;
+
+    /// The result's JSON from stored bytes.
+    ///
+    /// # Errors
+    /// The bytes cannot be opened (another key, tampering): repeats are refused as an
+    /// unreadable result, and nothing runs again.
+    fn open(&self, sealed: &[u8]) -> Result<Vec<u8>, String>;
+}
+
 /// The handle that runs handlers under recipes: a ledger, a clock and the limits. Cheap to clone.
 #[derive(Clone)]
 pub struct Idem {
@@ -270,6 +294,8 @@ struct Inner {
     unsettled_retention: Duration,
     max_result_bytes: usize,
     local_caller: Option<Caller>,
+    /// Seals results before they are stored, opens them when read back.
+    seal: Option<Arc<dyn ResultSeal>>,
     /// The namespace of every tool's keys, if set (else each recipe's, else the default).
     namespace: Option<String>,
     /// The recipes seen per tool name: (namespace, where declared).
@@ -335,6 +361,7 @@ impl Idem {
                 unsettled_retention: DEFAULT_UNSETTLED_RETENTION,
                 max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
                 local_caller: None,
+                seal: None,
                 namespace: None,
                 registry: Arc::default(),
                 secret: None,
@@ -564,6 +591,33 @@ impl Idem {
         }
     }
 
+    /// Seals every result before it is stored and opens it when read back (replays, status,
+    /// an operator's verdict): see [`ResultSeal`]. Without one, results are stored as given.
+    #[must_use]
+    pub fn with_result_seal(self, seal: impl ResultSeal) -> Self {
+        let seal: Arc<dyn ResultSeal> = Arc::new(seal);
+        self.configure(|inner| inner.seal = Some(seal))
+    }
+
+    /// `plain` as it is stored.
+    fn seal(&self, plain: Vec<u8>) -> Result<Vec<u8>, String> {
+        match &self.inner.seal {
+            Some(seal) => seal.seal(&plain).map_err(|error| format!("the result cannot be sealed: {error}")),
+            None => Ok(plain),
+        }
+    }
+
+    /// Stored bytes as the result's JSON.
+    fn open(&self, stored: Vec<u8>, reference: Ref) -> Result<Vec<u8>, Rejection> {
+        match &self.inner.seal {
+            Some(seal) => seal.open(&stored).map_err(|error| {
+                tracing::error!(%reference, %error, "a stored result cannot be opened");
+                Rejection::UnreadableResult { reference, detail: "the stored result cannot be opened".to_owned() }
+            }),
+            None => Ok(stored),
+        }
+    }
+
     /// Makes this the process-wide handle that `#[idempotent]` free functions run under
     /// (methods use [`HasIdem`]). Replaces any handle installed before.
     pub fn install(&self) {
@@ -755,6 +809,7 @@ impl Idem {
             Claim::Won { attempt, window_end } => (attempt, window_end),
             Claim::Replay { result } => {
                 tracing::info!(tool, %reference, "replay");
+                let result = self.open(result, reference)?;
                 return decode::<T, E>(&result, reference).map(|value| Served { value, replayed: true, reference });
             }
             Claim::InFlight { .. } => {
@@ -819,6 +874,7 @@ impl Idem {
         let (value, fenced) = self.record(&request, &lease, result, recorded).await;
         if fenced && let Some(stored) = self.stored_result(&request, window_end).await {
             // Superseded: the answer is the new holder's, the one every repeat gets too.
+            let stored = self.open(stored, reference)?;
             return decode::<T, E>(&stored, reference).map(|value| Served { value, replayed: true, reference });
         }
         Ok(Served { value, replayed: false, reference })
@@ -1113,7 +1169,13 @@ impl Idem {
     fn encode<S: Serialize>(&self, request: &ClaimRequest, stored: &S) -> Outcome {
         let reference = request.key.reference();
         match serde_json::to_vec(stored) {
-            Ok(bytes) if bytes.len() <= self.inner.max_result_bytes => Outcome::Completed(bytes),
+            Ok(bytes) if bytes.len() <= self.inner.max_result_bytes => match self.seal(bytes) {
+                Ok(sealed) => Outcome::Completed(sealed),
+                Err(error) => {
+                    tracing::error!(%reference, %error, "recording the outcome as unknown");
+                    Outcome::Unknown
+                }
+            },
             Ok(bytes) => {
                 tracing::error!(%reference, size = bytes.len(), max = self.inner.max_result_bytes,
                     "result too large to store; recording the outcome as unknown");
@@ -1224,7 +1286,9 @@ impl Idem {
             let subject = crate::key::SubjectTag::of(secret, caller.tenant(), caller.subject());
             let report =
                 self.inner.ledger.status(tenant, subject, reference, now).await.map_err(StatusError::Ledger)?;
-            if let Some(report) = report {
+            if let Some(mut report) = report {
+                // An unopenable result is not shown (the error is logged); its state still is.
+                report.result = report.result.and_then(|stored| self.open(stored, report.reference).ok());
                 return Ok(Some(report));
             }
         }
@@ -1242,6 +1306,13 @@ impl Idem {
         let keyring = self.keyring().map_err(StatusError::Secret)?;
         let (now, _) = self.ledger_time().await;
         let keep_until = clamp(now.saturating_add(millis(self.inner.verdict_retention)));
+        let resolution = match resolution {
+            Resolution::Completed(plain) => {
+                let sealed = self.seal(plain).map_err(|detail| StatusError::Ledger(LedgerError::Corrupt { detail }))?;
+                Resolution::Completed(sealed)
+            }
+            other => other,
+        };
         let mut answer = Err(LedgerError::NotFound);
         for secret in keyring.all() {
             let tenant = crate::key::TenantTag::of(secret, caller.tenant());

@@ -481,7 +481,13 @@ async def check_other_tenant(server: HttpServer, first: Any) -> None:
 async def check_unauthenticated(server: HttpServer) -> None:
     step("HTTP requests without a valid bearer token")
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
-    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    # One connection per request: a 401 answered before its body is read may close the connection,
+    # and a kept-alive client's next request would race that close.
+    base = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "Connection": "close",
+    }
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(CALL_TIMEOUT_S)) as http:
         for label, extra in (
             ("no Authorization header", {}),
