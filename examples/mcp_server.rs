@@ -5,6 +5,9 @@
 //! cargo run --example mcp_server -- --http 127.0.0.1:8931   # streamable HTTP at /mcp, bearer tokens `tenant:subject`
 //! ```
 //!
+//! The demo bearer tokens take any `tenant:subject` at its word, so the server refuses to listen
+//! on an address that is not loopback: replace `mcp::demo_tokens()` with real validation first.
+//!
 //! Options: `--processor-delay-ms N` makes the fake card processor slow (so "in flight" can be
 //! seen). The ledger is `IDEM_DATABASE_URL`, default the SQLite file `.idem/ledger.sqlite3`.
 //! Logs go to stderr (on stdio, stdout is the transport).
@@ -19,8 +22,9 @@
 //!   business id and the email provider does not dedupe, so: the same message to the same
 //!   recipient within a day is a repeat, not a new email; a lost process leaves the send
 //!   "unknown" (`hold`) for an operator rather than risking a second email.
-//! - `list_charges` — read-only: what the processor really did.
-//! - `idem_status` — read-only: an operation's state by ref, for the caller's tenant.
+//! - `list_charges` — read-only: what the processor really did for the caller's tenant.
+//! - `idem_status` — read-only: an operation's state by ref, for its caller (or, for a
+//!   tenant-scoped tool, its tenant).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -115,6 +119,8 @@ struct Sent {
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 struct ChargeRecord {
+    /// The tenant the charge was made for.
+    tenant: String,
     charge_id: String,
     card: String,
     amount_cents: u64,
@@ -167,6 +173,8 @@ impl Payments {
             return Err(ToolError::Invalid("amount_cents must be positive".into()));
         }
         let reference = forwarded_key();
+        // The operation's caller, in scope while the handler runs.
+        let tenant = idem_runtime::current_caller().map(|caller| caller.tenant().to_owned()).unwrap_or_default();
         tokio::time::sleep(self.processor_delay).await;
         if charge.card == "tok_declined" {
             return Err(ToolError::Declined("insufficient funds".into()));
@@ -175,6 +183,7 @@ impl Payments {
         let charge_id = format!("ch_{}", charges.len() + 1);
         let _ = charge.description;
         charges.push(ChargeRecord {
+            tenant,
             charge_id: charge_id.clone(),
             card: charge.card,
             amount_cents: charge.amount_cents,
@@ -214,10 +223,16 @@ impl Payments {
         Ok(Json(Sent { message_id: format!("msg_{}", emails.len()) }))
     }
 
-    #[tool(description = "List every charge the card processor really made.", annotations(read_only_hint = true))]
-    async fn list_charges(&self) -> rmcp::Json<Charges> {
-        let charges = self.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        rmcp::Json(Charges { charges })
+    #[tool(
+        description = "List every charge the card processor really made for your tenant.",
+        annotations(read_only_hint = true)
+    )]
+    async fn list_charges(&self, context: mcp::Context) -> Result<rmcp::Json<Charges>, String> {
+        let caller = mcp::request_caller(&self.idem, &context)
+            .ok_or("the caller is not authenticated: send a bearer token and call again")?;
+        let charges = self.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let charges = charges.iter().filter(|charge| charge.tenant == caller.tenant()).cloned().collect();
+        Ok(rmcp::Json(Charges { charges }))
     }
 }
 
@@ -263,7 +278,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ledger = SeaOrmLedger::from_env().await?;
     let local = std::env::var("IDEM_LOCAL_CALLER").unwrap_or_else(|_| "local:user".to_owned());
     let (tenant, subject) = local.split_once(':').ok_or("IDEM_LOCAL_CALLER must be `tenant:subject`")?;
+    // Keys are keyed with IDEM_SECRET, or on the SQLite default with a secret kept beside the
+    // ledger file; on PostgreSQL or MySQL without IDEM_SECRET this stops here and says how.
     let idem = Idem::new(ledger);
+    idem.check_secret()?;
     let delay = options.processor_delay;
     match options.http {
         None => {
@@ -273,6 +291,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Some(address) => {
             use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+            // Any `tenant:subject` token is accepted: only this machine may reach that.
+            let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&address).await?.collect();
+            if resolved.is_empty() || resolved.iter().any(|socket| !socket.ip().is_loopback()) {
+                return Err(format!(
+                    "refusing to serve on {address}: it is not a loopback address, and this example's demo bearer \
+                     tokens accept any `tenant:subject` at its word. Serve on 127.0.0.1 or [::1], or replace \
+                     `mcp::demo_tokens()` with real token validation before exposing the server"
+                )
+                .into());
+            }
             use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
             // One server value for every request: the fake downstream is shared, as a real one would be.
             let server = Payments::new(idem, delay)?;
@@ -284,7 +312,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let app = axum::Router::new()
                 .nest_service("/mcp", service)
                 .layer(axum::middleware::from_fn_with_state(mcp::demo_tokens(), mcp::require_bearer));
-            let listener = tokio::net::TcpListener::bind(&address).await?;
+            let listener = tokio::net::TcpListener::bind(resolved.as_slice()).await?;
             tracing::info!("serving streamable HTTP at http://{}/mcp", listener.local_addr()?);
             axum::serve(listener, app).with_graceful_shutdown(async { drop(tokio::signal::ctrl_c().await) }).await?;
         }

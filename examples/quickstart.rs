@@ -95,7 +95,12 @@ async fn main() {
         }
     };
     let alice = Caller::new("acme", "alice");
-    let payments = Payments { idem: Idem::new(ledger).with_local_caller(alice), charges: AtomicUsize::new(0) };
+    let idem = Idem::new(ledger).with_local_caller(alice);
+    if let Err(error) = idem.check_secret() {
+        eprintln!("cannot key operations: {error}");
+        std::process::exit(1);
+    }
+    let payments = Payments { idem, charges: AtomicUsize::new(0) };
     let charge = |order: &str, amount: u64, note: &str| {
         payments.charge_card(order.to_owned(), "tok_visa".to_owned(), amount, note.to_owned())
     };

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use idem_runtime::ledger::{Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, State, Token, Won};
-use idem_runtime::{Key, StalePolicy, TenantTag};
+use idem_runtime::{Key, StalePolicy, SubjectTag, TenantTag};
 
 /// A base time for records, far in the future of the sweep case's times.
 const T0: u64 = 1_900_000_000_000;
@@ -35,6 +35,7 @@ fn request(now: u64) -> ClaimRequest {
     ClaimRequest {
         key: Key::from_bytes(random_bytes()),
         tenant: TenantTag(random_bytes()),
+        subject: SubjectTag(random_bytes()),
         fingerprint: [7; 32],
         arg_tags: vec![[1, 1, 2, 2], [3, 3, 4, 4]],
         token: Token::random(),
@@ -71,7 +72,7 @@ async fn complete(ledger: &dyn Ledger, request: &ClaimRequest, outcome: Outcome)
 pub async fn absent_key_is_claimed(ledger: Arc<dyn Ledger>) {
     let first = request(T0);
     assert_eq!(claim(&*ledger, &first).await.won(), Some(Won::Fresh));
-    let status = ledger.status(first.tenant, first.key.reference(), T0).await.unwrap().expect("record");
+    let status = ledger.status(first.tenant, first.subject, first.key.reference(), T0).await.unwrap().expect("record");
     assert_eq!(status.state, State::InProgress);
     assert_eq!((status.created_at, status.window_end), (T0, T0 + WINDOW));
     assert!(!status.lease_expired);
@@ -111,7 +112,8 @@ pub async fn completed_is_replayed_byte_for_byte(ledger: Arc<dyn Ledger>) {
     for at in [T0 + 1, T0 + LEASE + 1, T0 + WINDOW - 1] {
         assert_eq!(claim(&*ledger, &repeat(&first, at)).await, Claim::Replay { result: stored.clone() });
     }
-    let status = ledger.status(first.tenant, first.key.reference(), T0 + 2).await.unwrap().expect("record");
+    let status =
+        ledger.status(first.tenant, first.subject, first.key.reference(), T0 + 2).await.unwrap().expect("record");
     assert_eq!((status.state, status.result), (State::Completed, Some(stored)));
     // Completing twice is refused: the claim has ended.
     assert_eq!(ledger.complete(&first.key, first.token, Outcome::Failed, NO_GRACE).await, Err(LedgerError::Fenced));
@@ -122,7 +124,8 @@ pub async fn failed_is_claimed_again(ledger: Arc<dyn Ledger>) {
     let first = request(T0);
     claim(&*ledger, &first).await;
     complete(&*ledger, &first, Outcome::Failed).await;
-    let status = ledger.status(first.tenant, first.key.reference(), T0 + 1).await.unwrap().expect("record");
+    let status =
+        ledger.status(first.tenant, first.subject, first.key.reference(), T0 + 1).await.unwrap().expect("record");
     assert_eq!(status.state, State::Failed);
     let again = repeat(&first, T0 + 10);
     assert_eq!(claim(&*ledger, &again).await.won(), Some(Won::Fresh));
@@ -183,7 +186,11 @@ pub async fn window_edge(ledger: Arc<dyn Ledger>) {
     assert_eq!(claim(&*ledger, &inside).await, Claim::Replay { result: b"first".to_vec() });
     let outside = repeat(&first, T0 + WINDOW + 1);
     assert_eq!(claim(&*ledger, &outside).await.won(), Some(Won::Fresh));
-    let status = ledger.status(first.tenant, first.key.reference(), T0 + WINDOW + 2).await.unwrap().expect("record");
+    let status = ledger
+        .status(first.tenant, first.subject, first.key.reference(), T0 + WINDOW + 2)
+        .await
+        .unwrap()
+        .expect("record");
     assert_eq!((status.state, status.created_at), (State::InProgress, T0 + WINDOW + 1));
     // The new operation's window starts at its own claim, not at a clock bucket.
     let later = repeat(&first, T0 + WINDOW + 1 + LEASE - 1);
@@ -208,7 +215,11 @@ pub async fn stale_lease_takeover_fences_the_old_holder(ledger: Arc<dyn Ledger>)
         Claim::Replay { result: b"new holder".to_vec() }
     );
     // The takeover kept the operation's window: it still expires from the first claim.
-    let status = ledger.status(first.tenant, first.key.reference(), T0 + LEASE + 4).await.unwrap().expect("record");
+    let status = ledger
+        .status(first.tenant, first.subject, first.key.reference(), T0 + LEASE + 4)
+        .await
+        .unwrap()
+        .expect("record");
     assert_eq!((status.created_at, status.window_end), (T0, T0 + WINDOW));
 }
 
@@ -232,11 +243,19 @@ pub async fn stale_lease_reconcile(ledger: Arc<dyn Ledger>) {
 pub async fn stale_lease_hold_becomes_unknown(ledger: Arc<dyn Ledger>) {
     let first = request(T0);
     claim(&*ledger, &first).await;
-    let status = ledger.status(first.tenant, first.key.reference(), T0 + LEASE + 1).await.unwrap().expect("record");
+    let status = ledger
+        .status(first.tenant, first.subject, first.key.reference(), T0 + LEASE + 1)
+        .await
+        .unwrap()
+        .expect("record");
     assert!(status.lease_expired, "status shows the dead holder before anyone repeats");
     assert_eq!(claim(&*ledger, &repeat(&first, T0 + LEASE + 1)).await, Claim::Unknown);
     assert_eq!(claim(&*ledger, &repeat(&first, T0 + LEASE + 2)).await, Claim::Unknown);
-    let status = ledger.status(first.tenant, first.key.reference(), T0 + LEASE + 3).await.unwrap().expect("record");
+    let status = ledger
+        .status(first.tenant, first.subject, first.key.reference(), T0 + LEASE + 3)
+        .await
+        .unwrap()
+        .expect("record");
     assert_eq!(status.state, State::Unknown);
     assert_eq!(ledger.renew(&first.key, first.token, T0 + 100_000).await, Err(LedgerError::Fenced), "no revival");
     complete(&*ledger, &first, Outcome::Completed(b"late but done".to_vec())).await;
@@ -292,7 +311,8 @@ pub async fn release_undoes_only_its_own_claim(ledger: Arc<dyn Ledger>) {
     claim(&*ledger, &fresh).await;
     assert_eq!(ledger.release(&fresh.key, Token::random()).await, Err(LedgerError::Fenced));
     ledger.release(&fresh.key, fresh.token).await.expect("the holder releases");
-    let status = ledger.status(fresh.tenant, fresh.key.reference(), T0 + 1).await.unwrap().expect("record");
+    let status =
+        ledger.status(fresh.tenant, fresh.subject, fresh.key.reference(), T0 + 1).await.unwrap().expect("record");
     assert_eq!(status.state, State::Failed);
     assert_eq!(claim(&*ledger, &repeat(&fresh, T0 + 2)).await.won(), Some(Won::Fresh));
     assert_eq!(ledger.release(&fresh.key, fresh.token).await, Err(LedgerError::Fenced), "nothing left to undo");
@@ -302,7 +322,8 @@ pub async fn release_undoes_only_its_own_claim(ledger: Arc<dyn Ledger>) {
     let taker = repeat(&dead, T0 + LEASE + 1);
     assert_eq!(claim(&*ledger, &taker).await.won(), Some(Won::Takeover));
     ledger.release(&taker.key, taker.token).await.expect("the taker releases");
-    let status = ledger.status(dead.tenant, dead.key.reference(), T0 + LEASE + 2).await.unwrap().expect("record");
+    let status =
+        ledger.status(dead.tenant, dead.subject, dead.key.reference(), T0 + LEASE + 2).await.unwrap().expect("record");
     assert_eq!((status.state, status.lease_expired), (State::InProgress, true), "maybe happened stays maybe");
     let next = repeat(&dead, T0 + LEASE + 3);
     assert_eq!(claim(&*ledger, &next).await, Claim::Won { attempt: Won::Takeover, window_end: T0 + WINDOW });
@@ -352,7 +373,7 @@ pub async fn late_result_stays_replayable_for_its_grace(ledger: Arc<dyn Ledger>)
     let outcome = Outcome::Completed(b"slow".to_vec());
     ledger.complete(&slow.key, slow.token, outcome, settled + GRACE).await.expect("complete");
     assert_eq!(claim(&*ledger, &repeat(&slow, settled + 1)).await, Claim::Replay { result: b"slow".to_vec() });
-    let status = ledger.status(slow.tenant, slow.key.reference(), settled + GRACE - 1).await.unwrap();
+    let status = ledger.status(slow.tenant, slow.subject, slow.key.reference(), settled + GRACE - 1).await.unwrap();
     assert_eq!(status.map(|s| s.state), Some(State::Completed), "status finds it too");
     assert_eq!(claim(&*ledger, &repeat(&slow, settled + GRACE + 1)).await.won(), Some(Won::Fresh));
 
@@ -363,7 +384,11 @@ pub async fn late_result_stays_replayable_for_its_grace(ledger: Arc<dyn Ledger>)
     let verdict = Resolution::Completed(b"found".to_vec());
     let reference = unknown.key.reference();
     ledger.resolve(unknown.tenant, reference, verdict, next_day, next_day + GRACE).await.unwrap();
-    let status = ledger.status(unknown.tenant, reference, next_day + GRACE - 1).await.unwrap().expect("the verdict");
+    let status = ledger
+        .status(unknown.tenant, unknown.subject, reference, next_day + GRACE - 1)
+        .await
+        .unwrap()
+        .expect("the verdict");
     assert_eq!((status.state, status.result), (State::Completed, Some(b"found".to_vec())));
 }
 
@@ -379,7 +404,8 @@ pub async fn unsettled_past_its_window_is_superseded(ledger: Arc<dyn Ledger>) {
     let next = repeat(&unknown, after);
     assert_eq!(claim(&*ledger, &next).await, Claim::Won { attempt: Won::Fresh, window_end: after + WINDOW });
     let reference = unknown.key.reference();
-    let current = ledger.status(unknown.tenant, reference, after + 1).await.unwrap().expect("the new operation");
+    let current =
+        ledger.status(unknown.tenant, unknown.subject, reference, after + 1).await.unwrap().expect("the new operation");
     assert_eq!((current.state, current.superseded), (State::InProgress, false));
     // The operator can still settle the old one while the new one runs.
     let verdict = Resolution::Completed(b"it did happen".to_vec());
@@ -395,7 +421,7 @@ pub async fn unsettled_past_its_window_is_superseded(ledger: Arc<dyn Ledger>) {
         assert_eq!(claim(&*ledger, &next).await.won(), Some(Won::Fresh), "{stale:?}");
         let late = ledger.complete(&dead.key, dead.token, Outcome::Completed(b"late".to_vec()), NO_GRACE).await;
         assert_eq!(late, Ok(()), "the late holder records on its own, superseded record");
-        let current = ledger.status(dead.tenant, dead.key.reference(), T0 + WINDOW + 2).await.unwrap();
+        let current = ledger.status(dead.tenant, dead.subject, dead.key.reference(), T0 + WINDOW + 2).await.unwrap();
         assert_eq!(current.map(|s| s.state), Some(State::InProgress), "the new operation is untouched");
     }
 }
@@ -444,18 +470,48 @@ pub async fn status_is_scoped_to_the_tenant(ledger: Arc<dyn Ledger>) {
     claim(&*ledger, &first).await;
     complete(&*ledger, &first, Outcome::Completed(b"mine".to_vec())).await;
     let reference = first.key.reference();
-    let own = ledger.status(first.tenant, reference, T0 + 1).await.unwrap();
+    let own = ledger.status(first.tenant, first.subject, reference, T0 + 1).await.unwrap();
     assert_eq!(own.map(|s| (s.reference, s.state)), Some((reference, State::Completed)));
     let other_tenant = TenantTag(random_bytes());
-    assert_eq!(ledger.status(other_tenant, reference, T0 + 1).await.unwrap(), None);
+    assert_eq!(ledger.status(other_tenant, first.subject, reference, T0 + 1).await.unwrap(), None);
     assert_eq!(
         ledger.resolve(other_tenant, reference, Resolution::NothingHappened, T0 + 1, T0 + 1).await,
         Err(LedgerError::NotFound)
     );
     let unknown_ref = Key::from_bytes(random_bytes()).reference();
-    assert_eq!(ledger.status(first.tenant, unknown_ref, T0 + 1).await.unwrap(), None);
+    assert_eq!(ledger.status(first.tenant, first.subject, unknown_ref, T0 + 1).await.unwrap(), None);
     // Expired records are gone for status too.
-    assert_eq!(ledger.status(first.tenant, reference, T0 + WINDOW).await.unwrap(), None);
+    assert_eq!(ledger.status(first.tenant, first.subject, reference, T0 + WINDOW).await.unwrap(), None);
+}
+
+/// status: a record made under a subject is that subject's alone; one made tenant-wide
+/// (`SubjectTag::TENANT`) is the whole tenant's — current and superseded records alike. The
+/// operator's resolve stays tenant-wide.
+pub async fn status_is_scoped_to_the_subject(ledger: Arc<dyn Ledger>) {
+    let mine = request(T0);
+    claim(&*ledger, &mine).await;
+    complete(&*ledger, &mine, Outcome::Completed(b"mine".to_vec())).await;
+    let colleague = SubjectTag(random_bytes());
+    let reference = mine.key.reference();
+    assert!(ledger.status(mine.tenant, mine.subject, reference, T0 + 1).await.unwrap().is_some());
+    assert_eq!(ledger.status(mine.tenant, colleague, reference, T0 + 1).await.unwrap(), None, "a colleague's lookup");
+
+    let shared = ClaimRequest { subject: SubjectTag::TENANT, ..request(T0) };
+    claim(&*ledger, &shared).await;
+    complete(&*ledger, &shared, Outcome::Completed(b"ours".to_vec())).await;
+    let found = ledger.status(shared.tenant, colleague, shared.key.reference(), T0 + 1).await.unwrap();
+    assert_eq!(found.and_then(|s| s.result), Some(b"ours".to_vec()), "tenant-wide records are the tenant's");
+
+    // A superseded record keeps its subject.
+    let unknown = request(T0);
+    claim(&*ledger, &unknown).await;
+    complete(&*ledger, &unknown, Outcome::Unknown).await;
+    let after = T0 + WINDOW + 1;
+    assert_eq!(claim(&*ledger, &repeat(&unknown, after)).await.won(), Some(Won::Fresh));
+    let reference = unknown.key.reference();
+    assert!(ledger.status(unknown.tenant, unknown.subject, reference, after).await.unwrap().is_some());
+    assert_eq!(ledger.status(unknown.tenant, colleague, reference, after).await.unwrap(), None);
+    ledger.resolve(unknown.tenant, reference, Resolution::NothingHappened, after, after).await.unwrap();
 }
 
 /// resolve: the operator path out of unknown, either way; live or finished records refuse it.
@@ -528,14 +584,20 @@ pub async fn sweep_is_bounded_and_spares_live_leases(ledger: Arc<dyn Ledger>) {
     assert_eq!(ledger.sweep(now, 10).await.unwrap(), 5);
     assert_eq!(ledger.sweep(now, 10).await.unwrap(), 0);
     for r in &expired {
-        assert_eq!(ledger.status(r.tenant, r.key.reference(), base).await.unwrap(), None, "swept");
+        assert_eq!(ledger.status(r.tenant, r.subject, r.key.reference(), base).await.unwrap(), None, "swept");
     }
-    let kept = ledger.status(live.tenant, live.key.reference(), now).await.unwrap().expect("live lease kept");
+    let kept =
+        ledger.status(live.tenant, live.subject, live.key.reference(), now).await.unwrap().expect("live lease kept");
     assert_eq!(kept.state, State::InProgress);
     complete(&*ledger, &live, Outcome::Completed(b"done".to_vec())).await;
-    let kept = ledger.status(dead.tenant, dead.key.reference(), now).await.unwrap().expect("dead holder kept");
+    let kept =
+        ledger.status(dead.tenant, dead.subject, dead.key.reference(), now).await.unwrap().expect("dead holder kept");
     assert!(kept.lease_expired);
-    let kept = ledger.status(unknown.tenant, unknown.key.reference(), now).await.unwrap().expect("unknown kept");
+    let kept = ledger
+        .status(unknown.tenant, unknown.subject, unknown.key.reference(), now)
+        .await
+        .unwrap()
+        .expect("unknown kept");
     assert_eq!(kept.state, State::Unknown);
     // Once their unsettled retention passed, they go too — the table stays bounded — but never a
     // record under a live lease.
@@ -556,9 +618,9 @@ pub async fn sweep_is_bounded_and_spares_live_leases(ledger: Arc<dyn Ledger>) {
         }
     }
     assert_eq!(swept, 3, "the live holder's record, the dead holder's and the unknown one");
-    assert_eq!(ledger.status(dead.tenant, dead.key.reference(), later).await.unwrap(), None);
-    assert_eq!(ledger.status(unknown.tenant, unknown.key.reference(), later).await.unwrap(), None);
-    let kept = ledger.status(live_again.tenant, live_again.key.reference(), later).await.unwrap();
+    assert_eq!(ledger.status(dead.tenant, dead.subject, dead.key.reference(), later).await.unwrap(), None);
+    assert_eq!(ledger.status(unknown.tenant, unknown.subject, unknown.key.reference(), later).await.unwrap(), None);
+    let kept = ledger.status(live_again.tenant, live_again.subject, live_again.key.reference(), later).await.unwrap();
     assert!(kept.is_some(), "a live lease is never swept");
     complete(&*ledger, &live_again, Outcome::Completed(b"done".to_vec())).await;
     while ledger.sweep(later + 1, 1000).await.unwrap() > 0 {}

@@ -35,6 +35,7 @@ macro_rules! ledger_conformance {
             many_arguments_are_stored,
             renew_extends_only_the_holders_lease,
             status_is_scoped_to_the_tenant,
+            status_is_scoped_to_the_subject,
             resolve_settles_unknown,
             sweep_is_bounded_and_spares_live_leases,
             two_hundred_concurrent_claims_one_winner
@@ -87,4 +88,26 @@ pub async fn durable(
             None
         }
     }
+}
+
+/// The secret every test handle on a shared database keys with: fixed, so separate processes
+/// (a crash test's child, a restarted server) and separate handles agree, as replicas must.
+///
+/// # Panics
+/// Never: the bytes are long enough.
+#[must_use]
+pub fn test_secret() -> idem_runtime::Secret {
+    idem_runtime::Secret::new(1, &[0x5e; 32]).expect("32 bytes")
+}
+
+/// A handle on `ledger` keyed with [`test_secret`] (PostgreSQL and MariaDB have no default).
+#[must_use]
+pub fn idem(ledger: impl idem_runtime::Ledger) -> idem_runtime::Idem {
+    idem_runtime::Idem::new(ledger).with_secret(test_secret())
+}
+
+/// A handle on a shared ledger keyed with [`test_secret`].
+#[must_use]
+pub fn idem_shared(ledger: std::sync::Arc<dyn idem_runtime::Ledger>) -> idem_runtime::Idem {
+    idem_runtime::Idem::from_shared(ledger).with_secret(test_secret())
 }

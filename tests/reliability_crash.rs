@@ -25,14 +25,19 @@ use std::time::Duration;
 
 use idem_runtime::ledger::Resolution;
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::{Caller, Idem, Key, Recipe, Reconciled, Scope, StalePolicy, State, current_operation};
-use serde_json::{Map, Value, json};
+use idem_runtime::{Caller, Idem, Key, Recipe, Reconciled, StalePolicy, State, current_operation};
+use serde_json::json;
 use support::downstream::FileDownstream;
 use support::{RelError, scale, stored_ok, unique};
 
-static TAKEOVER: Recipe = Recipe::new("rel_crash_charge", &["order_id"]).stale(StalePolicy::Takeover);
-static RECONCILE: Recipe = Recipe::new("rel_crash_charge", &["order_id"]).stale(StalePolicy::Reconcile);
-static HOLD: Recipe = Recipe::new("rel_crash_charge", &["order_id"]).stale(StalePolicy::Hold);
+/// One tool, declared once, whose stale policy each run configures (as the child's does): one
+/// declaration site, so one handle accepts all three.
+const fn charge(stale: StalePolicy) -> Recipe {
+    Recipe::new("rel_crash_charge", &["order_id"]).stale(stale)
+}
+static TAKEOVER: Recipe = charge(StalePolicy::Takeover);
+static RECONCILE: Recipe = charge(StalePolicy::Reconcile);
+static HOLD: Recipe = charge(StalePolicy::Hold);
 
 const POINTS: [&str; 3] = ["claim", "effect", "record"];
 const POLICIES: [StalePolicy; 3] = [StalePolicy::Takeover, StalePolicy::Reconcile, StalePolicy::Hold];
@@ -105,7 +110,7 @@ async fn crash_injection(backend: &str) {
         url,
         dir,
         downstream,
-        idem: Idem::new(ledger).with_lease(Duration::from_millis(LEASE_MS)),
+        idem: idem_tests::idem(ledger).with_lease(Duration::from_millis(LEASE_MS)),
         // The child calls as subject `crash-child` of this tenant; retries come from the same caller.
         caller: Caller::new(unique("rel-crash-tenant"), "crash-child"),
     });
@@ -215,10 +220,8 @@ impl Run {
     }
 }
 
-fn key_of(caller: &Caller, order: &str) -> Key {
-    let mut selected = Map::new();
-    selected.insert("order_id".to_owned(), Value::String(order.to_owned()));
-    Key::derive(&Scope::caller(caller), "rel_crash_charge", &selected).unwrap()
+fn key_of(idem: &Idem, caller: &Caller, order: &str) -> Key {
+    idem.key_of(&HOLD, caller, &json!({ "order_id": order })).unwrap()
 }
 
 /// A child that is SIGKILLed and reaped when dropped, so a failing test leaves no process behind.
@@ -280,7 +283,7 @@ async fn inject(context: &Context, point: &'static str, policy: StalePolicy) -> 
 
     let idem = &context.idem;
     let caller = &context.caller;
-    let reference = key_of(caller, &order).reference().to_string();
+    let reference = key_of(idem, caller, &order).reference().to_string();
     let arguments = json!({ "order_id": order, "amount_cents": 1250 });
 
     // What the kill left behind, and waiting out the dead child's lease.

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use idem_runtime::ledger::{
     BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, State, StatusReport, Token, Won,
 };
-use idem_runtime::{Caller, Clock, Idem, Key, MemoryLedger, Recipe, Ref, StalePolicy, SystemClock, TenantTag};
+use idem_runtime::{Caller, Clock, Key, MemoryLedger, Recipe, Ref, StalePolicy, SystemClock, TenantTag};
 use serde_json::json;
 use support::scale;
 use support::{RelError, unique};
@@ -62,6 +62,7 @@ fn requests() -> (ClaimRequest, ClaimRequest) {
     let a = ClaimRequest {
         key: Key::from_bytes(random_bytes()),
         tenant: TenantTag(random_bytes()),
+        subject: idem_runtime::SubjectTag::TENANT,
         fingerprint: [3; 32],
         arg_tags: vec![[1, 2, 3, 4]],
         token: Token::random(),
@@ -84,7 +85,11 @@ fn requests() -> (ClaimRequest, ClaimRequest) {
 }
 
 async fn stored(ledger: &dyn Ledger, request: &ClaimRequest) -> (State, Option<Vec<u8>>) {
-    let status = ledger.status(request.tenant, request.key.reference(), request.now + 1).await.unwrap().unwrap();
+    let status = ledger
+        .status(request.tenant, request.subject, request.key.reference(), request.now + 1)
+        .await
+        .unwrap()
+        .unwrap();
     (status.state, status.result)
 }
 
@@ -217,8 +222,8 @@ async fn late_holder_through_idem(backend: &str) {
     let (mut b_stored, mut a_answers, mut violations) = (0, BTreeMap::new(), Vec::new());
     for round in 0..rounds {
         let paused: Arc<dyn Ledger> = Arc::new(Paused(Arc::clone(&ledger)));
-        let replica_a = Idem::from_shared(paused).with_lease(std::time::Duration::from_millis(300));
-        let replica_b = Idem::from_shared(Arc::clone(&ledger));
+        let replica_a = idem_tests::idem_shared(paused).with_lease(std::time::Duration::from_millis(300));
+        let replica_b = idem_tests::idem_shared(Arc::clone(&ledger));
         let caller = Caller::new(unique("rel-fence-tenant"), "agent");
         let arguments = json!({ "order_id": unique("order") });
         let (claimed_tx, claimed) = tokio::sync::oneshot::channel();
@@ -308,10 +313,11 @@ impl Ledger for Paused {
     fn status<'a>(
         &'a self,
         t: TenantTag,
+        s: idem_runtime::SubjectTag,
         r: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.0.status(t, r, now)
+        self.0.status(t, s, r, now)
     }
     fn resolve<'a>(
         &'a self,

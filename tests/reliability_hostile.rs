@@ -29,6 +29,16 @@ use serde_json::{Map, Number, Value, json};
 use sha2::{Digest, Sha256};
 use support::{RelError, scale, stored_ok, unique};
 
+/// HMAC-SHA256 (RFC 2104) for a key of one block or less, written out here so the definition is
+/// checked against an independent implementation.
+fn hmac_sha256(key: &[u8], label: &[u8], message: &[u8]) -> [u8; 32] {
+    let mut block = [0u8; 64];
+    block[..key.len()].copy_from_slice(key);
+    let inner =
+        Sha256::new().chain_update(block.map(|b| b ^ 0x36)).chain_update(label).chain_update(message).finalize();
+    Sha256::new().chain_update(block.map(|b| b ^ 0x5c)).chain_update(inner).finalize().into()
+}
+
 fn config() -> ProptestConfig {
     // No regression files: a failure prints its minimal input, and this suite writes nothing.
     ProptestConfig {
@@ -539,9 +549,10 @@ proptest! {
     }
 
     /// Keys and fingerprints: no panic; refused exactly when a part has no canonical form; and
-    /// equal to their definition — SHA-256 over the canonical JSON array
-    /// `["idem/v1", scope, tool, selected]`, and over the canonical object of the kept (not
-    /// ignored, not null) arguments.
+    /// equal to their definition — HMAC-SHA256 under the secret of "idem/v2/key", a NUL and the
+    /// canonical JSON array `["idem/v2", version, namespace, scope, tool, selected]`, and of
+    /// "idem/v2/fingerprint", a NUL and the canonical object of the kept (not ignored, not null)
+    /// arguments.
     #[test]
     fn keys_and_fingerprints_match_their_definition(
         tenant in "\\PC{1,8}",
@@ -559,13 +570,12 @@ proptest! {
             (None, true) => Scope::tenant(&caller),
             (None, false) => Scope::caller(&caller),
         };
-        let material = json!(["idem/v1", scope.material(), tool, selected]);
-        let key = Key::derive(&scope, &tool, &selected);
+        let material = json!(["idem/v2", 1, "ns", scope.material(), tool, selected]);
+        let key = Key::derive(&idem_tests::test_secret(), "ns", &scope, &tool, &selected);
         match to_canonical_vec(&material) {
             Ok(canonical) => {
                 let key = key.map_err(|e| TestCaseError::fail(format!("refused a canonical value: {e}")))?;
-                let expected: [u8; 32] = Sha256::digest(&canonical).into();
-                prop_assert_eq!(key.as_bytes(), &expected);
+                prop_assert_eq!(key.as_bytes(), &hmac_sha256(&[0x5e; 32], b"idem/v2/key\0", &canonical));
                 prop_assert_eq!(Ref::parse(&key.reference().to_string()).unwrap(), key.reference());
                 prop_assert!(key.reference().matches(&key));
             }
@@ -579,12 +589,11 @@ proptest! {
             .filter(|(n, v)| !v.is_null() && !ignore.contains(&n.as_str()))
             .map(|(n, v)| (n.clone(), v.clone()))
             .collect();
-        let fingerprint = Fingerprint::of(&selected, &ignore);
+        let fingerprint = Fingerprint::of(&idem_tests::test_secret(), &selected, &ignore);
         match to_canonical_vec(&Value::Object(kept.clone())) {
             Ok(canonical) => {
                 let fingerprint = fingerprint.map_err(|e| TestCaseError::fail(e.to_string()))?;
-                let expected: [u8; 32] = Sha256::digest(&canonical).into();
-                prop_assert_eq!(fingerprint.digest, expected);
+                prop_assert_eq!(fingerprint.digest, hmac_sha256(&[0x5e; 32], b"idem/v2/fingerprint\0", &canonical));
                 prop_assert_eq!(fingerprint.tags.len(), kept.len());
                 prop_assert_eq!(fingerprint.differing(&fingerprint.tags), (Vec::<String>::new(), 0));
             }
@@ -616,11 +625,9 @@ fn caller() -> Caller {
     Caller::new(unique("rel-hostile-tenant"), "agent")
 }
 
-fn reference_of(caller: &Caller, arguments: &Value) -> Option<String> {
+fn reference_of(idem: &Idem, caller: &Caller, arguments: &Value) -> Option<String> {
     let order = arguments.get("order_id")?.clone();
-    let mut selected = Map::new();
-    selected.insert("order_id".to_owned(), order);
-    Key::derive(&Scope::caller(caller), CHARGE.tool(), &selected).ok().map(|key| key.reference().to_string())
+    idem.key_of(&CHARGE, caller, &json!({ "order_id": order })).ok().map(|key| key.reference().to_string())
 }
 
 /// Calls `arguments` and expects a refusal with `code` before anything ran or was recorded.
@@ -636,7 +643,7 @@ async fn refused(idem: &Idem, arguments: &Value, code: &str) -> String {
         .expect_err("refused");
     assert_eq!(error.code(), code, "{error:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler must not run");
-    if let Some(reference) = reference_of(&caller, arguments) {
+    if let Some(reference) = reference_of(idem, &caller, arguments) {
         assert_eq!(idem.status(&caller, &reference).await.unwrap(), None, "nothing is recorded");
     }
     let RelError::Rejected { message, .. } = error else { unreachable!() };
@@ -682,7 +689,7 @@ fn nesting_far_beyond_the_limit_in_text_is_refused_without_overflow() {
 
 #[tokio::test]
 async fn nesting_beyond_the_limit_in_arguments_is_refused_naming_the_argument() {
-    let idem = Idem::new(MemoryLedger::new());
+    let idem = idem_tests::idem(MemoryLedger::new());
     // A key argument and a fingerprint-only argument, 129 and 1,000 levels deep. (A far deeper
     // `Value` cannot even be cloned or dropped on a test thread's stack — serde_json's own
     // recursion — so the extreme depths are exercised as text above.)
@@ -718,7 +725,8 @@ async fn non_finite_and_inexact_numbers_are_refused_never_rounded_or_nulled() {
     let inf = Charge { order_id: "o-1".into(), prices: vec![], total: f64::NEG_INFINITY };
     assert_eq!(to_value(&inf), Err(CanonicalError::NonFinite { path: "total".into() }));
     // The same through an `#[idempotent]` handler: refused before anything runs.
-    let shop = Shop { idem: Idem::new(MemoryLedger::new()).with_local_caller(caller()), runs: AtomicUsize::new(0) };
+    let shop =
+        Shop { idem: idem_tests::idem(MemoryLedger::new()).with_local_caller(caller()), runs: AtomicUsize::new(0) };
     for total in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         let error = shop.charge("o-2".into(), total).await.unwrap_err();
         assert_eq!(error.code(), "invalid_arguments", "{error:?}");
@@ -734,7 +742,7 @@ async fn non_finite_and_inexact_numbers_are_refused_never_rounded_or_nulled() {
     // Integers in the 64-bit range are kept exactly (they used to be refused beyond 2^53):
     // through `Idem::call` each one is its own operation, never a rounded neighbour's.
     assert_eq!(parse_strict("9007199254740993"), Ok(json!(9_007_199_254_740_993u64)));
-    let idem = Idem::new(MemoryLedger::new());
+    let idem = idem_tests::idem(MemoryLedger::new());
     let caller = caller();
     let mut references = Vec::new();
     for order in [json!(u64::MAX), json!(u64::MAX - 1), json!(i64::MIN + 1), json!(9_007_199_254_740_993u64)] {
@@ -790,7 +798,7 @@ fn duplicate_member_names_in_raw_json_are_refused() {
 
 #[tokio::test]
 async fn arguments_that_are_not_an_object_and_hostile_refs() {
-    let idem = Idem::new(MemoryLedger::new());
+    let idem = idem_tests::idem(MemoryLedger::new());
     for arguments in [json!(null), json!([1, 2]), json!("order"), json!(3)] {
         refused(&idem, &arguments, "invalid_arguments").await;
     }
@@ -823,11 +831,11 @@ on_every_ledger!(multi_megabyte_arguments, result_above_the_size_limit, sql_meta
 /// An `Idem` on `backend`, and the SQL connection behind it (none for memory).
 async fn idem_on(backend: &str, test: &str) -> Option<(Idem, Option<sea_orm::DatabaseConnection>)> {
     if backend == "memory" {
-        return Some((Idem::new(MemoryLedger::new()), None));
+        return Some((idem_tests::idem(MemoryLedger::new()), None));
     }
     let (_, ledger) = support::connect(backend, test).await?;
     let db = ledger.connection().clone();
-    Some((Idem::new(ledger), Some(db)))
+    Some((idem_tests::idem(ledger), Some(db)))
 }
 
 /// The stored row of `key`: state, and the byte sizes of fingerprint, arg_tags and result.
@@ -853,10 +861,8 @@ async fn row_sizes(db: &sea_orm::DatabaseConnection, key: &Key) -> (i64, i64, i6
     (int(0).unwrap(), int(1).unwrap(), int(2).unwrap(), int(3))
 }
 
-fn key_for(caller: &Caller, order: &Value) -> Key {
-    let mut selected = Map::new();
-    selected.insert("order_id".to_owned(), order.clone());
-    Key::derive(&Scope::caller(caller), CHARGE.tool(), &selected).unwrap()
+fn key_for(idem: &Idem, caller: &Caller, order: &Value) -> Key {
+    idem.key_of(&CHARGE, caller, &json!({ "order_id": order })).unwrap()
 }
 
 /// 8 MiB in a key argument, 8 MiB in a fingerprint-only argument, 200,000 numbers: each call
@@ -879,7 +885,7 @@ async fn multi_megabyte_arguments(backend: &str) {
         let first = idem.call(&CHARGE, Some(&caller), &arguments, handler).await.unwrap();
         let again = idem.call(&CHARGE, Some(&caller), &arguments, handler).await.unwrap();
         assert_eq!((first.replayed, again.replayed, runs.load(Ordering::SeqCst)), (false, true, 1));
-        let key = key_for(&caller, &arguments["order_id"]);
+        let key = key_for(&idem, &caller, &arguments["order_id"]);
         let status = idem.status(&caller, &key.reference().to_string()).await.unwrap().unwrap();
         assert_eq!(status.state, State::Completed);
         assert_eq!(status.result.as_deref(), Some(&b"{\"ok\":\"accepted\"}"[..]));
@@ -900,7 +906,7 @@ async fn result_above_the_size_limit(backend: &str) {
     let runs = AtomicUsize::new(0);
     let big = "r".repeat(64 * 1024);
     let arguments = json!({ "order_id": unique("o") });
-    let reference = key_for(&caller, &arguments["order_id"]).reference().to_string();
+    let reference = key_for(&idem, &caller, &arguments["order_id"]).reference().to_string();
     let handler = || async {
         runs.fetch_add(1, Ordering::SeqCst);
         Ok::<_, RelError>(big.clone())
@@ -918,7 +924,7 @@ async fn result_above_the_size_limit(backend: &str) {
         let value = "b".repeat(len); // stored as {"ok":"…"}: 9 bytes more
         let served = idem.call(&CHARGE, Some(&caller), &arguments, || async { Ok::<_, RelError>(value.clone()) });
         served.await.unwrap();
-        let reference = key_for(&caller, &arguments["order_id"]).reference().to_string();
+        let reference = key_for(&idem, &caller, &arguments["order_id"]).reference().to_string();
         let state = idem.status(&caller, &reference).await.unwrap().unwrap().state;
         assert_eq!(state == State::Completed, kept, "{len}: {state}");
     }
@@ -939,8 +945,19 @@ async fn sql_metacharacters_everywhere(backend: &str) {
     let again = idem.call(&CHARGE, Some(&caller), &arguments, || async { Ok::<_, RelError>("twice".to_owned()) }).await;
     let again = again.unwrap();
     assert_eq!((again.value.as_str(), again.replayed), ("ok", true));
-    let reference = key_for(&caller, &arguments["order_id"]).reference().to_string();
+    let reference = key_for(&idem, &caller, &arguments["order_id"]).reference().to_string();
     assert_eq!(idem.status(&caller, &reference).await.unwrap().unwrap().state, State::Completed);
     let ledger: &Arc<dyn Ledger> = idem.ledger();
-    assert!(ledger.status(TenantTag::of("t"), Ref::parse(&reference).unwrap(), idem.now_ms()).await.unwrap().is_none());
+    assert!(
+        ledger
+            .status(
+                TenantTag::of(&idem_tests::test_secret(), "t"),
+                idem_runtime::SubjectTag::TENANT,
+                Ref::parse(&reference).unwrap(),
+                idem.now_ms()
+            )
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_runtime::ledger::{LedgerError, Resolution};
 use idem_runtime::{
-    Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Rejection, State, StatusError, current_operation,
+    Caller, ErrorClass, IdempotentError, MemoryLedger, Recipe, Rejection, State, StatusError, current_operation,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -60,13 +60,13 @@ fn random_ref() -> String {
 
 async fn tenants_never_see_each_other(backend: &str) {
     let idem = if backend == "memory" {
-        Idem::new(MemoryLedger::new())
+        idem_tests::idem(MemoryLedger::new())
     } else {
         let Some((_, ledger)) = support::connect(backend, "reliability_isolation::tenants_never_see_each_other").await
         else {
             return;
         };
-        Idem::new(ledger)
+        idem_tests::idem(ledger)
     };
     // Same subject name in both tenants: only the tenant differs.
     let a = Caller::new(unique("rel-iso-a"), "alice");
@@ -111,12 +111,7 @@ async fn tenants_never_see_each_other(backend: &str) {
         let status = idem.status(&a, &done.reference.to_string()).await.unwrap().unwrap();
         assert_eq!(status.state, State::Completed, "A sees its own record");
         // The unknown one's ref, as A's status tool would be asked.
-        let mut selected = serde_json::Map::new();
-        selected.insert("order_id".into(), json!(orders[2]));
-        idem_runtime::Key::derive(&idem_runtime::Scope::caller(&a), CHARGE.tool(), &selected)
-            .unwrap()
-            .reference()
-            .to_string()
+        idem.key_of(&CHARGE, &a, &json!({ "order_id": orders[2] })).unwrap().reference().to_string()
     }];
     let expected_a = [State::Completed, State::InProgress, State::Unknown];
     for (reference, state) in refs_a.iter().zip(expected_a) {

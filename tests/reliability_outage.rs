@@ -38,9 +38,9 @@ use std::time::Duration;
 
 use idem_runtime::ledger::Resolution;
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::{Caller, Idem, Key, Recipe, Scope, StalePolicy, State, current_operation};
+use idem_runtime::{Caller, Idem, Key, Recipe, StalePolicy, State, current_operation};
 use sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use support::{RelError, scale, unique};
 
 static CHARGE: Recipe = Recipe::new("rel_outage_charge", &["order_id"]).stale(StalePolicy::Takeover);
@@ -180,10 +180,8 @@ struct Tally {
     unexpected: Mutex<Vec<String>>,
 }
 
-fn key_of(caller: &Caller, order: &str) -> Key {
-    let mut selected = Map::new();
-    selected.insert("order_id".to_owned(), Value::String(order.to_owned()));
-    Key::derive(&Scope::caller(caller), CHARGE.tool(), &selected).unwrap()
+fn key_of(idem: &Idem, caller: &Caller, order: &str) -> Key {
+    idem.key_of(&CHARGE, caller, &json!({ "order_id": order })).unwrap()
 }
 
 /// One call of the load; `true` when it was answered `ledger_unavailable`.
@@ -255,7 +253,7 @@ async fn outage_by_terminated_backends() {
 
 async fn outage(test: &str, url: &str, fault: Fault) {
     let ledger = SeaOrmLedger::connect(url).await.expect("connect through the fault");
-    let idem = Idem::new(ledger).with_lease(LEASE);
+    let idem = idem_tests::idem(ledger).with_lease(LEASE);
     let caller = Caller::new(unique("rel-outage-tenant"), "loader");
     let (downstream, tally) = (Arc::new(Downstream::default()), Arc::new(Tally::default()));
     let faults_wanted = scale(3, 25);
@@ -318,8 +316,8 @@ async fn outage(test: &str, url: &str, fault: Fault) {
     let mut without_claim = 0;
     let started: Vec<(String, String)> = tally.started.lock().unwrap().clone();
     for (order, key) in &started {
-        assert_eq!(*key, key_of(&caller, order).to_string(), "the forwarded key is the operation's");
-        let reference = key_of(&caller, order).reference().to_string();
+        assert_eq!(*key, key_of(&idem, &caller, order).to_string(), "the forwarded key is the operation's");
+        let reference = key_of(&idem, &caller, order).reference().to_string();
         let found = support::poll(Duration::from_secs(10), || async {
             idem.status(&caller, &reference).await.ok().map(|status| status.is_some())
         })
@@ -332,7 +330,7 @@ async fn outage(test: &str, url: &str, fault: Fault) {
     let succeeded = tally.succeeded.lock().unwrap().clone();
     let mut completion_lost = 0;
     for order in succeeded.keys() {
-        let reference = key_of(&caller, order).reference().to_string();
+        let reference = key_of(&idem, &caller, order).reference().to_string();
         let state = support::poll(Duration::from_secs(10), || async {
             idem.status(&caller, &reference).await.ok().flatten().map(|status| status.state)
         })
@@ -376,7 +374,7 @@ async fn outage(test: &str, url: &str, fault: Fault) {
             (None, _) => not_completed += 1,
             _ => {}
         }
-        let reference = key_of(&caller, order).reference().to_string();
+        let reference = key_of(&idem, &caller, order).reference().to_string();
         if idem.status(&caller, &reference).await.unwrap().map(|s| s.state) != Some(State::Completed) {
             not_completed += 1;
         }
@@ -448,7 +446,7 @@ async fn outage(test: &str, url: &str, fault: Fault) {
 /// and the handler's run counter; the lost call's own answer has been checked.
 async fn lose_a_claim_answer(test: &str) -> Option<(Idem, Caller, Value, String, Arc<AtomicUsize>)> {
     let (url, direct) = support::connect("postgres", test).await?;
-    let idem = Idem::new(direct).with_lease(LEASE);
+    let idem = idem_tests::idem(direct).with_lease(LEASE);
     // The scenario needs the claim to reach the server whole, which holds only when the pool
     // hands the call its warmed connection (one whose statements are prepared: sqlx waits for
     // the answer to a first `Parse`, which the blackhole swallows). When it hands out another,
@@ -468,7 +466,7 @@ async fn try_to_lose_a_claim_answer(url: &str, idem: &Idem) -> Option<(Idem, Cal
     // The ledger's clock is read locally: a clock read through the proxy (idem refreshes its
     // skew in the background every third of a lease) would take the warmed connection.
     let ledger = SeaOrmLedger::connect_without_migrating(&proxied).await.unwrap().with_clock(idem_runtime::SystemClock);
-    let through_proxy = Idem::new(ledger).with_lease(LEASE);
+    let through_proxy = idem_tests::idem(ledger).with_lease(LEASE);
     let caller = Caller::new(unique("rel-ack-tenant"), "loader");
     let runs = Arc::new(AtomicUsize::new(0));
     let order = unique("order");
@@ -495,7 +493,7 @@ async fn try_to_lose_a_claim_answer(url: &str, idem: &Idem) -> Option<(Idem, Cal
         })
     };
     // The claim is committed on the server while its answer is being swallowed.
-    let reference = key_of(&caller, &order).reference().to_string();
+    let reference = key_of(idem, &caller, &order).reference().to_string();
     let committed = support::poll(Duration::from_secs(5), || async {
         idem.status(&caller, &reference).await.unwrap().map(|status| status.state)
     })
@@ -593,7 +591,7 @@ async fn a_silent_ledger_is_answered_within_a_bound() {
     let Some((url, _)) = support::connect("postgres", test).await else { return };
     let proxy = Arc::new(Proxy::start(through(&url, 1).1));
     let (proxied, _) = through(&url, proxy.port);
-    let idem = Idem::new(SeaOrmLedger::connect(&proxied).await.unwrap()).with_lease(LEASE);
+    let idem = idem_tests::idem(SeaOrmLedger::connect(&proxied).await.unwrap()).with_lease(LEASE);
     let caller = Caller::new(unique("rel-silent-tenant"), "loader");
     let warm = json!({ "order_id": unique("warm") });
     idem.call(&CHARGE, Some(&caller), &warm, || async { Ok::<_, RelError>(String::new()) }).await.unwrap();

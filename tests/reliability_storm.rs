@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::{Caller, Idem, Recipe, Reconciled, StalePolicy, current_operation};
+use idem_runtime::{Caller, Recipe, Reconciled, StalePolicy, current_operation};
 use serde_json::json;
 use support::{RelError, scale, unique};
 
@@ -93,7 +93,7 @@ impl Answers {
 
 async fn identical(backend: &str) {
     let Some((_, ledger)) = support::connect(backend, "reliability_storm::identical").await else { return };
-    let idem = Idem::new(ledger);
+    let idem = idem_tests::idem(ledger);
     let rounds = scale(1, 3);
     let callers = 1_000;
     let mut rows = Vec::new();
@@ -166,7 +166,7 @@ impl Rng {
 
 async fn many_keys(backend: &str) {
     let Some((_, ledger)) = support::connect(backend, "reliability_storm::many_keys").await else { return };
-    let idem = Idem::new(ledger);
+    let idem = idem_tests::idem(ledger);
     let (calls, keys, workers) = (scale(2_000, 10_000), 100usize, 32usize);
     let seed = idem_runtime::ledger::Token::random().0 | 1;
     let mut rng = Rng(seed);
@@ -259,7 +259,7 @@ async fn after_a_crash(backend: &str) {
         // A holder that died: claimed with a short lease, never completed, never renewed. (Its
         // clock is the ledger's: a replica whose clock is off is corrected, so a skewed clock no
         // longer fakes a dead holder.)
-        let past = Idem::from_shared(Arc::clone(&ledger)).with_lease(Duration::from_millis(200));
+        let past = idem_tests::idem_shared(Arc::clone(&ledger)).with_lease(Duration::from_millis(200));
         let (claimed_tx, claimed) = tokio::sync::oneshot::channel();
         let dead = {
             let (caller, arguments) = (caller.clone(), Arc::clone(&arguments));
@@ -276,7 +276,7 @@ async fn after_a_crash(backend: &str) {
         assert!(dead.await.unwrap_err().is_cancelled());
         tokio::time::sleep(Duration::from_millis(300)).await;
 
-        let idem = Idem::from_shared(Arc::clone(&ledger));
+        let idem = idem_tests::idem_shared(Arc::clone(&ledger));
         let (executions, reconciles) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let answers = Arc::new(Answers::default());
         let barrier = Arc::new(tokio::sync::Barrier::new(callers));
@@ -360,7 +360,7 @@ async fn after_a_crash(backend: &str) {
 
 async fn failing_identical(backend: &str) {
     let Some((_, ledger)) = support::connect(backend, "reliability_storm::failing_identical").await else { return };
-    let idem = Idem::new(ledger);
+    let idem = idem_tests::idem(ledger);
     let callers = 1_000;
     let caller = Caller::new(unique("rel-storm-tenant"), "agent");
     let arguments = Arc::new(json!({ "order_id": unique("order"), "amount_cents": 4200 }));

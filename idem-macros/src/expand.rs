@@ -571,7 +571,9 @@ fn receiver_ref(item: &Handler) -> TokenStream {
 fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
     let krate = &recipe.krate;
     let keys = recipe.keys.iter().map(|key| &key.text);
-    let mut expr = quote!(#krate::Recipe::new(#tool_name, &[#(#keys),*]));
+    // The namespace defaults to the declaring package's name: stable across module moves.
+    let mut expr =
+        quote!(#krate::Recipe::new(#tool_name, &[#(#keys),*]).package(::core::option_env!("CARGO_PKG_NAME")));
     if let Some(secs) = recipe.window_secs {
         expr.extend(quote!(.window(::core::time::Duration::from_secs(#secs))));
     }

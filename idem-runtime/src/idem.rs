@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+use std::sync::OnceLock;
 
 use crate::canonical::CanonicalError;
 use crate::clock::{Clock, SystemClock};
@@ -17,6 +18,7 @@ use crate::ledger::{Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolutio
 use crate::recipe::{Recipe, ScopeRule};
 use crate::rejection::{ErrorClass, IdempotentError, Rejection};
 use crate::scope::{Caller, Scope};
+use crate::secret::{Secret, SecretError};
 
 /// How long a record lives when its recipe sets no window.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -90,7 +92,7 @@ impl Operation {
     #[must_use]
     pub fn idempotency_key(&self) -> String {
         let mut hasher = Sha256::new();
-        hasher.update(b"idem/v1/operation\0");
+        hasher.update(b"idem/v2/operation\0");
         hasher.update(self.key.as_bytes());
         hasher.update(self.window_end.to_be_bytes());
         hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect()
@@ -166,6 +168,7 @@ impl Operation {
                 detail: format!("the result is {} bytes, above the limit of {max}", bytes.len()),
             });
         }
+        let bytes = self.idem.seal(bytes).map_err(|error| LedgerError::Corrupt { detail: error })?;
         let keep_until = self.idem.keep_until(self.idem.inner.grace);
         let outcome = Outcome::Completed(bytes);
         crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, outcome, keep_until).await?;
@@ -190,9 +193,17 @@ pub fn current_operation() -> Option<Operation> {
 }
 
 /// Runs `future` with `caller` as the authenticated caller of every idempotent call inside it
-/// that is not given one explicitly. Transports (the MCP adapter, your middleware) call this.
+/// that is not given one explicitly. Transports (your middleware) call this; every idempotent
+/// handler runs this way as its own caller, so operations nested in it are its caller's.
 pub async fn with_caller<F: Future>(caller: Caller, future: F) -> F::Output {
     CALLER.scope(caller, future).await
+}
+
+/// The caller in scope: the caller of the idempotent handler running now (nested operations and
+/// anything else the handler calls act for it), or the one given to [`with_caller`].
+#[must_use]
+pub fn current_caller() -> Option<Caller> {
+    CALLER.try_with(Clone::clone).ok()
 }
 
 /// Gives `#[idempotent]` methods their [`Idem`] handle: implement it for your server type.
@@ -245,6 +256,29 @@ enum Stored<T, E> {
     Err(E),
 }
 
+/// What happens to a result between the handler and the ledger: [`seal`](ResultSeal::seal)ed
+/// before it is stored, [`open`](ResultSeal::open)ed after it is read back (replays, status).
+///
+/// Without one, results are stored as the handler returned them, and anyone who can read the
+/// ledger (a backup, a replica, an export) can read them. Plug in an AEAD under a key from your
+/// KMS to encrypt them, or a redaction (`open` returning its input) to keep only what repeats
+/// need — then repeats get the redacted result. Every handle on a ledger must use the same seal.
+pub trait ResultSeal: Send + Sync + 'static {
+    /// The bytes to store for `plain` (the result's JSON).
+    ///
+    /// # Errors
+    /// The result cannot be sealed: it is returned to its caller and recorded as "outcome
+    /// unknown".
+    fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, String>;
+
+    /// The result's JSON from stored bytes.
+    ///
+    /// # Errors
+    /// The bytes cannot be opened (another key, tampering): repeats are refused as an
+    /// unreadable result, and nothing runs again.
+    fn open(&self, sealed: &[u8]) -> Result<Vec<u8>, String>;
+}
+
 /// The handle that runs handlers under recipes: a ledger, a clock and the limits. Cheap to clone.
 #[derive(Clone)]
 pub struct Idem {
@@ -262,6 +296,18 @@ struct Inner {
     unsettled_retention: Duration,
     max_result_bytes: usize,
     local_caller: Option<Caller>,
+    /// Seals results before they are stored, opens them when read back.
+    seal: Option<Arc<dyn ResultSeal>>,
+    /// The namespace of every tool's keys, if set (else each recipe's, else the default).
+    namespace: Option<String>,
+    /// The recipes seen per tool name: (namespace, where declared).
+    registry: Arc<std::sync::Mutex<Registry>>,
+    /// The secret given in code, if any (else `IDEM_SECRET`, else the ledger's default).
+    secret: Option<Secret>,
+    /// Previous secrets given in code, still honoured for operations recorded under them.
+    previous: Vec<Secret>,
+    /// The secrets in use, resolved on first use.
+    keyring: Arc<OnceLock<Result<Arc<Keyring>, SecretError>>>,
     ledger_timeout: Duration,
     /// Whether the ledger timeout was set by hand (then a lease too short for it is refused).
     ledger_timeout_set: bool,
@@ -272,6 +318,9 @@ struct Inner {
     /// Bounds the background ledger work (lost-claim releases, completion retries).
     background: Arc<tokio::sync::Semaphore>,
 }
+
+/// The recipes a handle has seen, per tool name: their namespace and where each is declared.
+type Registry = std::collections::HashMap<&'static str, Vec<(String, &'static std::panic::Location<'static>)>>;
 
 /// A measurement of this handle's clock against the ledger's.
 #[derive(Clone, Copy, Debug)]
@@ -318,6 +367,12 @@ impl Idem {
                 unsettled_retention: DEFAULT_UNSETTLED_RETENTION,
                 max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
                 local_caller: None,
+                seal: None,
+                namespace: None,
+                registry: Arc::default(),
+                secret: None,
+                previous: Vec::new(),
+                keyring: Arc::default(),
                 ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
                 ledger_timeout_set: false,
                 skew: Arc::default(),
@@ -333,6 +388,7 @@ impl Idem {
         // A new clock, ledger or lease makes the old skew measurement meaningless.
         inner.skew = Arc::default();
         inner.measuring = Arc::default();
+        inner.keyring = Arc::default();
         self
     }
 
@@ -432,6 +488,142 @@ impl Idem {
     #[must_use]
     pub fn with_local_caller(self, caller: Caller) -> Self {
         self.configure(|inner| inner.local_caller = Some(caller))
+    }
+
+    /// Keys every operation with `secret` (HMAC-SHA256), instead of the one in `IDEM_SECRET` or
+    /// the ledger's default. Every replica on one ledger must use the same secret.
+    ///
+    /// Without one: `IDEM_SECRET` (`<version>:<hex>`, at least 32 bytes, see [`crate::secret`]);
+    /// else a [`MemoryLedger`](crate::MemoryLedger) uses a random secret per process, and the
+    /// embedded SQLite default one it generates once and keeps beside its file (owner-only);
+    /// PostgreSQL and MySQL refuse — check at startup with [`Idem::check_secret`].
+    #[must_use]
+    pub fn with_secret(self, secret: Secret) -> Self {
+        self.configure(|inner| inner.secret = Some(secret))
+    }
+
+    /// Also honours `secret`, a previous one, for operations recorded under it: during a
+    /// rotation a repeat of an operation made under the old secret is answered from that record
+    /// (replayed, in flight, unknown) rather than run again. Keep it until the longest window
+    /// (or retention) of operations made under it has run; see [`crate::secret`] for the steps.
+    #[must_use]
+    pub fn with_previous_secret(self, secret: Secret) -> Self {
+        self.configure(|inner| inner.previous.push(secret))
+    }
+
+    /// Whether this handle has a secret to key operations with; call it at startup so a missing
+    /// or malformed secret stops the server instead of refusing every call.
+    ///
+    /// # Errors
+    /// No secret is configured and the ledger has no default (PostgreSQL, MySQL), or a
+    /// configured one is malformed, or the SQLite default's secret file cannot be used.
+    pub fn check_secret(&self) -> Result<(), SecretError> {
+        self.keyring().map(|_| ())
+    }
+
+    /// The secrets in use: resolved once per configuration.
+    fn keyring(&self) -> Result<Arc<Keyring>, SecretError> {
+        self.inner.keyring.get_or_init(|| self.resolve_keyring().map(Arc::new)).clone()
+    }
+
+    fn resolve_keyring(&self) -> Result<Keyring, SecretError> {
+        let (current, mut previous) = match &self.inner.secret {
+            Some(secret) => (secret.clone(), Vec::new()),
+            None => match crate::secret::from_env()? {
+                Some(configured) => configured,
+                None => (self.inner.ledger.default_secret()?, Vec::new()),
+            },
+        };
+        previous.extend(self.inner.previous.iter().cloned());
+        Ok(Keyring { current, previous })
+    }
+
+    /// The key a call of `recipe` by `caller` with `arguments` (a JSON object, as for
+    /// [`Idem::call`]) has under this handle's current secret: what the handler would see as
+    /// [`Operation::key`], and whose [`Key::reference`] the caller would be given. For operators
+    /// and tests; a secret-less derivation does not exist.
+    ///
+    /// # Errors
+    /// As [`Idem::call`] refuses: no secret, invalid arguments, a missing task id.
+    pub fn key_of(&self, recipe: &Recipe, caller: &Caller, arguments: &Value) -> Result<Key, Rejection> {
+        let keyring = self.keyring().map_err(|error| no_secret(&error))?;
+        let arguments = CallArguments::from_json(recipe, arguments)?;
+        let scope = scope_of(recipe, caller, &arguments)?;
+        Key::derive(&keyring.current, self.namespace(recipe), &scope, recipe.tool(), &arguments.selected)
+            .map_err(|error| Rejection::InvalidArguments { error })
+    }
+
+    /// Derives every tool's keys in `namespace`, the server's name — two servers on one ledger
+    /// with a tool of the same name then never share keys. Without it, each recipe's own: the
+    /// name of the package that declares the handler (`#[idempotent]`), else `"default"`.
+    /// Renaming the namespace re-keys every tool (repeats of earlier operations run again).
+    #[must_use]
+    pub fn with_namespace(self, namespace: impl Into<String>) -> Self {
+        let namespace = namespace.into();
+        self.configure(|inner| inner.namespace = Some(namespace))
+    }
+
+    /// The namespace `recipe`'s keys are derived in.
+    #[must_use]
+    pub fn namespace<'a>(&'a self, recipe: &'a Recipe) -> &'a str {
+        self.inner.namespace.as_deref().or(recipe.namespace_name()).unwrap_or(DEFAULT_NAMESPACE)
+    }
+
+    /// Registers `recipe` with this handle, refusing a different recipe (declared elsewhere)
+    /// with the same tool name in the same namespace: the two would share keys. Every call
+    /// registers its recipe before anything else; call this at startup to find a clash before
+    /// the first call does.
+    ///
+    /// # Errors
+    /// [`Rejection::DuplicateTool`], naming both places.
+    pub fn register(&self, recipe: &Recipe) -> Result<(), Rejection> {
+        let namespace = self.namespace(recipe);
+        let mut registry = self.inner.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seen = registry.entry(recipe.tool()).or_default();
+        match seen.iter().find(|(known, _)| known == namespace) {
+            None => {
+                seen.push((namespace.to_owned(), recipe.site()));
+                Ok(())
+            }
+            Some((_, site)) if *site == recipe.site() => Ok(()),
+            Some((_, site)) => {
+                let rejection = Rejection::DuplicateTool {
+                    namespace: namespace.to_owned(),
+                    tool: recipe.tool().to_owned(),
+                    first: site.to_string(),
+                    second: recipe.site().to_string(),
+                };
+                tracing::error!(%rejection, "duplicate tool; handler not run");
+                Err(rejection)
+            }
+        }
+    }
+
+    /// Seals every result before it is stored and opens it when read back (replays, status,
+    /// an operator's verdict): see [`ResultSeal`]. Without one, results are stored as given.
+    #[must_use]
+    pub fn with_result_seal(self, seal: impl ResultSeal) -> Self {
+        let seal: Arc<dyn ResultSeal> = Arc::new(seal);
+        self.configure(|inner| inner.seal = Some(seal))
+    }
+
+    /// `plain` as it is stored.
+    fn seal(&self, plain: Vec<u8>) -> Result<Vec<u8>, String> {
+        match &self.inner.seal {
+            Some(seal) => seal.seal(&plain).map_err(|error| format!("the result cannot be sealed: {error}")),
+            None => Ok(plain),
+        }
+    }
+
+    /// Stored bytes as the result's JSON.
+    fn open(&self, stored: Vec<u8>, reference: Ref) -> Result<Vec<u8>, Rejection> {
+        match &self.inner.seal {
+            Some(seal) => seal.open(&stored).map_err(|error| {
+                tracing::error!(%reference, %error, "a stored result cannot be opened");
+                Rejection::UnreadableResult { reference, detail: "the stored result cannot be opened".to_owned() }
+            }),
+            None => Ok(stored),
+        }
     }
 
     /// Makes this the process-wide handle that `#[idempotent]` free functions run under
@@ -598,18 +790,21 @@ impl Idem {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let arguments = CallArguments::from_json(recipe, arguments);
-        match self.execute(recipe, caller, arguments, reconcile, handler).await {
+        match self.execute(recipe, caller, true, arguments, reconcile, handler).await {
             Ok(Served { value: Ok(value), replayed, reference }) => Ok(Served { value, replayed, reference }),
             Ok(Served { value: Err(error), .. }) => Err(error),
             Err(rejection) => Err(E::from_rejection(rejection)),
         }
     }
 
-    /// The orchestration behind [`Idem::call`] and `#[idempotent]`.
+    /// The orchestration behind [`Idem::call`] and `#[idempotent]`. Without a `caller`, the one
+    /// in scope or the local identity — if `fallback` (never for a request that came over
+    /// HTTP). The handler and a reconcile function run with the caller in scope.
     pub(crate) async fn execute<T, E, F, Fut, R, RFut>(
         &self,
         recipe: &Recipe,
         caller: Option<&Caller>,
+        fallback: bool,
         arguments: Result<CallArguments<'_>, Rejection>,
         reconcile: R,
         handler: F,
@@ -623,15 +818,27 @@ impl Idem {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let tool = recipe.tool();
+        self.register(recipe)?;
         let arguments = arguments?;
+        let keyring = self.keyring().map_err(|error| no_secret(&error))?;
+        let caller = self.caller(caller, fallback)?;
+        let scope = scope_of(recipe, &caller, &arguments)?;
         let (now, clock_trusted) = self.ledger_time().await;
-        let (request, fingerprint) = self.prepare(recipe, caller, &arguments, now, clock_trusted)?;
+        let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
+        let (mut request, mut fingerprint) = self.prepare(&keyring.current, &at)?;
+        let mut claim = self.claim(&request).await?;
+        if matches!(claim, Claim::Won { attempt: Won::Fresh, .. })
+            && let Some(earlier) = self.earlier_operation(&keyring, &at, &request).await?
+        {
+            (request, fingerprint, claim) = earlier;
+        }
         let key = request.key;
         let reference = key.reference();
-        let (attempt, window_end) = match self.claim(&request).await? {
+        let (attempt, window_end) = match claim {
             Claim::Won { attempt, window_end } => (attempt, window_end),
             Claim::Replay { result } => {
                 tracing::info!(tool, %reference, "replay");
+                let result = self.open(result, reference)?;
                 return decode::<T, E>(&result, reference).map(|value| Served { value, replayed: true, reference });
             }
             Claim::InFlight { .. } => {
@@ -664,16 +871,19 @@ impl Idem {
             // operation by now. Give the claim back (fenced by our token) and run nothing.
             tracing::error!(tool, %reference, "the claim was answered after its lease ended; handler not run");
             self.release_lost_claim(&request);
-            return Err(Rejection::LedgerUnavailable { detail: "the ledger answered too late".to_owned() });
+            return Err(Rejection::ledger_unavailable(format!("ref {reference}: the ledger answered too late")));
         }
         let recorded = Arc::clone(&operation.recorded);
         let result = match attempt {
             Won::Reconcile => {
                 tracing::warn!(tool, %reference, "stale lease; reconciling with the downstream");
-                match self.drive(&request, &lease, &recorded, reconcile(operation.clone())).await {
+                let asked = CALLER.scope(caller.clone().into_owned(), reconcile(operation.clone()));
+                match self.drive(&request, &lease, &recorded, asked).await {
                     Err(panic) => self.unwind(&request, &lease, panic).await,
                     Ok(Reconciled::Happened(result)) => result,
-                    Ok(Reconciled::NothingHappened) => self.run(&request, operation, &lease, &recorded, handler).await,
+                    Ok(Reconciled::NothingHappened) => {
+                        self.run(&request, operation, &caller, &lease, &recorded, handler).await
+                    }
                     Ok(Reconciled::StillUnknown) => {
                         self.finish(&request, &lease, Outcome::Unknown, false).await;
                         return Err(Rejection::OutcomeUnknown { reference });
@@ -682,17 +892,18 @@ impl Idem {
             }
             Won::Takeover => {
                 tracing::warn!(tool, %reference, "stale lease taken over; running again under a new token");
-                self.run(&request, operation, &lease, &recorded, handler).await
+                self.run(&request, operation, &caller, &lease, &recorded, handler).await
             }
             Won::Fresh => {
                 tracing::debug!(tool, %reference, "claimed");
-                self.run(&request, operation, &lease, &recorded, handler).await
+                self.run(&request, operation, &caller, &lease, &recorded, handler).await
             }
         };
         let recorded = recorded.load(Ordering::SeqCst);
         let (value, fenced) = self.record(&request, &lease, result, recorded).await;
         if fenced && let Some(stored) = self.stored_result(&request, window_end).await {
             // Superseded: the answer is the new holder's, the one every repeat gets too.
+            let stored = self.open(stored, reference)?;
             return decode::<T, E>(&stored, reference).map(|value| Served { value, replayed: true, reference });
         }
         Ok(Served { value, replayed: false, reference })
@@ -718,49 +929,48 @@ impl Idem {
             if ambiguous {
                 self.release_lost_claim(request);
             }
-            Rejection::LedgerUnavailable { detail: error.to_string() }
+            unavailable(&error)
         })
     }
 
-    /// Derives the claim for a call at ledger time `now`, or the rejection that stops it before
-    /// the ledger.
+    /// The caller of a call: the one given, else (with `fallback`) the one in scope
+    /// ([`with_caller`], an outer idempotent handler's), else the local identity; none: refused.
+    fn caller<'c>(
+        &self,
+        caller: Option<&'c Caller>,
+        fallback: bool,
+    ) -> Result<std::borrow::Cow<'c, Caller>, Rejection> {
+        match caller {
+            Some(caller) => Ok(std::borrow::Cow::Borrowed(caller)),
+            None if !fallback => Err(Rejection::NoCaller),
+            None => CALLER
+                .try_with(Clone::clone)
+                .ok()
+                .or_else(|| self.inner.local_caller.clone())
+                .map(std::borrow::Cow::Owned)
+                .ok_or(Rejection::NoCaller),
+        }
+    }
+
+    /// Derives the claim for a call under `secret`, or the rejection that stops it before the
+    /// ledger.
     fn prepare<'a>(
         &self,
-        recipe: &Recipe,
-        caller: Option<&Caller>,
-        arguments: &'a CallArguments<'_>,
-        now: u64,
-        clock_trusted: bool,
+        secret: &Secret,
+        at: &Derive<'_, 'a, '_>,
     ) -> Result<(ClaimRequest, Fingerprint<'a>), Rejection> {
-        let caller = match caller {
-            Some(caller) => std::borrow::Cow::Borrowed(caller),
-            None => std::borrow::Cow::Owned(
-                CALLER
-                    .try_with(Clone::clone)
-                    .ok()
-                    .or_else(|| self.inner.local_caller.clone())
-                    .ok_or(Rejection::NoCaller)?,
-            ),
-        };
         let invalid = |error| Rejection::InvalidArguments { error };
-        let scope = match (recipe.scope_rule(), &arguments.task) {
-            (ScopeRule::Tenant, _) => Scope::tenant(&caller),
-            (ScopeRule::Task(_), Some(task)) if !task.is_null() => Scope::task(&caller, task.clone()),
-            (ScopeRule::Task(path), _) => {
-                return Err(invalid(CanonicalError::Invalid {
-                    message: format!("the task id argument `{path}` is missing; the key's scope needs it"),
-                }));
-            }
-            _ => Scope::caller(&caller),
-        };
-        let (all, selected) = (&*arguments.all, &arguments.selected);
-        let key = Key::derive(&scope, recipe.tool(), selected).map_err(invalid)?;
-        let fingerprint = Fingerprint::of(all, recipe.ignored()).map_err(invalid)?;
+        let recipe = at.recipe;
+        let (all, selected) = (&*at.arguments.all, &at.arguments.selected);
+        let key = Key::derive(secret, self.namespace(recipe), at.scope, recipe.tool(), selected).map_err(invalid)?;
+        let fingerprint = Fingerprint::of(secret, all, recipe.ignored()).map_err(invalid)?;
         let window = recipe.window_duration().unwrap_or(self.inner.retention);
+        let now = at.now;
         let window_end = clamp(now.saturating_add(millis(window)));
         let request = ClaimRequest {
             key,
-            tenant: scope.tenant_tag(),
+            tenant: at.scope.tenant_tag(secret),
+            subject: at.scope.subject_tag(secret),
             fingerprint: fingerprint.digest,
             arg_tags: fingerprint.tags.clone(),
             token: Token::random(),
@@ -769,9 +979,64 @@ impl Idem {
             expires_at: clamp(window_end.saturating_add(millis(self.inner.unsettled_retention))),
             lease_until: clamp(now.saturating_add(millis(self.inner.lease))),
             stale: recipe.stale_policy(),
-            clock_trusted,
+            clock_trusted: at.clock_trusted,
         };
         Ok((request, fingerprint))
+    }
+
+    /// After a fresh claim under the current secret: an operation recorded under a previous
+    /// secret (before a rotation) that is still live is this call's operation. The fresh claim
+    /// is given back and the call is answered by that record. `None`: there is none.
+    ///
+    /// Every replica claims first and looks second, so of two replicas keying one operation
+    /// under different secrets at once, at least one sees the other's claim and yields; if both
+    /// do, neither runs and the caller is told to ask again.
+    async fn earlier_operation<'a>(
+        &self,
+        keyring: &Keyring,
+        at: &Derive<'_, 'a, '_>,
+        claimed: &ClaimRequest,
+    ) -> Result<Option<(ClaimRequest, Fingerprint<'a>, Claim)>, Rejection> {
+        for secret in &keyring.previous {
+            let (request, fingerprint) = self.prepare(secret, at)?;
+            let found = match self.bounded(self.inner.ledger.lookup(&request.key, at.now)).await {
+                Ok(found) => found,
+                Err(error) => {
+                    tracing::error!(reference = %claimed.key.reference(), %error, "ledger unavailable; handler not run");
+                    self.give_back(claimed).await;
+                    return Err(unavailable(&error));
+                }
+            };
+            let live = found.is_some_and(|report| match report.state {
+                crate::ledger::State::Completed => true,
+                crate::ledger::State::InProgress | crate::ledger::State::Unknown => report.window_end > at.now,
+                _ => false,
+            });
+            if !live {
+                continue;
+            }
+            tracing::info!(reference = %request.key.reference(), version = secret.version(),
+                "the operation was recorded under a previous secret; answering from that record");
+            self.give_back(claimed).await;
+            let claim = self.claim(&request).await?;
+            if matches!(claim, Claim::Won { attempt: Won::Fresh, .. }) {
+                // It settled as "nothing happened" meanwhile, or its claimer yielded to ours:
+                // running now could race a replica that keys it under the other secret.
+                self.give_back(&request).await;
+                return Err(Rejection::InFlight { reference: request.key.reference() });
+            }
+            return Ok(Some((request, fingerprint, claim)));
+        }
+        Ok(None)
+    }
+
+    /// Gives a fresh claim back (it becomes "failed": nothing ran), in the background if the
+    /// ledger does not answer at once.
+    async fn give_back(&self, request: &ClaimRequest) {
+        match self.bounded(self.inner.ledger.release(&request.key, request.token)).await {
+            Ok(()) | Err(LedgerError::Fenced) => {}
+            Err(_) => self.release_lost_claim(request),
+        }
     }
 
     /// Runs `future` (the handler, or a reconcile function) while a task of its own renews the
@@ -825,12 +1090,14 @@ impl Idem {
         }
     }
 
-    /// Runs the handler as `operation` under [`Idem::drive`]. A panic records the outcome as
-    /// unknown (the effect may have happened) and then continues unwinding.
+    /// Runs the handler as `operation` of `caller` (in scope for everything it calls) under
+    /// [`Idem::drive`]. A panic records the outcome as unknown (the effect may have happened)
+    /// and then continues unwinding.
     async fn run<T, E, F, Fut>(
         &self,
         request: &ClaimRequest,
         operation: Operation,
+        caller: &Caller,
         lease: &Arc<LeaseState>,
         recorded: &Arc<AtomicBool>,
         handler: F,
@@ -839,7 +1106,8 @@ impl Idem {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        match self.drive(request, lease, recorded, OPERATION.scope(operation, handler())).await {
+        let handler = CALLER.scope(caller.clone(), OPERATION.scope(operation, handler()));
+        match self.drive(request, lease, recorded, handler).await {
             Ok(result) => result,
             Err(panic) => self.unwind(request, lease, panic).await,
         }
@@ -930,7 +1198,13 @@ impl Idem {
     fn encode<S: Serialize>(&self, request: &ClaimRequest, stored: &S) -> Outcome {
         let reference = request.key.reference();
         match serde_json::to_vec(stored) {
-            Ok(bytes) if bytes.len() <= self.inner.max_result_bytes => Outcome::Completed(bytes),
+            Ok(bytes) if bytes.len() <= self.inner.max_result_bytes => match self.seal(bytes) {
+                Ok(sealed) => Outcome::Completed(sealed),
+                Err(error) => {
+                    tracing::error!(%reference, %error, "recording the outcome as unknown");
+                    Outcome::Unknown
+                }
+            },
             Ok(bytes) => {
                 tracing::error!(%reference, size = bytes.len(), max = self.inner.max_result_bytes,
                     "result too large to store; recording the outcome as unknown");
@@ -1027,15 +1301,27 @@ impl Idem {
         }
     }
 
-    /// The status of operation `reference` in the caller's tenant.
+    /// The status of operation `reference`, if the caller may see it: its own operations, and
+    /// those of its tenant made with `scope = "tenant"`. Never another subject's.
     ///
     /// # Errors
     /// A malformed ref, or the ledger's failure.
     pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
         let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
-        let tenant = crate::key::TenantTag::of(caller.tenant());
+        let keyring = self.keyring().map_err(StatusError::Secret)?;
         let (now, _) = self.ledger_time().await;
-        self.inner.ledger.status(tenant, reference, now).await.map_err(StatusError::Ledger)
+        for secret in keyring.all() {
+            let tenant = crate::key::TenantTag::of(secret, caller.tenant());
+            let subject = crate::key::SubjectTag::of(secret, caller.tenant(), caller.subject());
+            let report =
+                self.inner.ledger.status(tenant, subject, reference, now).await.map_err(StatusError::Ledger)?;
+            if let Some(mut report) = report {
+                // An unopenable result is not shown (the error is logged); its state still is.
+                report.result = report.result.and_then(|stored| self.open(stored, report.reference).ok());
+                return Ok(Some(report));
+            }
+        }
+        Ok(None)
     }
 
     /// Settles an unknown (or dead-holder) operation of the caller's tenant: the operator path
@@ -1046,10 +1332,25 @@ impl Idem {
     /// A malformed ref, no such operation, or one that is not unknown.
     pub async fn resolve(&self, caller: &Caller, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
         let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
-        let tenant = crate::key::TenantTag::of(caller.tenant());
+        let keyring = self.keyring().map_err(StatusError::Secret)?;
         let (now, _) = self.ledger_time().await;
         let keep_until = clamp(now.saturating_add(millis(self.inner.verdict_retention)));
-        self.inner.ledger.resolve(tenant, reference, resolution, now, keep_until).await.map_err(StatusError::Ledger)
+        let resolution = match resolution {
+            Resolution::Completed(plain) => {
+                let sealed = self.seal(plain).map_err(|detail| StatusError::Ledger(LedgerError::Corrupt { detail }))?;
+                Resolution::Completed(sealed)
+            }
+            other => other,
+        };
+        let mut answer = Err(LedgerError::NotFound);
+        for secret in keyring.all() {
+            let tenant = crate::key::TenantTag::of(secret, caller.tenant());
+            answer = self.inner.ledger.resolve(tenant, reference, resolution.clone(), now, keep_until).await;
+            if answer != Err(LedgerError::NotFound) {
+                break;
+            }
+        }
+        answer.map_err(StatusError::Ledger)
     }
 
     /// Deletes expired records, `batch` at a time, until none are left; returns how many.
@@ -1103,6 +1404,8 @@ pub enum StatusError {
     Ref(RefError),
     /// The ledger failed or refused.
     Ledger(LedgerError),
+    /// The handle has no usable secret.
+    Secret(SecretError),
 }
 
 impl std::fmt::Display for StatusError {
@@ -1110,6 +1413,7 @@ impl std::fmt::Display for StatusError {
         match self {
             Self::Ref(error) => error.fmt(f),
             Self::Ledger(error) => error.fmt(f),
+            Self::Secret(error) => error.fmt(f),
         }
     }
 }
@@ -1122,6 +1426,58 @@ fn decode<T: DeserializeOwned, E: IdempotentError>(bytes: &[u8], reference: Ref)
         Ok(Stored::Err(error)) => Ok(Err(error)),
         Err(error) => Err(Rejection::UnreadableResult { reference, detail: error.to_string() }),
     }
+}
+
+/// The namespace of keys when none is configured.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The secrets a handle keys with.
+#[derive(Debug)]
+struct Keyring {
+    /// New operations are keyed with this one.
+    current: Secret,
+    /// Operations recorded under these are still found.
+    previous: Vec<Secret>,
+}
+
+impl Keyring {
+    fn all(&self) -> impl Iterator<Item = &Secret> {
+        std::iter::once(&self.current).chain(&self.previous)
+    }
+}
+
+/// What a claim is derived from, apart from the secret.
+struct Derive<'r, 'a, 's> {
+    recipe: &'r Recipe,
+    scope: &'s Scope,
+    arguments: &'a CallArguments<'a>,
+    now: u64,
+    clock_trusted: bool,
+}
+
+/// The scope `recipe` keys a call of `caller` in.
+fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArguments<'_>) -> Result<Scope, Rejection> {
+    Ok(match (recipe.scope_rule(), &arguments.task) {
+        (ScopeRule::Tenant, _) => Scope::tenant(caller),
+        (ScopeRule::Task(_), Some(task)) if !task.is_null() => Scope::task(caller, task.clone()),
+        (ScopeRule::Task(path), _) => {
+            return Err(Rejection::InvalidArguments {
+                error: CanonicalError::Invalid {
+                    message: format!("the task id argument `{path}` is missing; the key's scope needs it"),
+                },
+            });
+        }
+        _ => Scope::caller(caller),
+    })
+}
+
+/// The refusal of a call on a handle without a usable secret: nothing runs unkeyed.
+fn no_secret(error: &SecretError) -> Rejection {
+    Rejection::ledger_unavailable(format!("no usable idem secret: {error}"))
+}
+
+fn unavailable(error: &LedgerError) -> Rejection {
+    Rejection::ledger_unavailable(error)
 }
 
 /// A call's arguments, split the way a recipe needs them.

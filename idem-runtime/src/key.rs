@@ -1,43 +1,60 @@
 //! Keys, refs and fingerprints: what makes two calls "the same operation".
 //!
-//! Key material is one canonical JSON array, `["idem/v1", scope, tool, selected]`, hashed with
-//! SHA-256. Framing the parts as JSON (rather than concatenating strings) is what keeps
-//! `("a", "bc")` and `("ab", "c")` apart.
+//! Key material is one canonical JSON array,
+//! `["idem/v2", secret version, namespace, scope, tool, selected]`, keyed with HMAC-SHA256 under
+//! the server's [`Secret`]. Framing the parts as JSON (rather than concatenating strings) is what
+//! keeps `("a", "bc")` and `("ab", "c")` apart; the secret is what keeps a reader of the ledger or
+//! the logs from computing keys, refs, fingerprints or argument tags of guessed arguments.
+//!
+//! `idem/v1` keys were plain SHA-256 of public material; v2 keys are keyed and carry the
+//! namespace, so records written by v1 are never found by v2 (they expire with their retention).
 
 use std::fmt;
 
-use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
-
 use crate::canonical::{self, CanonicalError};
 use crate::scope::Scope;
+use crate::secret::Secret;
+use serde_json::{Map, Value};
 
 /// The version tag at the head of all key material; bumping it re-keys every operation.
-pub const KEY_VERSION: &str = "idem/v1";
+pub const KEY_VERSION: &str = "idem/v2";
 
 /// Hex digits in a [`Ref`]: 64 bits, unique in practice within one tenant's retention.
 pub const REF_HEX_LEN: usize = 16;
 
-/// The idempotency key of one operation: SHA-256 over its canonical key material.
+/// The idempotency key of one operation: HMAC-SHA256 under the server secret of its canonical
+/// key material.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key([u8; 32]);
 
 impl Key {
-    /// Derives the key for `tool` called under `scope` with the `selected` arguments.
+    /// Derives, under `secret`, the key for `tool` of `namespace` called under `scope` with the
+    /// `selected` arguments. (To compute the key a handle would use, call
+    /// [`Idem::key_of`](crate::Idem::key_of).)
     ///
     /// `selected` maps each key path of the recipe (e.g. `"customer.id"`) to its value.
-    pub fn derive(scope: &Scope, tool: &str, selected: &Map<String, Value>) -> Result<Self, CanonicalError> {
-        let mut material = Vec::with_capacity(160);
+    pub fn derive(
+        secret: &Secret,
+        namespace: &str,
+        scope: &Scope,
+        tool: &str,
+        selected: &Map<String, Value>,
+    ) -> Result<Self, CanonicalError> {
+        let mut material = Vec::with_capacity(192);
         material.extend_from_slice(b"[\"");
         material.extend_from_slice(KEY_VERSION.as_bytes());
         material.extend_from_slice(b"\",");
+        material.extend_from_slice(secret.version().to_string().as_bytes());
+        material.push(b',');
+        canonical::write_canonical_str(namespace, &mut material);
+        material.push(b',');
         scope.write_material(&mut material)?;
         material.push(b',');
         canonical::write_canonical_str(tool, &mut material);
         material.push(b',');
         write_object(selected.iter(), &mut material, |_, _| {})?;
         material.push(b']');
-        Ok(Self(Sha256::digest(&material).into()))
+        Ok(Self(secret.mac("idem/v2/key", &[&material])))
     }
 
     /// Wraps 32 raw bytes (as stored by a ledger).
@@ -77,8 +94,8 @@ impl fmt::Debug for Key {
 /// The short, shareable reference of an operation: the first 8 bytes of its key, in hex.
 ///
 /// A ref is what an agent is told ("in flight, ref 3f2a…") and what it hands to the status tool.
-/// It is not a secret and not an authorisation: status lookups are always scoped to the caller's
-/// tenant.
+/// It is not an authorisation: status lookups are always scoped to the caller. Being a prefix of a
+/// keyed key, it cannot be computed (or confirmed) from guessed arguments without the secret.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ref([u8; REF_HEX_LEN / 2]);
 
@@ -87,6 +104,12 @@ impl Ref {
     #[must_use]
     pub const fn as_bytes(&self) -> &[u8; REF_HEX_LEN / 2] {
         &self.0
+    }
+
+    /// A ref from its raw bytes.
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; REF_HEX_LEN / 2]) -> Self {
+        Self(bytes)
     }
 
     /// Parses a ref as printed (16 hex digits; surrounding whitespace ignored).
@@ -142,21 +165,41 @@ impl fmt::Display for RefError {
 
 impl std::error::Error for RefError {}
 
-/// A short, non-reversible tag of a tenant, stored with each record so status lookups by ref
-/// only ever see the caller's own tenant.
+/// A short keyed tag of a tenant, stored with each record so status lookups by ref only ever
+/// see the caller's own tenant.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct TenantTag(pub [u8; 8]);
 
 impl TenantTag {
-    /// The tag of `tenant`.
+    /// The tag of `tenant` under `secret`.
     #[must_use]
-    pub fn of(tenant: &str) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(b"idem/v1/tenant\0");
-        hasher.update(tenant.as_bytes());
-        let digest = hasher.finalize();
+    pub fn of(secret: &Secret, tenant: &str) -> Self {
+        let digest = secret.mac("idem/v2/tenant", &[tenant.as_bytes()]);
         let mut tag = [0u8; 8];
         tag.copy_from_slice(&digest[..8]);
+        Self(tag)
+    }
+}
+
+/// A short keyed tag of the subject a record belongs to, stored with it so a status lookup by
+/// ref only shows a caller its own operations — or, for records made with `scope = "tenant"`
+/// ([`SubjectTag::TENANT`]), the tenant's.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SubjectTag(pub [u8; 8]);
+
+impl SubjectTag {
+    /// The tag of records visible to the whole tenant (those made under `scope = "tenant"`).
+    pub const TENANT: Self = Self([0; 8]);
+
+    /// The tag of `subject` of `tenant` under `secret` (never [`SubjectTag::TENANT`]).
+    #[must_use]
+    pub fn of(secret: &Secret, tenant: &str, subject: &str) -> Self {
+        let digest = secret.mac("idem/v2/subject", &[tenant.as_bytes(), b"\0", subject.as_bytes()]);
+        let mut tag = [0u8; 8];
+        tag.copy_from_slice(&digest[..8]);
+        if tag == Self::TENANT.0 {
+            tag[7] = 1;
+        }
         Self(tag)
     }
 }
@@ -165,7 +208,9 @@ impl TenantTag {
 ///
 /// Same key with a different `digest` is a conflict. The per-argument `tags` (4 bytes each: a
 /// 2-byte tag of the name and a 2-byte tag of the value) let the conflict answer name which
-/// arguments differ without storing any value; the 32-byte digest alone decides.
+/// arguments differ without storing any value; the 32-byte digest alone decides. Digest and tags
+/// are keyed (HMAC-SHA256 under the server secret): without the secret, they say nothing about
+/// the values, not even which of a few guessed values it was.
 ///
 /// **A top-level argument whose value is `null` counts as absent**: `{"note": null}` and `{}`
 /// fingerprint alike. Many clients send an explicit `null` for an optional parameter they leave
@@ -177,7 +222,7 @@ impl TenantTag {
 /// path is refused by `Idem::call` unless the recipe declares it optional.)
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Fingerprint<'a> {
-    /// SHA-256 over the canonical object of the fingerprinted arguments.
+    /// HMAC-SHA256 over the canonical object of the fingerprinted arguments.
     pub digest: [u8; 32],
     /// One tag per top-level argument, sorted by argument name (canonical order).
     pub tags: Vec<[u8; 4]>,
@@ -188,18 +233,20 @@ pub struct Fingerprint<'a> {
 impl<'a> Fingerprint<'a> {
     /// Fingerprints the top-level members of `arguments` except the `ignore`d names and those
     /// whose value is `null` (absent and `null` are one state of an optional argument).
-    pub fn of(arguments: &'a Map<String, Value>, ignore: &[&str]) -> Result<Self, CanonicalError> {
+    ///
+    /// Everything is keyed with `secret`.
+    pub fn of(secret: &Secret, arguments: &'a Map<String, Value>, ignore: &[&str]) -> Result<Self, CanonicalError> {
         let mut material = Vec::with_capacity(128);
         let mut tags = Vec::with_capacity(arguments.len());
         let mut names = Vec::with_capacity(arguments.len());
         let kept = arguments.iter().filter(|(name, value)| !value.is_null() && !ignore.contains(&name.as_str()));
         write_object(kept, &mut material, |name, value_bytes| {
-            let name_tag = fnv1a16(name.as_bytes());
-            let value_tag = fnv1a16(value_bytes);
+            let name_tag = secret.mac("idem/v2/argument-name", &[name.as_bytes()]);
+            let value_tag = secret.mac("idem/v2/argument-value", &[name.as_bytes(), b"\0", value_bytes]);
             tags.push([name_tag[0], name_tag[1], value_tag[0], value_tag[1]]);
             names.push(name);
         })?;
-        Ok(Self { digest: Sha256::digest(&material).into(), tags, names })
+        Ok(Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags, names })
     }
 
     /// Names of this call's arguments that differ from a stored record's `stored_tags`, and how
@@ -243,16 +290,6 @@ fn write_object<'a>(
     }
     out.push(b'}');
     Ok(())
-}
-
-fn fnv1a16(bytes: &[u8]) -> [u8; 2] {
-    let mut hash: u32 = 0x811c_9dc5;
-    for &byte in bytes {
-        hash ^= u32::from(byte);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    let folded = (hash >> 16) ^ (hash & 0xffff);
-    [(folded >> 8) as u8, (folded & 0xff) as u8]
 }
 
 fn write_hex(bytes: &[u8], f: &mut fmt::Formatter<'_>) -> fmt::Result {

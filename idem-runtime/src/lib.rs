@@ -1,7 +1,8 @@
 //! `idem` makes an agent tool call safe to repeat.
 //!
 //! A tool handler annotated with [`idempotent`] derives an idempotency key on the server
-//! (caller scope + tool + canonicalised chosen arguments, SHA-256), claims it in a [`Ledger`]
+//! (namespace + caller scope + tool + canonicalised chosen arguments, HMAC-SHA256 under a server
+//! [`Secret`]), claims it in a [`Ledger`]
 //! before its side effect, and answers every repeat from the stored result instead of running
 //! twice. This crate is the one users depend on: it re-exports the macros and holds key
 //! derivation, the ledger trait and its backends, and the call orchestration.
@@ -69,20 +70,22 @@ pub mod mcp;
 mod recipe;
 mod rejection;
 mod scope;
+pub mod secret;
 mod window;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use idem::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
-    DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, Served, StatusError,
-    current_operation, with_caller,
+    DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,
+    StatusError, current_caller, current_operation, with_caller,
 };
-pub use key::{Fingerprint, Key, Ref, RefError, TenantTag};
+pub use key::{Fingerprint, Key, Ref, RefError, SubjectTag, TenantTag};
 pub use ledger::memory::MemoryLedger;
 pub use ledger::{Ledger, LedgerError, State, StatusReport};
 pub use recipe::{Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL};
 pub use scope::{Caller, CallerError, Scope};
+pub use secret::{Secret, SecretError};
 pub use window::{WindowError, parse_window};
 
 /// Makes an async handler safe to repeat: derive a key, claim it, run once, replay the rest.
@@ -146,9 +149,9 @@ pub use window::{WindowError, parse_window};
 /// | `scope = "tenant"` | widen the key from the caller (tenant + subject) to the whole tenant | `"caller"` |
 /// | `task = "conversation_id"` | narrow the key to a task or conversation id argument (MCP has no sessions; request ids are reused) | — |
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
-/// | `name = "charge"` | the tool name in the key | `#[tool(name = ...)]`, else the function's name |
+/// | `name = "charge"` | the tool name in the key, with the namespace ([`Idem::with_namespace`], else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. One handle refuses two handlers with one name in one namespace (`duplicate_tool`) | `#[tool(name = ...)]`, else the function's name |
 /// | `idem = self.payments_idem` | the [`Idem`] handle to use | [`HasIdem`] for methods, [`Idem::install`] for free functions |
-/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | the caller in scope ([`with_caller`]), else [`Idem::with_local_caller`]; none: refused |
+/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`with_caller`], or the idempotent handler this one runs inside), else [`Idem::with_local_caller`]; none: refused |
 /// | `crate = my_reexport::idem_runtime` | the path to this crate, for re-exporters | `::idem_runtime` |
 ///
 /// # With rmcp

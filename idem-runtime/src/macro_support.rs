@@ -134,11 +134,10 @@ pub fn installed() -> Option<Idem> {
 }
 
 fn no_idem<E: IdempotentError>() -> E {
-    E::from_rejection(Rejection::LedgerUnavailable {
-        detail: "no idem ledger is configured for this handler: call `Idem::install` at startup, implement \
-                 `HasIdem`, or pass `idem = ...`"
-            .to_owned(),
-    })
+    E::from_rejection(Rejection::ledger_unavailable(
+        "no idem ledger is configured for this handler: call `Idem::install` at startup, implement `HasIdem`, \
+         or pass `idem = ...`",
+    ))
 }
 
 /// Runs a handler under `recipe`.
@@ -176,7 +175,7 @@ where
 {
     let Some(idem) = idem else { return R::from_result(Err(no_idem())) };
     let handler = || async { handler().await.into_result() };
-    let served = idem.execute(recipe, caller.as_ref(), arguments.finish(), reconcile, handler).await;
+    let served = idem.execute(recipe, caller.as_ref(), true, arguments.finish(), reconcile, handler).await;
     R::from_result(flatten(served))
 }
 
@@ -208,10 +207,13 @@ where
 {
     use crate::mcp::ToolOutcome;
     let Some(idem) = idem else {
-        return ToolOutcome::Refused(Rejection::LedgerUnavailable {
-            detail: "no idem ledger is configured for this tool (implement `HasIdem`)".to_owned(),
-        });
+        return ToolOutcome::Refused(Rejection::ledger_unavailable(
+            "no idem ledger is configured for this tool (implement `HasIdem`)",
+        ));
     };
+    // Over HTTP only the request's authenticated caller counts: no fallback to a caller in
+    // scope or the local identity.
+    let fallback = !crate::mcp::is_remote(context);
     let caller = caller.or_else(|| crate::mcp::caller_of(context));
     let handler = || async { handler().await.into_result() };
     let reconcile = |operation| async move {
@@ -220,7 +222,7 @@ where
             None => Reconciled::StillUnknown,
         }
     };
-    match idem.execute(recipe, caller.as_ref(), arguments.finish(), reconcile, handler).await {
+    match idem.execute(recipe, caller.as_ref(), fallback, arguments.finish(), reconcile, handler).await {
         Ok(served) => ToolOutcome::Served {
             result: R::from_result(served.value),
             reference: served.reference,

@@ -35,13 +35,33 @@ pub type Context = rmcp::service::RequestContext<RoleServer>;
 /// the request's extensions (or directly into the context's).
 #[must_use]
 pub fn caller_of(context: &Context) -> Option<Caller> {
-    #[cfg(feature = "mcp-http")]
     if let Some(caller) =
         context.extensions.get::<http::request::Parts>().and_then(|parts| parts.extensions.get::<Caller>())
     {
         return Some(caller.clone());
     }
     context.extensions.get::<Caller>().cloned()
+}
+
+/// Whether the request arrived over HTTP (rmcp put its request parts into the context). Such a
+/// request is answered for its authenticated caller only: never the local (stdio) identity, nor
+/// a caller in scope — without one it is refused.
+#[must_use]
+pub fn is_remote(context: &Context) -> bool {
+    context.extensions.get::<http::request::Parts>().is_some()
+}
+
+/// The caller a request is served for: its authenticated one; over stdio, failing that, the
+/// caller in scope or the handle's local identity. Over HTTP without one: none. For tools
+/// without a recipe that must answer per caller (a listing scoped to the caller's tenant).
+#[must_use]
+pub fn request_caller(idem: &Idem, context: &Context) -> Option<Caller> {
+    caller_of(context).or_else(|| {
+        if is_remote(context) {
+            return None;
+        }
+        crate::idem::current_caller().or_else(|| idem.local_caller().cloned())
+    })
 }
 
 /// What an idempotent rmcp tool returns: its own result (fresh or replayed), or idem's refusal.
@@ -89,6 +109,9 @@ pub fn refusal(rejection: &Rejection) -> CallToolResult {
     }
     if let Rejection::Conflict { differing, .. } = rejection {
         idem.insert("differing".to_owned(), json!(differing));
+    }
+    if let Rejection::LedgerUnavailable { incident, .. } = rejection {
+        idem.insert("incident".to_owned(), Value::String(incident.to_string()));
     }
     idem.insert("executed".to_owned(), Value::Bool(false));
     idem.insert("retry".to_owned(), Value::String(if rejection.retry_is_safe() { "safe" } else { "no" }.to_owned()));
@@ -154,7 +177,7 @@ pub fn status_tool<S: HasIdem + Send + Sync + 'static>() -> ToolRouter<S> {
 }
 
 async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObject>) -> CallToolResult {
-    let Some(caller) = caller_of(context).or_else(|| idem.local_caller().cloned()) else {
+    let Some(caller) = request_caller(idem, context) else {
         return refusal(&Rejection::NoCaller);
     };
     let args: StatusArgs = match serde_json::from_value(Value::Object(arguments.unwrap_or_default())) {
@@ -209,7 +232,17 @@ async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObjec
             ),
         ),
         Err(crate::StatusError::Ref(error)) => status_error("bad_request", error.to_string()),
-        Err(status_error_) => status_error("ledger_unavailable", status_error_.to_string()),
+        Err(error) => {
+            // The backend's words name hosts, users and relations: logged, not sent.
+            let incident = crate::rejection::incident(&error.to_string());
+            status_error(
+                "ledger_unavailable",
+                format!(
+                    "the idempotency ledger is unavailable, so the status cannot be read now; ask again later \
+                     (incident {incident} in the server's log)"
+                ),
+            )
+        }
     }
 }
 

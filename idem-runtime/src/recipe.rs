@@ -1,5 +1,6 @@
 //! A recipe: how a tool's calls become keys, and what to do with a stale lease.
 
+use std::panic::Location;
 use std::time::Duration;
 
 /// Which caller-related parts go into the key.
@@ -47,6 +48,9 @@ pub enum StalePolicy {
 #[derive(Debug, Clone, Copy)]
 pub struct Recipe {
     tool: &'static str,
+    namespace: Option<&'static str>,
+    /// Where the recipe is declared: two recipes of one tool name are told apart by it.
+    site: &'static Location<'static>,
     key: &'static [&'static str],
     optional: &'static [&'static str],
     ignore: &'static [&'static str],
@@ -63,9 +67,45 @@ impl Recipe {
     /// arguments lack one (or give it as `null`) is refused as invalid arguments, naming the
     /// path, because hashing it as `null` would make every such call (a typo'd member name, a
     /// client that forgot it) one operation. See [`Recipe::optional_keys`].
+    ///
+    /// The tool name is part of the key: renaming a tool re-keys it (repeats of operations made
+    /// under the old name run again). One [`Idem`](crate::Idem) refuses two recipes declared in
+    /// different places with the same tool name in the same namespace.
     #[must_use]
+    #[track_caller]
     pub const fn new(tool: &'static str, key: &'static [&'static str]) -> Self {
-        Self { tool, key, optional: &[], ignore: &[], window: None, scope: ScopeRule::Caller, stale: StalePolicy::Hold }
+        Self {
+            tool,
+            namespace: None,
+            site: Location::caller(),
+            key,
+            optional: &[],
+            ignore: &[],
+            window: None,
+            scope: ScopeRule::Caller,
+            stale: StalePolicy::Hold,
+        }
+    }
+
+    /// The namespace the tool's keys are derived in, unless the handle sets one for all its
+    /// tools ([`Idem::with_namespace`](crate::Idem::with_namespace)). `#[idempotent]` sets the
+    /// name of the package that declares the handler; a hand-built recipe without one uses
+    /// `"default"`. Renaming a namespace re-keys its tools.
+    #[must_use]
+    pub const fn namespace(mut self, namespace: &'static str) -> Self {
+        self.namespace = Some(namespace);
+        self
+    }
+
+    /// The namespace of the package that declares the handler, unless one was set: what
+    /// `#[idempotent]` passes (`option_env!("CARGO_PKG_NAME")`).
+    #[doc(hidden)]
+    #[must_use]
+    pub const fn package(mut self, package: Option<&'static str>) -> Self {
+        if self.namespace.is_none() {
+            self.namespace = package;
+        }
+        self
     }
 
     /// Key paths that may be missing or `null` in a JSON call: for these (and only these) an
@@ -128,6 +168,18 @@ impl Recipe {
     #[must_use]
     pub const fn tool(&self) -> &'static str {
         self.tool
+    }
+
+    /// The recipe's own namespace ([`Recipe::namespace`]), if any.
+    #[must_use]
+    pub const fn namespace_name(&self) -> Option<&'static str> {
+        self.namespace
+    }
+
+    /// Where the recipe is declared (the `Recipe::new` call, or the `#[idempotent]` attribute).
+    #[must_use]
+    pub const fn site(&self) -> &'static Location<'static> {
+        self.site
     }
 
     /// The key's argument paths.

@@ -40,8 +40,12 @@ pub enum Rejection {
     },
     /// The ledger could not be reached; the handler did not run.
     LedgerUnavailable {
-        /// The backend's words, for operators.
+        /// The backend's words, for operators: logged with the incident, never shown to the
+        /// caller (they name hosts, users, relations).
         detail: String,
+        /// A random ref that names this failure in the server's log, to correlate a caller's
+        /// report with it.
+        incident: Ref,
     },
     /// No authenticated caller: a key cannot be scoped, so the handler did not run.
     NoCaller,
@@ -50,6 +54,19 @@ pub enum Rejection {
     InvalidArguments {
         /// What is wrong, and where.
         error: CanonicalError,
+    },
+    /// Two different handlers are registered under one tool name in one namespace on this
+    /// handle: they would share keys and replay each other's results, so the second is refused.
+    /// A server bug; the message says how to fix it.
+    DuplicateTool {
+        /// The namespace.
+        namespace: String,
+        /// The tool name.
+        tool: String,
+        /// Where the first registered handler's recipe is declared.
+        first: String,
+        /// Where the refused one's is.
+        second: String,
     },
     /// The operation completed, but its stored result no longer decodes as the handler's result
     /// type (the code changed since it was stored).
@@ -62,8 +79,17 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// "The ledger is unavailable": logs `detail` at error level under a new incident ref, and
+    /// returns the refusal that shows the caller only the ref.
+    #[must_use]
+    pub fn ledger_unavailable(detail: impl fmt::Display) -> Self {
+        let detail = detail.to_string();
+        Self::LedgerUnavailable { incident: incident(&detail), detail }
+    }
+
     /// A stable machine-readable code: `in_flight`, `conflict`, `outcome_unknown`,
-    /// `ledger_unavailable`, `no_caller`, `invalid_arguments` or `unreadable_result`.
+    /// `ledger_unavailable`, `no_caller`, `invalid_arguments`, `duplicate_tool` or
+    /// `unreadable_result`.
     #[must_use]
     pub const fn code(&self) -> &'static str {
         match self {
@@ -73,6 +99,7 @@ impl Rejection {
             Self::LedgerUnavailable { .. } => "ledger_unavailable",
             Self::NoCaller => "no_caller",
             Self::InvalidArguments { .. } => "invalid_arguments",
+            Self::DuplicateTool { .. } => "duplicate_tool",
             Self::UnreadableResult { .. } => "unreadable_result",
         }
     }
@@ -85,7 +112,10 @@ impl Rejection {
             | Self::Conflict { reference, .. }
             | Self::OutcomeUnknown { reference }
             | Self::UnreadableResult { reference, .. } => Some(*reference),
-            Self::LedgerUnavailable { .. } | Self::NoCaller | Self::InvalidArguments { .. } => None,
+            Self::LedgerUnavailable { .. }
+            | Self::NoCaller
+            | Self::InvalidArguments { .. }
+            | Self::DuplicateTool { .. } => None,
         }
     }
 
@@ -122,16 +152,24 @@ impl fmt::Display for Rejection {
                 "outcome unknown, ref {reference}: the operation may or may not have taken effect. Do not \
                  retry; call `{STATUS_TOOL}` with ref {reference}, or ask an operator to resolve it"
             ),
-            Self::LedgerUnavailable { detail } => write!(
+            Self::LedgerUnavailable { incident, .. } => write!(
                 f,
-                "nothing was executed: the idempotency ledger is unavailable ({detail}). It is safe to retry \
-                 this call later"
+                "nothing was executed: the idempotency ledger is unavailable. It is safe to retry this call \
+                 later (incident {incident} in the server's log)"
             ),
             Self::NoCaller => f.write_str(
                 "nothing was executed: the caller is not authenticated, so the call cannot be made safe to \
                  repeat. Authenticate the caller (or configure a local identity) and call again",
             ),
             Self::InvalidArguments { error } => write!(f, "nothing was executed: {error}"),
+            // Where the two are declared is logged, not shown: source paths are the server's own.
+            Self::DuplicateTool { namespace, tool, .. } => write!(
+                f,
+                "nothing was executed: two handlers are registered as tool `{tool}` in namespace `{namespace}` on \
+                 one idem handle, so they would share keys and replay each other's results (the server's log \
+                 names both). Give each its own name with `#[idempotent(name = \"...\")]`, or serve them from \
+                 handles with different namespaces (`Idem::with_namespace`)"
+            ),
             Self::UnreadableResult { reference, detail } => write!(
                 f,
                 "ref {reference} completed earlier, but its stored result cannot be read by this version of \
@@ -142,6 +180,14 @@ impl fmt::Display for Rejection {
 }
 
 impl std::error::Error for Rejection {}
+
+/// Logs `detail` (a backend's words: hosts, users, relations) at error level under a new random
+/// ref, and returns the ref — what a caller is shown instead.
+pub(crate) fn incident(detail: &str) -> Ref {
+    let incident = Ref::from_bytes(crate::ledger::Token::random().0.to_be_bytes());
+    tracing::error!(%incident, %detail, "the idempotency ledger is unavailable; nothing was done");
+    incident
+}
 
 /// What a handler's error means for the operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use crate::key::TenantTag;
+use crate::key::{SubjectTag, TenantTag};
 
 /// The authenticated caller of a tool: a tenant and a subject within it.
 ///
@@ -109,10 +109,20 @@ impl Scope {
         &self.tenant
     }
 
-    /// The tag stored with records for tenant-scoped status lookups.
+    /// The tag stored with records for tenant-scoped status lookups, keyed with `secret`.
     #[must_use]
-    pub fn tenant_tag(&self) -> TenantTag {
-        TenantTag::of(&self.tenant)
+    pub fn tenant_tag(&self, secret: &crate::secret::Secret) -> TenantTag {
+        TenantTag::of(secret, &self.tenant)
+    }
+
+    /// Whose records made in this scope are: the subject's ([`SubjectTag::of`]), or the whole
+    /// tenant's ([`SubjectTag::TENANT`]) for a tenant-wide scope.
+    #[must_use]
+    pub fn subject_tag(&self, secret: &crate::secret::Secret) -> SubjectTag {
+        match &self.subject {
+            Some(subject) => SubjectTag::of(secret, &self.tenant, subject),
+            None => SubjectTag::TENANT,
+        }
     }
 
     /// Appends [`Scope::material`] in canonical form, without building the object (members in

@@ -1,7 +1,7 @@
 //! Key derivation: what makes two calls the same operation, and what never may.
 
 use idem_runtime::canonical::parse_strict;
-use idem_runtime::{Caller, Fingerprint, Key, Ref, Scope};
+use idem_runtime::{Caller, Fingerprint, Key, Ref, Scope, Secret};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -12,18 +12,24 @@ fn object(value: Value) -> Map<String, Value> {
     }
 }
 
+/// A fixed test secret: 32 bytes of 0x42, version 1.
+fn secret() -> Secret {
+    Secret::new(1, &[0x42; 32]).unwrap()
+}
+
 fn key(tenant: &str, subject: &str, tool: &str, selected: Value) -> Key {
-    Key::derive(&Scope::caller(&Caller::new(tenant, subject)), tool, &object(selected)).unwrap()
+    Key::derive(&secret(), "default", &Scope::caller(&Caller::new(tenant, subject)), tool, &object(selected)).unwrap()
 }
 
 #[test]
 fn a_fixed_input_has_a_fixed_key() {
     // Pinned: any change to the framing, the version tag or the canonical form re-keys every
-    // stored operation, which must be a deliberate, versioned decision. The expected digest was
-    // computed independently (Python's hashlib) over the material
-    // ["idem/v1",{"subject":"alice","tenant":"acme"},"charge_card",{"amount":1250,"order_id":"o-1"}]
+    // stored operation, which must be a deliberate, versioned decision. The expected MAC was
+    // computed independently (Python's hmac, SHA-256, key 32 bytes of 0x42) over "idem/v2/key",
+    // a NUL and the material
+    // ["idem/v2",1,"default",{"subject":"alice","tenant":"acme"},"charge_card",{"amount":1250,"order_id":"o-1"}]
     let key = key("acme", "alice", "charge_card", json!({ "order_id": "o-1", "amount": 1250 }));
-    assert_eq!(key.to_string(), "32737b92e45fdbff8506a7cf47f73cb88ff24b2fc274d01e70a2b32c350350c2");
+    assert_eq!(key.to_string(), "7bb3173f2a87fe534bbe0f9204759b5942c089cf53effa84d9e6835cfe08afba");
 }
 
 #[test]
@@ -38,11 +44,12 @@ fn framing_keeps_boundaries() {
 fn scopes_differ_by_rule() {
     let caller = Caller::new("acme", "alice");
     let selected = object(json!({ "id": 1 }));
-    let by_caller = Key::derive(&Scope::caller(&caller), "t", &selected).unwrap();
-    let by_tenant = Key::derive(&Scope::tenant(&caller), "t", &selected).unwrap();
-    let by_task = Key::derive(&Scope::task(&caller, json!("conv-1")), "t", &selected).unwrap();
-    let other_task = Key::derive(&Scope::task(&caller, json!("conv-2")), "t", &selected).unwrap();
-    let bob_tenant = Key::derive(&Scope::tenant(&Caller::new("acme", "bob")), "t", &selected).unwrap();
+    let by_caller = Key::derive(&secret(), "default", &Scope::caller(&caller), "t", &selected).unwrap();
+    let by_tenant = Key::derive(&secret(), "default", &Scope::tenant(&caller), "t", &selected).unwrap();
+    let by_task = Key::derive(&secret(), "default", &Scope::task(&caller, json!("conv-1")), "t", &selected).unwrap();
+    let other_task = Key::derive(&secret(), "default", &Scope::task(&caller, json!("conv-2")), "t", &selected).unwrap();
+    let bob_tenant =
+        Key::derive(&secret(), "default", &Scope::tenant(&Caller::new("acme", "bob")), "t", &selected).unwrap();
     assert_eq!(by_tenant, bob_tenant, "tenant scope ignores the subject");
     let all = [by_caller, by_tenant, by_task, other_task];
     for (i, a) in all.iter().enumerate() {
@@ -72,15 +79,15 @@ fn fingerprint_names_what_differs_and_respects_ignore() {
     let note_changed = object(json!({ "card": "c", "amount": 5, "note": "b" }));
     let changed_args = object(json!({ "card": "c", "amount": 6, "memo": 1 }));
     let fewer_args = object(json!({ "card": "c" }));
-    let stored = Fingerprint::of(&first, &["note"]).unwrap();
-    let same_but_note = Fingerprint::of(&note_changed, &["note"]).unwrap();
+    let stored = Fingerprint::of(&secret(), &first, &["note"]).unwrap();
+    let same_but_note = Fingerprint::of(&secret(), &note_changed, &["note"]).unwrap();
     assert_eq!(stored.digest, same_but_note.digest, "ignored arguments do not count");
-    let changed = Fingerprint::of(&changed_args, &["note"]).unwrap();
+    let changed = Fingerprint::of(&secret(), &changed_args, &["note"]).unwrap();
     assert_ne!(stored.digest, changed.digest);
     let (differing, missing) = changed.differing(&stored.tags);
     assert_eq!(differing, vec!["amount".to_owned(), "memo".to_owned()]);
     assert_eq!(missing, 0);
-    let fewer = Fingerprint::of(&fewer_args, &[]).unwrap();
+    let fewer = Fingerprint::of(&secret(), &fewer_args, &[]).unwrap();
     assert_eq!(fewer.differing(&stored.tags), (vec![], 1));
 }
 
@@ -97,17 +104,17 @@ fn non_finite_and_too_deep_arguments_are_refused_with_their_path() {
         deep = json!([deep]);
     }
     let selected = object(json!({ "big": { "n": deep } }));
-    let error = Key::derive(&Scope::caller(&Caller::new("t", "s")), "x", &selected).unwrap_err();
+    let error = Key::derive(&secret(), "default", &Scope::caller(&Caller::new("t", "s")), "x", &selected).unwrap_err();
     assert!(error.to_string().contains("big.n"), "{error}");
 }
 
 #[test]
 fn integers_beyond_2_53_are_keyed_by_their_exact_digits() {
-    // Pinned, computed independently (Python's hashlib) over the material
-    // ["idem/v1",{"subject":"alice","tenant":"acme"},"ship_order",{"order_id":1152921504606846976}]
+    // Pinned, computed independently (Python's hmac, as above) over the material
+    // ["idem/v2",1,"default",{"subject":"alice","tenant":"acme"},"ship_order",{"order_id":1152921504606846976}]
     // RFC 8785 would write 2^60 as 1152921504606847000: a different snowflake id.
     let pinned = key("acme", "alice", "ship_order", json!({ "order_id": 1u64 << 60 }));
-    assert_eq!(pinned.to_string(), "e78ef556811eba170dc4f92b601ff5c95d0791f75a38b32bbba418a809c8f6f6");
+    assert_eq!(pinned.to_string(), "827af23a38e20e6f31cc32902aa17c491ba33d1e8e779382c5c17ee50908ebc2");
     // The same number as a double is the same key; neighbours are not.
     let as_double = json!({ "order_id": 2f64.powi(60) });
     assert_eq!(key("acme", "alice", "ship_order", as_double), pinned);
@@ -119,7 +126,10 @@ fn integers_beyond_2_53_are_keyed_by_their_exact_digits() {
     // And in the fingerprint: a nanosecond later is a different fingerprint.
     let at = object(json!({ "at_ns": 1_700_000_000_123_456_789u64 }));
     let later = object(json!({ "at_ns": 1_700_000_000_123_456_790u64 }));
-    assert_ne!(Fingerprint::of(&at, &[]).unwrap().digest, Fingerprint::of(&later, &[]).unwrap().digest);
+    assert_ne!(
+        Fingerprint::of(&secret(), &at, &[]).unwrap().digest,
+        Fingerprint::of(&secret(), &later, &[]).unwrap().digest
+    );
 }
 
 #[test]
@@ -127,23 +137,30 @@ fn a_null_argument_fingerprints_like_an_absent_one() {
     // Some clients send `null` for optional parameters they leave unset, others omit them.
     let omitted = object(json!({ "order_id": "o-1", "amount": 5 }));
     let explicit = object(json!({ "order_id": "o-1", "amount": 5, "note": null, "trace": null }));
-    let (a, b) = (Fingerprint::of(&omitted, &[]).unwrap(), Fingerprint::of(&explicit, &[]).unwrap());
+    let (a, b) =
+        (Fingerprint::of(&secret(), &omitted, &[]).unwrap(), Fingerprint::of(&secret(), &explicit, &[]).unwrap());
     assert_eq!(a.digest, b.digest);
     assert_eq!((&a.tags, &a.names), (&b.tags, &b.names));
     assert_eq!(b.differing(&a.tags), (vec![], 0));
     assert_eq!(a.differing(&b.tags), (vec![], 0));
     // The digest is the one of the object without its null members.
     let (only_null, empty) = (object(json!({ "note": null })), Map::new());
-    assert_eq!(Fingerprint::of(&only_null, &[]).unwrap().digest, Fingerprint::of(&empty, &[]).unwrap().digest);
+    assert_eq!(
+        Fingerprint::of(&secret(), &only_null, &[]).unwrap().digest,
+        Fingerprint::of(&secret(), &empty, &[]).unwrap().digest
+    );
     // Setting it is a change, named; so is a null inside a value (that is data, not an absent
     // parameter).
     let noted = object(json!({ "order_id": "o-1", "amount": 5, "note": "x" }));
-    let noted = Fingerprint::of(&noted, &[]).unwrap();
+    let noted = Fingerprint::of(&secret(), &noted, &[]).unwrap();
     assert_ne!(noted.digest, b.digest);
     assert_eq!(noted.differing(&b.tags), (vec!["note".to_owned()], 0));
     let inner_null = object(json!({ "address": { "line2": null } }));
     let inner_absent = object(json!({ "address": {} }));
-    assert_ne!(Fingerprint::of(&inner_null, &[]).unwrap().digest, Fingerprint::of(&inner_absent, &[]).unwrap().digest);
+    assert_ne!(
+        Fingerprint::of(&secret(), &inner_null, &[]).unwrap().digest,
+        Fingerprint::of(&secret(), &inner_absent, &[]).unwrap().digest
+    );
 }
 
 /// Arbitrary JSON, with numbers drawn so that several spellings exist.
@@ -213,7 +230,7 @@ proptest! {
             key("t", "s", "tool", reparsed.clone())
         );
         let (all, again) = (object(original), object(reparsed));
-        prop_assert_eq!(Fingerprint::of(&all, &[]).unwrap().digest, Fingerprint::of(&again, &[]).unwrap().digest);
+        prop_assert_eq!(Fingerprint::of(&secret(), &all, &[]).unwrap().digest, Fingerprint::of(&secret(), &again, &[]).unwrap().digest);
     }
 
     /// Changing any selected value always changes the key.
@@ -250,7 +267,7 @@ fn colliding_name_tags_never_name_an_unchanged_argument() {
     let tag_of = |name: &str| {
         let mut one = serde_json::Map::new();
         one.insert(name.to_owned(), serde_json::json!(1));
-        let fingerprint = idem_runtime::Fingerprint::of(&one, &[]).unwrap();
+        let fingerprint = idem_runtime::Fingerprint::of(&secret(), &one, &[]).unwrap();
         [fingerprint.tags[0][0], fingerprint.tags[0][1]]
     };
     let mut seen = std::collections::HashMap::new();
@@ -261,6 +278,6 @@ fn colliding_name_tags_never_name_an_unchanged_argument() {
     let mut arguments = serde_json::Map::new();
     arguments.insert(a.clone(), serde_json::json!("first value"));
     arguments.insert(b.clone(), serde_json::json!(["another", 2]));
-    let fingerprint = idem_runtime::Fingerprint::of(&arguments, &[]).unwrap();
+    let fingerprint = idem_runtime::Fingerprint::of(&secret(), &arguments, &[]).unwrap();
     assert_eq!(fingerprint.differing(&fingerprint.tags), (Vec::<String>::new(), 0), "{a} and {b}");
 }

@@ -79,6 +79,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .bind(now + 30_000)
                 .bind(fp)
                 .bind(tags)
+                .bind(2i64)
                 .fetch_optional(pool)
                 .await
                 .unwrap();
@@ -105,6 +106,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .bind(now + 30_000)
                 .bind(fp)
                 .bind(tags)
+                .bind(2i64)
                 .fetch_optional(pool)
                 .await
                 .unwrap();
@@ -131,6 +133,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .bind(now + 30_000)
                 .bind(fp)
                 .bind(tags)
+                .bind(2i64)
                 .execute(pool)
                 .await
                 .unwrap();
@@ -192,7 +195,7 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
         _ => sea::MYSQL_CLAIM.to_owned(),
     };
     let complete_sql = sea::sql_for(backend, sea::COMPLETE);
-    let idem = Idem::new(ledger.clone());
+    let idem = idem_tests::idem(ledger.clone());
     let value = payload();
     let n = ops();
     for i in 0..200 {
@@ -301,7 +304,7 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
 
 /// 1,000 concurrent identical calls: exactly one execution; in-flight answers next to a claim.
 async fn storm(rows: &mut Vec<Row>, name: &str, ledger: Arc<dyn Ledger>) {
-    let idem = Idem::from_shared(ledger);
+    let idem = idem_tests::idem_shared(ledger);
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let release = Arc::new(tokio::sync::Notify::new());
     let barrier = Arc::new(tokio::sync::Barrier::new(1000));
@@ -381,7 +384,7 @@ async fn bytes_per_row(rows: &mut Vec<Row>, url: &str) {
     let scoped =
         format!("{url}{}options=-c%20search_path%3Didem_bench_rows", if url.contains('?') { '&' } else { '?' });
     let ledger = SeaOrmLedger::connect(&scoped).await.unwrap();
-    let idem = Idem::new(ledger.clone());
+    let idem = idem_tests::idem(ledger.clone());
     let value = payload();
     let n = 10_000;
     let handles: Vec<_> = (0..8)
@@ -476,6 +479,7 @@ fn cpu(rows: &mut Vec<Row>) {
     use idem_runtime::canonical;
     use sha2::{Digest, Sha256};
     let scope = idem_runtime::Scope::caller(&caller());
+    let secret = idem_tests::test_secret();
     let n = 20_000;
     // What the orchestration does per call: strict Value, key over two selected fields, fingerprint.
     let derive = nanos_per(n, |i| {
@@ -484,8 +488,8 @@ fn cpu(rows: &mut Vec<Row>) {
         let mut selected = serde_json::Map::new();
         selected.insert("order_id".into(), all["order_id"].clone());
         selected.insert("amount_cents".into(), all["amount_cents"].clone());
-        std::hint::black_box(Key::derive(&scope, "charge_card", &selected).unwrap());
-        std::hint::black_box(idem_runtime::Fingerprint::of(&all, &[]).unwrap());
+        std::hint::black_box(Key::derive(&secret, "bench", &scope, "charge_card", &selected).unwrap());
+        std::hint::black_box(idem_runtime::Fingerprint::of(&secret, &all, &[]).unwrap());
     });
     let plain = nanos_per(n, |i| {
         let bytes = serde_json::to_vec(&charge_args(i)).unwrap();
@@ -520,7 +524,7 @@ async fn wrapped_noop(rows: &mut Vec<Row>) {
     let mut wrapped = f64::INFINITY;
     let mut bare = f64::INFINITY;
     for _ in 0..5 {
-        let idem = Idem::new(MemoryLedger::new());
+        let idem = idem_tests::idem(MemoryLedger::new());
         let start = Instant::now();
         for args in &args {
             idem.call(&RECIPE, Some(&caller()), args, || async { Ok::<_, Error>(()) }).await.unwrap();
@@ -550,7 +554,7 @@ async fn statements(rows: &mut Vec<Row>, name: &str, url: &str) {
     db.set_metric_callback(move |_| {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     });
-    let idem = Idem::new(SeaOrmLedger::from_connection(db));
+    let idem = idem_tests::idem(SeaOrmLedger::from_connection(db));
     let args = json!({ "order_id": format!("count-{}", Token::random().0) });
     idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(()) }).await.unwrap();
     let first = sent.swap(0, std::sync::atomic::Ordering::SeqCst);

@@ -23,7 +23,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Recipe, Rejection, current_operation};
+use idem_runtime::{Caller, ErrorClass, IdempotentError, Recipe, Rejection, current_operation};
 use serde::{Deserialize, Serialize};
 
 /// The recipe the parent uses too (its stale policy is the parent's to choose: it only matters
@@ -85,7 +85,7 @@ fn main() {
 async fn run(url: &str, dir: &str, tenant: &str, order: &str, point: &str, lease: Duration) -> Result<String, String> {
     let downstream = downstream::FileDownstream::open(dir).map_err(|e| format!("downstream: {e}"))?;
     let ledger = SeaOrmLedger::connect(url).await.map_err(|e| format!("ledger: {e}"))?;
-    let idem = Idem::new(ledger).with_lease(lease);
+    let idem = idem_tests::idem(ledger).with_lease(lease);
     let caller = Caller::new(tenant, "crash-child");
     let arguments = serde_json::json!({ "order_id": order, "amount_cents": 1250 });
     let served = idem

@@ -18,7 +18,8 @@ Scenario, over each transport:
   4. a changed amount (a key argument): a second, new charge.
   5. a changed description (not a key argument): a conflict naming `description`, not its value.
   6. HTTP only: another tenant's identical call is its own new operation, and that tenant cannot
-     see the first tenant's ref; a request without a valid bearer token is answered 401.
+     see the first tenant's ref or its charges (list_charges is per tenant); a request without a
+     valid bearer token is answered 401.
   7. restart: stop the server, start it on the same SQLite file, repeat step 2's call: replayed,
      the same receipt, and the (in-memory) processor made no new charge.
 """
@@ -462,6 +463,12 @@ async def check_other_tenant(server: HttpServer, first: Any) -> None:
         assert after == before + 1, f"{TENANT_B}'s charge should be a new charge, the processor made {after - before}"
         again = await call(other, "charge_card", FIRST_CHARGE, note="   (repeat)")
         assert assert_fresh_or_replayed(again, replayed=True, what=f"{TENANT_B}'s repeat") == ref
+        # list_charges shows the caller's tenant only: never the first tenant's charges.
+        tenant_b = TENANT_B.split(":")[0]
+        listed = await charges(other)
+        assert all(c.get("tenant") == tenant_b for c in listed), f"{TENANT_B} sees other tenants' charges: {listed}"
+        first_charge = (first.structured_content or {}).get("charge_id")
+        assert all(c.get("charge_id") != first_charge for c in listed), f"{TENANT_B} sees {TENANT_A}'s charge"
 
         foreign = await status(other, first_ref)
         assert foreign.is_error, f"{TENANT_B} can read {TENANT_A}'s operation: {describe(foreign)}"
@@ -474,7 +481,13 @@ async def check_other_tenant(server: HttpServer, first: Any) -> None:
 async def check_unauthenticated(server: HttpServer) -> None:
     step("HTTP requests without a valid bearer token")
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
-    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    # One connection per request: a 401 answered before its body is read may close the connection,
+    # and a kept-alive client's next request would race that close.
+    base = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "Connection": "close",
+    }
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(CALL_TIMEOUT_S)) as http:
         for label, extra in (
             ("no Authorization header", {}),

@@ -8,12 +8,13 @@ use super::{
     Verdict, Won, settled_expiry, won_stale,
 };
 use crate::clock::Clock;
-use crate::key::{Key, Ref, TenantTag};
+use crate::key::{Key, Ref, SubjectTag, TenantTag};
 use crate::recipe::StalePolicy;
 
 #[derive(Clone, Debug)]
 struct Record {
     tenant: TenantTag,
+    subject: SubjectTag,
     fingerprint: [u8; 32],
     arg_tags: Vec<[u8; 4]>,
     state: State,
@@ -44,6 +45,7 @@ impl Record {
     fn claimed(request: &ClaimRequest) -> Self {
         Self {
             tenant: request.tenant,
+            subject: request.subject,
             fingerprint: request.fingerprint,
             arg_tags: request.arg_tags.clone(),
             state: State::InProgress,
@@ -75,6 +77,12 @@ impl Record {
         self.expires_at = settled_expiry(state, self.window_end, self.expires_at, keep_until);
         self.state = state;
         self.result = result;
+    }
+
+    /// Whether a lookup by `tenant` (and `subject`, if given) may see it.
+    fn visible(&self, tenant: TenantTag, subject: Option<SubjectTag>) -> bool {
+        self.tenant == tenant
+            && subject.is_none_or(|subject| self.subject == SubjectTag::TENANT || self.subject == subject)
     }
 
     /// Unknown, or in progress under a lapsed lease: what an operator may resolve.
@@ -171,24 +179,32 @@ impl MemoryLedger {
         }
     }
 
-    /// The current record of `tenant` whose key starts with `reference`.
-    fn find(current: &mut BTreeMap<Key, Record>, tenant: TenantTag, reference: Ref) -> Option<(&Key, &mut Record)> {
+    /// The current record of `tenant` whose key starts with `reference` (that `subject` may
+    /// see, if given).
+    fn find(
+        current: &mut BTreeMap<Key, Record>,
+        tenant: TenantTag,
+        subject: Option<SubjectTag>,
+        reference: Ref,
+    ) -> Option<(&Key, &mut Record)> {
         current
             .range_mut(Key::from_bytes(low(reference))..)
             .take_while(|(key, _)| reference.matches(key))
-            .find(|(_, record)| record.tenant == tenant)
+            .find(|(_, record)| record.visible(tenant, subject))
     }
 
-    /// The newest superseded record of `tenant` whose key starts with `reference`.
+    /// The newest superseded record of `tenant` whose key starts with `reference` (that
+    /// `subject` may see, if given).
     fn find_superseded(
         superseded: &mut BTreeMap<(Key, u64), Record>,
         tenant: TenantTag,
+        subject: Option<SubjectTag>,
         reference: Ref,
     ) -> Option<(&(Key, u64), &mut Record)> {
         superseded
             .range_mut((Key::from_bytes(low(reference)), 0)..)
             .take_while(|((key, _), _)| reference.matches(key))
-            .filter(|(_, record)| record.tenant == tenant)
+            .filter(|(_, record)| record.visible(tenant, subject))
             .last()
     }
 }
@@ -281,14 +297,18 @@ impl Ledger for MemoryLedger {
     fn status<'a>(
         &'a self,
         tenant: TenantTag,
+        subject: SubjectTag,
         reference: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
         let mut records = self.lock();
         let Records { current, superseded } = &mut *records;
-        let report = match Self::find(current, tenant, reference).filter(|(_, record)| !record.view().expired(now)) {
+        let subject = Some(subject);
+        let current = Self::find(current, tenant, subject, reference).filter(|(_, record)| !record.view().expired(now));
+        let report = match current {
             Some((key, record)) => Some(record.report(key, now, false)),
-            None => Self::find_superseded(superseded, tenant, reference).map(|((key, _), r)| r.report(key, now, true)),
+            None => Self::find_superseded(superseded, tenant, subject, reference)
+                .map(|((key, _), r)| r.report(key, now, true)),
         };
         Box::pin(async move { Ok(report) })
     }
@@ -303,12 +323,12 @@ impl Ledger for MemoryLedger {
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         let mut records = self.lock();
         let Records { current, superseded } = &mut *records;
-        let live = Self::find(current, tenant, reference).filter(|(_, record)| !record.view().expired(now));
+        let live = Self::find(current, tenant, None, reference).filter(|(_, record)| !record.view().expired(now));
         let record = match live {
             Some((_, record)) if record.resolvable(now) => Ok(record),
             live => {
                 let refused = live.map(|(_, record)| record.state);
-                let old = Self::find_superseded(superseded, tenant, reference).map(|(_, record)| record);
+                let old = Self::find_superseded(superseded, tenant, None, reference).map(|(_, record)| record);
                 match (old, refused) {
                     (Some(record), _) if record.resolvable(now) => Ok(record),
                     (_, Some(state)) => Err(LedgerError::NotResolvable { state }),
@@ -354,5 +374,10 @@ impl Ledger for MemoryLedger {
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         let now = self.clock.as_ref().map(|clock| clock.now_ms());
         Box::pin(async move { Ok(now) })
+    }
+
+    /// A random secret per process: the records die with it.
+    fn default_secret(&self) -> Result<crate::secret::Secret, crate::secret::SecretError> {
+        Ok(crate::secret::ephemeral())
     }
 }

@@ -32,8 +32,9 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::key::{Key, Ref, TenantTag};
+use crate::key::{Key, Ref, SubjectTag, TenantTag};
 use crate::recipe::StalePolicy;
+use crate::secret::{Secret, SecretError};
 
 /// A boxed, sendable future: keeps [`Ledger`] object-safe so `Arc<dyn Ledger>` can be chosen at
 /// run time (by URL).
@@ -141,6 +142,8 @@ pub struct ClaimRequest {
     pub key: Key,
     /// The tenant, for scoped status lookups.
     pub tenant: TenantTag,
+    /// The subject (or [`SubjectTag::TENANT`] for a tenant-wide record), for status lookups.
+    pub subject: SubjectTag,
     /// The digest of all fingerprinted arguments.
     pub fingerprint: [u8; 32],
     /// Per-argument tags, to name differing arguments in a conflict.
@@ -508,11 +511,13 @@ pub trait Ledger: Send + Sync + 'static {
     /// The record of `key`, by its full key, if it is not expired at `now`.
     fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>>;
 
-    /// The operation `reference` of `tenant`, if any. Never another tenant's. The current record
-    /// of its key, or else the newest superseded one.
+    /// The operation `reference` of `tenant`, if any, that `subject` may see: its own, or one
+    /// of its tenant's made tenant-wide ([`SubjectTag::TENANT`]). Never another tenant's or
+    /// another subject's. The current record of its key, or else the newest superseded one.
     fn status<'a>(
         &'a self,
         tenant: TenantTag,
+        subject: SubjectTag,
         reference: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>>;
@@ -538,6 +543,17 @@ pub trait Ledger: Send + Sync + 'static {
     /// none. Replicas measure their skew against it and state every time on it, so leases and
     /// windows do not depend on every replica's clock agreeing.
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>>;
+
+    /// The secret a handle on this ledger keys with when none is configured (in code or in
+    /// `IDEM_SECRET`). The default refuses: a ledger that replicas share needs one secret given
+    /// to all of them. [`MemoryLedger`](memory::MemoryLedger) uses a random secret per process
+    /// (it forgets everything on restart anyway); the SQLite default keeps one beside its file.
+    ///
+    /// # Errors
+    /// No secret can be had without configuration.
+    fn default_secret(&self) -> Result<Secret, SecretError> {
+        Err(SecretError::Required { ledger: "this ledger (it names no default secret)".to_owned() })
+    }
 }
 
 impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
@@ -565,10 +581,11 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
     fn status<'a>(
         &'a self,
         tenant: TenantTag,
+        subject: SubjectTag,
         reference: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        (**self).status(tenant, reference, now)
+        (**self).status(tenant, subject, reference, now)
     }
     fn resolve<'a>(
         &'a self,
@@ -585,5 +602,8 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
     }
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         (**self).now()
+    }
+    fn default_secret(&self) -> Result<Secret, SecretError> {
+        (**self).default_secret()
     }
 }

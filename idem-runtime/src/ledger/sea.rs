@@ -5,13 +5,14 @@
 //! | column | type | why |
 //! |---|---|---|
 //! | `key` | 32 bytes, primary key | the operation's SHA-256 key; the unique constraint the claim rests on |
-//! | `tenant` | bigint | 8-byte tag of the tenant, so status lookups never cross tenants |
+//! | `tenant` | bigint | 8-byte keyed tag of the tenant, so status lookups never cross tenants |
+//! | `subject` | bigint | 8-byte keyed tag of the subject, or 0 for a record the whole tenant may see (`scope = "tenant"`), so status lookups never cross subjects |
 //! | `state` | smallint | 1 in progress, 2 completed, 3 failed, 4 unknown |
 //! | `token` | bigint | the holder's fencing token |
 //! | `attempt` | smallint | how the holder won: 0 fresh, 1 takeover, 2 reconcile — what a re-sent claim is told, and what a release undoes |
 //! | `created_at`, `window_end`, `expires_at`, `lease_until` | bigint, ms since the epoch | times come from Rust (on the ledger's clock as each replica measured it), so every backend compares the same numbers; `window_end` ends the operation (and is indexed for the sweep), `expires_at` ends the record |
-//! | `fingerprint` | 32 bytes | digest of all fingerprinted arguments |
-//! | `arg_tags` | 4 bytes per argument | names the differing arguments of a conflict, never values |
+//! | `fingerprint` | 32 bytes | keyed digest of all fingerprinted arguments |
+//! | `arg_tags` | 4 bytes per argument | keyed tags that name the differing arguments of a conflict; without the secret they say nothing about the values |
 //! | `result` | bytes, null until completed | the stored result, replayed byte for byte |
 //!
 //! No index covers a column that completion or renewal changes (the sweep's index is on
@@ -52,7 +53,7 @@ use super::{
     Verdict, Won, settled_expiry, won_stale,
 };
 use crate::clock::Clock;
-use crate::key::{Key, REF_HEX_LEN, Ref, TenantTag};
+use crate::key::{Key, REF_HEX_LEN, Ref, SubjectTag, TenantTag};
 use crate::recipe::StalePolicy;
 
 /// The environment variable naming the ledger database.
@@ -72,6 +73,39 @@ pub struct SeaOrmLedger {
     db: DatabaseConnection,
     /// A clock that stands in for the database server's (tests that simulate time).
     clock: Option<Arc<dyn Clock>>,
+    /// Where a handle without a configured secret gets one.
+    own_secret: OwnSecret,
+}
+
+/// The secret a SQL ledger offers a handle that has none configured.
+#[derive(Clone, Debug)]
+enum OwnSecret {
+    /// A SQLite file: a secret kept in this file beside it, made on first use.
+    File(std::path::PathBuf),
+    /// An in-memory SQLite database: a random secret per process.
+    Ephemeral,
+    /// A shared database (or one whose file is unknown): none; it must be configured.
+    Required(&'static str),
+}
+
+impl OwnSecret {
+    fn of(backend: DbBackend, url: Option<&str>) -> Self {
+        match (backend, url) {
+            (DbBackend::Postgres, _) => Self::Required("a PostgreSQL ledger"),
+            (DbBackend::MySql, _) => Self::Required("a MySQL ledger"),
+            (_, Some(url)) if url.contains(":memory:") || url.contains("mode=memory") => Self::Ephemeral,
+            (_, Some(url)) => {
+                let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
+                let path = path.split('?').next().unwrap_or_default();
+                if path.is_empty() {
+                    Self::Required("a SQLite ledger whose file is unknown")
+                } else {
+                    Self::File(std::path::PathBuf::from(format!("{path}.secret")))
+                }
+            }
+            (_, None) => Self::Required("a SQLite ledger opened from a connection (its file is unknown)"),
+        }
+    }
 }
 
 impl std::fmt::Debug for SeaOrmLedger {
@@ -144,14 +178,18 @@ impl SeaOrmLedger {
     /// # Errors
     /// The database cannot be reached.
     pub async fn connect_with(options: ConnectOptions) -> Result<Self, LedgerError> {
+        let url = options.get_url().to_owned();
         let db = Database::connect(options).await.map_err(failed)?;
-        Ok(Self { db, clock: None })
+        let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
+        Ok(Self { db, clock: None, own_secret })
     }
 
-    /// Wraps an existing sea-orm connection (pool). Run [`SeaOrmLedger::migrate`] once.
+    /// Wraps an existing sea-orm connection (pool). Run [`SeaOrmLedger::migrate`] once. Its
+    /// file unknown, a SQLite ledger made this way has no default secret: configure one.
     #[must_use]
     pub fn from_connection(db: DatabaseConnection) -> Self {
-        Self { db, clock: None }
+        let own_secret = OwnSecret::of(db.get_database_backend(), None);
+        Self { db, clock: None, own_secret }
     }
 
     /// The connection pool.
@@ -228,14 +266,39 @@ impl SeaOrmLedger {
     /// unsettled retention on top of it) and, on MySQL, an unbounded `arg_tags`.
     async fn upgrade(&self) -> Result<(), LedgerError> {
         let probe = sql(self.backend(), "SELECT attempt, window_end FROM idem_records WHERE 1 = 0");
+        if self.db.execute_unprepared(&probe).await.is_err() {
+            match self.add_columns().await {
+                // Another replica may have upgraded the table meanwhile (MySQL and SQLite cannot
+                // say `ADD COLUMN IF NOT EXISTS`): what counts is that the columns are there now.
+                Err(_) if self.db.execute_unprepared(&probe).await.is_ok() => {}
+                done => done?,
+            }
+        }
+        for table in ["idem_records", "idem_superseded"] {
+            self.add_subject(table).await?;
+        }
+        Ok(())
+    }
+
+    /// Adds the `subject` column (issue 11) to `table` if it lacks it. Records made before it
+    /// get 0: visible to their whole tenant, as they were.
+    async fn add_subject(&self, table: &str) -> Result<(), LedgerError> {
+        let probe = format!("SELECT subject FROM {table} WHERE 1 = 0");
         if self.db.execute_unprepared(&probe).await.is_ok() {
             return Ok(());
         }
-        match self.add_columns().await {
-            // Another replica may have upgraded the table meanwhile (MySQL and SQLite cannot say
-            // `ADD COLUMN IF NOT EXISTS`): what counts is that the columns are there now.
+        let add = match self.backend() {
+            DbBackend::Postgres => {
+                format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS subject bigint NOT NULL DEFAULT 0")
+            }
+            DbBackend::MySql => format!("ALTER TABLE {table} ADD COLUMN subject BIGINT NOT NULL DEFAULT 0"),
+            _ => format!("ALTER TABLE {table} ADD COLUMN subject INTEGER NOT NULL DEFAULT 0"),
+        };
+        match self.db.execute_unprepared(&add).await {
+            Ok(_) => Ok(()),
+            // Another replica added it meanwhile.
             Err(_) if self.db.execute_unprepared(&probe).await.is_ok() => Ok(()),
-            done => done,
+            Err(error) => Err(failed(error)),
         }
     }
 
@@ -384,18 +447,18 @@ impl SeaOrmLedger {
         let keep = match backend {
             DbBackend::Postgres => {
                 "INSERT INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
-                 created_at, expires_at, lease_until, fingerprint, arg_tags, result) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+                 created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
             }
             DbBackend::MySql => {
                 "INSERT IGNORE INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
-                 created_at, expires_at, lease_until, fingerprint, arg_tags, result) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                 created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             }
             _ => {
                 "INSERT OR IGNORE INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
-                 created_at, expires_at, lease_until, fingerprint, arg_tags, result) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                 created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             }
         };
         let values = vec![
@@ -411,6 +474,7 @@ impl SeaOrmLedger {
             sea_orm::Value::Bytes(Some(row.fingerprint.clone())),
             sea_orm::Value::Bytes(Some(tags_bytes(&row.arg_tags))),
             bytes_opt(row.result.clone()),
+            subject_value(request.subject),
         ];
         txn.execute_raw(Statement::from_sql_and_values(backend, sql(backend, keep), values)).await.map_err(failed)?;
         txn.commit().await.map_err(failed)?;
@@ -472,50 +536,51 @@ impl SeaOrmLedger {
     async fn status_now(
         &self,
         tenant: TenantTag,
+        subject: Option<SubjectTag>,
         reference: Ref,
         now: u64,
     ) -> Result<Option<StatusReport>, LedgerError> {
-        if let Some(found) = self.find(tenant, reference, now).await? {
+        if let Some(found) = self.find(tenant, subject, reference, now).await? {
             return Ok(Some(found.report(now, false)));
         }
-        Ok(self.find_superseded(tenant, reference).await?.map(|found| found.report(now, true)))
+        Ok(self.find_superseded(tenant, subject, reference).await?.map(|found| found.report(now, true)))
     }
 
-    /// The unexpired current record of `tenant` whose key starts with `reference`.
-    async fn find(&self, tenant: TenantTag, reference: Ref, now: u64) -> Result<Option<Found>, LedgerError> {
+    /// The unexpired current record of `tenant` whose key starts with `reference` (that
+    /// `subject` may see, if given).
+    async fn find(
+        &self,
+        tenant: TenantTag,
+        subject: Option<SubjectTag>,
+        reference: Ref,
+        now: u64,
+    ) -> Result<Option<Found>, LedgerError> {
         let backend = self.backend();
-        let sql = sql(
-            backend,
-            &format!(
-                "SELECT {FOUND_COLUMNS} FROM idem_records \
-                 WHERE key >= ? AND key <= ? AND tenant = ? AND NOT (expires_at <= ? AND state IN (2, 3)) \
-                 ORDER BY key LIMIT 1"
-            ),
+        let (visible, mut values) = visible_to(tenant, subject, reference);
+        values.push(millis(now));
+        let text = format!(
+            "SELECT {FOUND_COLUMNS} FROM idem_records \
+             WHERE {visible} AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY key LIMIT 1"
         );
-        let (low, high) = ref_range(reference);
-        let values = vec![
-            sea_orm::Value::Bytes(Some(low)),
-            sea_orm::Value::Bytes(Some(high)),
-            tenant_value(tenant),
-            millis(now),
-        ];
-        let row = self.db.query_one_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(failed)?;
+        let statement = Statement::from_sql_and_values(backend, sql(backend, &text), values);
+        let row = self.db.query_one_raw(statement).await.map_err(failed)?;
         row.map(|row| Found::read(&row)).transpose()
     }
 
-    /// The newest superseded record of `tenant` whose key starts with `reference`.
-    async fn find_superseded(&self, tenant: TenantTag, reference: Ref) -> Result<Option<Found>, LedgerError> {
+    /// The newest superseded record of `tenant` whose key starts with `reference` (that
+    /// `subject` may see, if given).
+    async fn find_superseded(
+        &self,
+        tenant: TenantTag,
+        subject: Option<SubjectTag>,
+        reference: Ref,
+    ) -> Result<Option<Found>, LedgerError> {
         let backend = self.backend();
-        let sql = sql(
-            backend,
-            &format!(
-                "SELECT {FOUND_COLUMNS} FROM idem_superseded WHERE key >= ? AND key <= ? AND tenant = ? \
-                 ORDER BY window_end DESC LIMIT 1"
-            ),
-        );
-        let (low, high) = ref_range(reference);
-        let values = vec![sea_orm::Value::Bytes(Some(low)), sea_orm::Value::Bytes(Some(high)), tenant_value(tenant)];
-        let row = self.db.query_one_raw(Statement::from_sql_and_values(backend, sql, values)).await.map_err(failed)?;
+        let (visible, values) = visible_to(tenant, subject, reference);
+        let text =
+            format!("SELECT {FOUND_COLUMNS} FROM idem_superseded WHERE {visible} ORDER BY window_end DESC LIMIT 1");
+        let statement = Statement::from_sql_and_values(backend, sql(backend, &text), values);
+        let row = self.db.query_one_raw(statement).await.map_err(failed)?;
         row.map(|row| Found::read(&row)).transpose()
     }
 
@@ -527,10 +592,10 @@ impl SeaOrmLedger {
         now: u64,
         keep_until: u64,
     ) -> Result<(), LedgerError> {
-        let current = self.find(tenant, reference, now).await?;
+        let current = self.find(tenant, None, reference, now).await?;
         let (found, table) = match current {
             Some(found) if found.resolvable(now) => (found, "idem_records"),
-            current => match (self.find_superseded(tenant, reference).await?, current) {
+            current => match (self.find_superseded(tenant, None, reference).await?, current) {
                 (Some(old), _) if old.resolvable(now) => (old, "idem_superseded"),
                 (_, Some(found)) | (Some(found), None) => {
                     return Err(LedgerError::NotResolvable { state: found.state });
@@ -565,7 +630,7 @@ impl SeaOrmLedger {
             return Ok(());
         }
         // It changed meanwhile (its holder finished, another operator answered).
-        match self.status_now(tenant, reference, now).await? {
+        match self.status_now(tenant, None, reference, now).await? {
             Some(report) => Err(LedgerError::NotResolvable { state: report.state }),
             None => Err(LedgerError::NotFound),
         }
@@ -674,10 +739,11 @@ impl Ledger for SeaOrmLedger {
     fn status<'a>(
         &'a self,
         tenant: TenantTag,
+        subject: SubjectTag,
         reference: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        Box::pin(self.status_now(tenant, reference, now))
+        Box::pin(self.status_now(tenant, Some(subject), reference, now))
     }
 
     fn resolve<'a>(
@@ -697,6 +763,18 @@ impl Ledger for SeaOrmLedger {
 
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         Box::pin(self.now_ms())
+    }
+
+    /// SQLite in a file: a secret generated once and kept beside the file as
+    /// `<file>.secret`, readable by its owner only. SQLite in memory: a random one per process.
+    /// PostgreSQL and MySQL: none — replicas share the ledger and must share a configured
+    /// secret.
+    fn default_secret(&self) -> Result<crate::secret::Secret, crate::secret::SecretError> {
+        match &self.own_secret {
+            OwnSecret::File(path) => crate::secret::Secret::load_or_create(path),
+            OwnSecret::Ephemeral => Ok(crate::secret::ephemeral()),
+            OwnSecret::Required(ledger) => Err(crate::secret::SecretError::Required { ledger: (*ledger).to_owned() }),
+        }
     }
 }
 
@@ -736,7 +814,7 @@ fn take_statement(backend: DbBackend, request: &ClaimRequest, row: &Row, take: &
     let (set, mut values) = match take {
         Take::Fresh => (
             "state = 1, token = ?, attempt = 0, created_at = ?, window_end = ?, expires_at = ?, lease_until = ?, \
-             fingerprint = ?, arg_tags = ?, result = NULL",
+             fingerprint = ?, arg_tags = ?, result = NULL, tenant = ?, subject = ?",
             vec![
                 token_value(request.token),
                 millis(request.now),
@@ -745,6 +823,8 @@ fn take_statement(backend: DbBackend, request: &ClaimRequest, row: &Row, take: &
                 millis(request.lease_until),
                 sea_orm::Value::Bytes(Some(request.fingerprint.to_vec())),
                 sea_orm::Value::Bytes(Some(tags_bytes(&request.arg_tags))),
+                tenant_value(request.tenant),
+                subject_value(request.subject),
             ],
         ),
         Take::Unknown => ("state = 4", Vec::new()),
@@ -773,13 +853,13 @@ fn complete_sql(table: &str, state: State) -> String {
 }
 
 /// The PostgreSQL claim: `$1` key, `$2` tenant, `$3` token, `$4` now, `$5` window_end,
-/// `$6` expires_at, `$7` lease_until, `$8` fingerprint, `$9` arg_tags. Returns `1` and the new
+/// `$6` expires_at, `$7` lease_until, `$8` fingerprint, `$9` arg_tags, `$10` subject. Returns `1` and the new
 /// row, or `0` and the row in the way.
 #[doc(hidden)]
 pub const POSTGRES_CLAIM: &str = "WITH claimed AS (
             INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end, expires_at,
-                                      lease_until, fingerprint, arg_tags, result)
-            VALUES ($1, $2, 1, $3, 0, $4, $5, $6, $7, $8, $9, NULL)
+                                      lease_until, fingerprint, arg_tags, result, subject)
+            VALUES ($1, $2, 1, $3, 0, $4, $5, $6, $7, $8, $9, NULL, $10)
             ON CONFLICT (key) DO NOTHING
             RETURNING state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint,
                       arg_tags, result
@@ -791,20 +871,20 @@ pub const POSTGRES_CLAIM: &str = "WITH claimed AS (
                arg_tags, result
         FROM idem_records WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)";
 
-/// The SQLite claim of an absent key, parameters as [`POSTGRES_CLAIM`]'s (`?1`…`?9`); returns a
+/// The SQLite claim of an absent key, parameters as [`POSTGRES_CLAIM`]'s (`?1`…`?10`); returns a
 /// row only when it claimed.
 #[doc(hidden)]
 pub const SQLITE_CLAIM: &str = "INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end,
-                expires_at, lease_until, fingerprint, arg_tags, result)
-            VALUES (?1, ?2, 1, ?3, 0, ?4, ?5, ?6, ?7, ?8, ?9, NULL)
+                expires_at, lease_until, fingerprint, arg_tags, result, subject)
+            VALUES (?1, ?2, 1, ?3, 0, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10)
             ON CONFLICT (key) DO NOTHING
             RETURNING state";
 
 /// The MySQL claim of an absent key, parameters as [`POSTGRES_CLAIM`]'s.
 #[doc(hidden)]
 pub const MYSQL_CLAIM: &str = "INSERT INTO idem_records (`key`, tenant, state, token, attempt, created_at, window_end,
-                expires_at, lease_until, fingerprint, arg_tags, result)
-            VALUES (?, ?, 1, ?, 0, ?, ?, ?, ?, ?, ?, NULL)";
+                expires_at, lease_until, fingerprint, arg_tags, result, subject)
+            VALUES (?, ?, 1, ?, 0, ?, ?, ?, ?, ?, ?, NULL, ?)";
 
 /// The completion of a completed result: state, result, `keep_until` twice, key, token (`?`
 /// placeholders; see [`sql_for`]).
@@ -837,7 +917,8 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 key bytea PRIMARY KEY CHECK (octet_length(key) = 32),
                 fingerprint bytea NOT NULL,
                 arg_tags bytea NOT NULL,
-                result bytea
+                result bytea,
+                subject bigint NOT NULL DEFAULT 0
             )",
             "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
             "DROP INDEX IF EXISTS idem_records_expires_at",
@@ -854,6 +935,7 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 fingerprint bytea NOT NULL,
                 arg_tags bytea NOT NULL,
                 result bytea,
+                subject bigint NOT NULL DEFAULT 0,
                 PRIMARY KEY (key, window_end)
             )",
             "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
@@ -872,6 +954,7 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 fingerprint BINARY(32) NOT NULL,
                 arg_tags LONGBLOB NOT NULL,
                 result LONGBLOB NULL,
+                subject BIGINT NOT NULL DEFAULT 0,
                 INDEX idem_records_window_end (window_end)
             ) ENGINE=InnoDB",
             "CREATE TABLE IF NOT EXISTS idem_superseded (
@@ -887,6 +970,7 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 fingerprint BINARY(32) NOT NULL,
                 arg_tags LONGBLOB NOT NULL,
                 result LONGBLOB NULL,
+                subject BIGINT NOT NULL DEFAULT 0,
                 PRIMARY KEY (`key`, window_end),
                 INDEX idem_superseded_expires_at (expires_at)
             ) ENGINE=InnoDB",
@@ -904,7 +988,8 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 lease_until INTEGER NOT NULL,
                 fingerprint BLOB NOT NULL,
                 arg_tags BLOB NOT NULL,
-                result BLOB
+                result BLOB,
+                subject INTEGER NOT NULL DEFAULT 0
             ) WITHOUT ROWID",
             "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
             "DROP INDEX IF EXISTS idem_records_expires_at",
@@ -921,6 +1006,7 @@ pub fn schema(backend: DbBackend) -> &'static [&'static str] {
                 fingerprint BLOB NOT NULL,
                 arg_tags BLOB NOT NULL,
                 result BLOB,
+                subject INTEGER NOT NULL DEFAULT 0,
                 PRIMARY KEY (key, window_end)
             ) WITHOUT ROWID",
             "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
@@ -1067,6 +1153,7 @@ fn insert_values(request: &ClaimRequest) -> Vec<sea_orm::Value> {
         millis(request.lease_until),
         sea_orm::Value::Bytes(Some(request.fingerprint.to_vec())),
         sea_orm::Value::Bytes(Some(tags_bytes(&request.arg_tags))),
+        subject_value(request.subject),
     ]
 }
 
@@ -1170,6 +1257,24 @@ fn key_value(key: &Key) -> sea_orm::Value {
 
 fn tenant_value(tenant: TenantTag) -> sea_orm::Value {
     sea_orm::Value::BigInt(Some(i64::from_be_bytes(tenant.0)))
+}
+
+fn subject_value(subject: SubjectTag) -> sea_orm::Value {
+    sea_orm::Value::BigInt(Some(i64::from_be_bytes(subject.0)))
+}
+
+/// The condition (and its values) of a status lookup: keys starting with `reference`, of
+/// `tenant`, and — when a subject is given — the subject's own or tenant-wide (0).
+fn visible_to(tenant: TenantTag, subject: Option<SubjectTag>, reference: Ref) -> (&'static str, Vec<sea_orm::Value>) {
+    let (low, high) = ref_range(reference);
+    let mut values = vec![sea_orm::Value::Bytes(Some(low)), sea_orm::Value::Bytes(Some(high)), tenant_value(tenant)];
+    match subject {
+        Some(subject) => {
+            values.extend([subject_value(SubjectTag::TENANT), subject_value(subject)]);
+            ("key >= ? AND key <= ? AND tenant = ? AND subject IN (?, ?)", values)
+        }
+        None => ("key >= ? AND key <= ? AND tenant = ?", values),
+    }
 }
 
 fn token_value(token: Token) -> sea_orm::Value {

@@ -1,0 +1,377 @@
+//! The server secret every key, fingerprint, argument tag and ref is keyed with (HMAC-SHA256,
+//! RFC 2104), so a reader of the ledger, a backup or the logs cannot recover low-entropy
+//! arguments or compute refs offline.
+//!
+//! A secret is at least 32 random bytes and carries a **version**, which is part of the key
+//! material. Its text form — the `IDEM_SECRET` environment variable, the file the embedded
+//! SQLite default keeps beside its ledger — is `<version>:<hex bytes>`, e.g.
+//! `IDEM_SECRET=1:$(openssl rand -hex 32)`.
+//!
+//! Rotation: configure the new secret as the current one and keep the old one as a previous
+//! secret (`IDEM_SECRET_PREVIOUS`, [`Idem::with_previous_secret`](crate::Idem::with_previous_secret))
+//! until the longest window has run. A call whose operation was recorded under a previous
+//! secret is answered from that record (replayed, in flight, unknown), never run a second time.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// The environment variable holding the current secret: `<version>:<hex>`.
+pub const SECRET_ENV: &str = "IDEM_SECRET";
+/// The environment variable holding secrets still honoured for operations recorded under them,
+/// comma-separated, each `<version>:<hex>`.
+pub const PREVIOUS_SECRETS_ENV: &str = "IDEM_SECRET_PREVIOUS";
+/// The fewest bytes a secret may have.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+const BLOCK: usize = 64;
+
+/// HMAC-SHA256 (RFC 2104) with the key's padded blocks absorbed once, so each MAC costs two
+/// hash finalisations and no key schedule.
+#[derive(Clone)]
+pub(crate) struct Hmac {
+    inner: Sha256,
+    outer: Sha256,
+}
+
+impl Hmac {
+    pub(crate) fn new(key: &[u8]) -> Self {
+        let mut block = [0u8; BLOCK];
+        if key.len() > BLOCK {
+            block[..32].copy_from_slice(&Sha256::digest(key));
+        } else {
+            block[..key.len()].copy_from_slice(key);
+        }
+        let pad = |byte: u8| {
+            let mut hasher = Sha256::new();
+            hasher.update(block.map(|b| b ^ byte));
+            hasher
+        };
+        Self { inner: pad(0x36), outer: pad(0x5c) }
+    }
+
+    /// The MAC of the concatenation of `parts`.
+    pub(crate) fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
+        let mut inner = self.inner.clone();
+        for part in parts {
+            inner.update(part);
+        }
+        let mut outer = self.outer.clone();
+        outer.update(inner.finalize());
+        outer.finalize().into()
+    }
+}
+
+/// One version of the server secret. Its bytes are not kept, only the HMAC state derived from
+/// them, and never printed.
+#[derive(Clone)]
+pub struct Secret {
+    version: u32,
+    hmac: Hmac,
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Secret").field("version", &self.version).finish_non_exhaustive()
+    }
+}
+
+impl Secret {
+    /// Version `version` (1 or more) of the secret, from `bytes` (at least
+    /// [`MIN_SECRET_BYTES`] random bytes).
+    ///
+    /// # Errors
+    /// A version of 0, or fewer than 32 bytes.
+    pub fn new(version: u32, bytes: &[u8]) -> Result<Self, SecretError> {
+        if version == 0 {
+            return Err(SecretError::Malformed { why: "the version must be 1 or more".to_owned() });
+        }
+        if bytes.len() < MIN_SECRET_BYTES {
+            return Err(SecretError::TooShort { bytes: bytes.len() });
+        }
+        Ok(Self { version, hmac: Hmac::new(bytes) })
+    }
+
+    /// A new random secret (32 bytes from the operating system) and its text form.
+    ///
+    /// # Panics
+    /// If the operating system has no randomness to give.
+    #[must_use]
+    pub fn generate(version: u32) -> (Self, String) {
+        let mut bytes = [0u8; MIN_SECRET_BYTES];
+        #[allow(clippy::expect_used)]
+        getrandom::fill(&mut bytes).expect("the OS random number generator failed");
+        let text = format!("{}:{}", version.max(1), hex(&bytes));
+        (Self { version: version.max(1), hmac: Hmac::new(&bytes) }, text)
+    }
+
+    /// Parses the text form `<version>:<hex bytes>` (surrounding whitespace ignored).
+    ///
+    /// # Errors
+    /// Anything else, or fewer than 32 bytes.
+    pub fn parse(text: &str) -> Result<Self, SecretError> {
+        let text = text.trim();
+        let malformed = || SecretError::Malformed {
+            why: "expected `<version>:<hex bytes>`, e.g. `1:` followed by the output of `openssl rand -hex 32`"
+                .to_owned(),
+        };
+        let (version, digits) = text.split_once(':').ok_or_else(malformed)?;
+        let version: u32 = version.trim().parse().map_err(|_| malformed())?;
+        let digits = digits.trim();
+        if digits.len() % 2 != 0 {
+            return Err(malformed());
+        }
+        let bytes = digits
+            .as_bytes()
+            .chunks(2)
+            .map(|pair| Some((hex_value(pair[0])? << 4) | hex_value(pair[1])?))
+            .collect::<Option<Vec<u8>>>()
+            .ok_or_else(malformed)?;
+        Self::new(version, &bytes)
+    }
+
+    /// The version, part of every key derived under this secret.
+    #[must_use]
+    pub const fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// HMAC-SHA256 under this secret of `label`, a NUL, and `parts`. Each use of the secret has
+    /// its own label, so a value computed for one use never stands for another.
+    pub(crate) fn mac(&self, label: &str, parts: &[&[u8]]) -> [u8; 32] {
+        let mut all = Vec::with_capacity(parts.len() + 2);
+        all.push(label.as_bytes());
+        all.push(b"\0");
+        all.extend_from_slice(parts);
+        self.hmac.mac(&all)
+    }
+
+    /// Reads the secret kept in `path`, or makes one and keeps it there, readable by the owner
+    /// only. Two processes starting together end up with the same secret: it is written to a
+    /// temporary file and linked into place only if nothing is there yet.
+    ///
+    /// # Errors
+    /// The file cannot be read or written, or holds something that is not a secret.
+    pub fn load_or_create(path: &Path) -> Result<Self, SecretError> {
+        let io = |error: std::io::Error| SecretError::Io { path: path.to_owned(), error: error.to_string() };
+        match std::fs::read_to_string(path) {
+            Ok(text) => return Self::parse(&text).map_err(|error| error.in_file(path)),
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(io(error)),
+            Err(_) => {}
+        }
+        let (_, text) = Self::generate(1);
+        let temporary = path.with_extension(format!("tmp{}", crate::ledger::Token::random().0));
+        write_private(&temporary, &format!("{text}\n")).map_err(io)?;
+        let linked = std::fs::hard_link(&temporary, path);
+        let _ = std::fs::remove_file(&temporary);
+        match linked {
+            Ok(()) => tracing::info!(path = %path.display(), "generated the ledger's secret; keep it with the ledger"),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(io(error)),
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        Self::parse(&text).map_err(|error| error.in_file(path))
+    }
+}
+
+#[cfg(unix)]
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
+}
+
+#[cfg(not(unix))]
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
+}
+
+/// The current secret and the previous ones still honoured, read from [`SECRET_ENV`] and
+/// [`PREVIOUS_SECRETS_ENV`]; `None` when [`SECRET_ENV`] is unset or empty.
+///
+/// # Errors
+/// A variable that is set but malformed.
+pub fn from_env() -> Result<Option<(Secret, Vec<Secret>)>, SecretError> {
+    let Some(current) = std::env::var(SECRET_ENV).ok().filter(|text| !text.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let current = Secret::parse(&current).map_err(|error| error.in_env(SECRET_ENV))?;
+    let previous = std::env::var(PREVIOUS_SECRETS_ENV).unwrap_or_default();
+    let previous = previous
+        .split(',')
+        .filter(|text| !text.trim().is_empty())
+        .map(|text| Secret::parse(text).map_err(|error| error.in_env(PREVIOUS_SECRETS_ENV)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some((current, previous)))
+}
+
+/// A process-wide random secret, for ledgers that forget everything when the process exits.
+pub(crate) fn ephemeral() -> Secret {
+    static EPHEMERAL: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
+    EPHEMERAL.get_or_init(|| Secret::generate(1).0).clone()
+}
+
+/// Why there is no usable secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SecretError {
+    /// None is configured, and the ledger is shared by replicas, which must share one.
+    Required {
+        /// The ledger, in words.
+        ledger: String,
+    },
+    /// Fewer than [`MIN_SECRET_BYTES`] bytes.
+    TooShort {
+        /// How many there were.
+        bytes: usize,
+    },
+    /// Not `<version>:<hex bytes>`.
+    Malformed {
+        /// What is wrong.
+        why: String,
+    },
+    /// The secret file cannot be read or written.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The system's words.
+        error: String,
+    },
+    /// A malformed secret in an environment variable or file.
+    In {
+        /// Where it was.
+        place: String,
+        /// What is wrong with it.
+        error: Box<SecretError>,
+    },
+}
+
+impl SecretError {
+    fn in_env(self, name: &str) -> Self {
+        Self::In { place: format!("the environment variable {name}"), error: Box::new(self) }
+    }
+
+    fn in_file(self, path: &Path) -> Self {
+        Self::In { place: format!("the secret file {}", path.display()), error: Box::new(self) }
+    }
+}
+
+impl fmt::Display for SecretError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Required { ledger } => write!(
+                f,
+                "no idem secret is configured, and {ledger} is shared by replicas, which must all use the same \
+                 one: set {SECRET_ENV}=1:<hex> with at least {MIN_SECRET_BYTES} random bytes (e.g. \
+                 `1:$(openssl rand -hex 32)`), the same on every replica, or pass it in code with \
+                 `Idem::with_secret`"
+            ),
+            Self::TooShort { bytes } => write!(
+                f,
+                "the idem secret has {bytes} bytes; it needs at least {MIN_SECRET_BYTES} random bytes \
+                 (`openssl rand -hex 32`)"
+            ),
+            Self::Malformed { why } => write!(f, "the idem secret is malformed: {why}"),
+            Self::Io { path, error } => {
+                write!(f, "cannot read or create the idem secret file {}: {error}", path.display())
+            }
+            Self::In { place, error } => write!(f, "{place}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for SecretError {}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn hex_value(digit: u8) -> Option<u8> {
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unhex(text: &str) -> Vec<u8> {
+        text.as_bytes().chunks(2).map(|pair| (hex_value(pair[0]).unwrap() << 4) | hex_value(pair[1]).unwrap()).collect()
+    }
+
+    /// RFC 4231, test cases 1–4, 6 and 7 (case 5 truncates the output, which we never do).
+    #[test]
+    fn hmac_sha256_matches_rfc_4231() {
+        let long_key = vec![0xaa; 131];
+        let cases: [(Vec<u8>, Vec<u8>, &str); 6] = [
+            (vec![0x0b; 20], b"Hi There".to_vec(), "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"),
+            (
+                b"Jefe".to_vec(),
+                b"what do ya want for nothing?".to_vec(),
+                "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
+            ),
+            (vec![0xaa; 20], vec![0xdd; 50], "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"),
+            (
+                unhex("0102030405060708090a0b0c0d0e0f10111213141516171819"),
+                vec![0xcd; 50],
+                "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b",
+            ),
+            (
+                long_key.clone(),
+                b"Test Using Larger Than Block-Size Key - Hash Key First".to_vec(),
+                "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54",
+            ),
+            (
+                long_key,
+                b"This is a test using a larger than block-size key and a larger than block-size data. The key \
+                  needs to be hashed before being used by the HMAC algorithm."
+                    .to_vec(),
+                "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2",
+            ),
+        ];
+        for (key, data, expected) in cases {
+            assert_eq!(hex(&Hmac::new(&key).mac(&[&data])), expected);
+            // Split input gives the same MAC.
+            let (a, b) = data.split_at(data.len() / 2);
+            assert_eq!(hex(&Hmac::new(&key).mac(&[a, b])), expected);
+        }
+    }
+
+    #[test]
+    fn the_text_form_round_trips_and_refuses_short_or_malformed_secrets() {
+        let (secret, text) = Secret::generate(3);
+        let parsed = Secret::parse(&text).unwrap();
+        assert_eq!(parsed.version(), 3);
+        assert_eq!(parsed.mac("x", &[b"y"]), secret.mac("x", &[b"y"]));
+        assert_eq!(Secret::parse(&format!("1:{}", "ab".repeat(31))).unwrap_err(), SecretError::TooShort { bytes: 31 });
+        assert!(matches!(Secret::parse("abcdef"), Err(SecretError::Malformed { .. })));
+        assert!(matches!(Secret::parse(&format!("0:{}", "ab".repeat(32))), Err(SecretError::Malformed { .. })));
+        assert!(matches!(Secret::parse(&format!("1:{}zz", "ab".repeat(32))), Err(SecretError::Malformed { .. })));
+        assert!(!format!("{secret:?}").contains(&text[2..10]), "Debug never shows the bytes");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_generated_secret_file_is_owner_only_and_reused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("idem-secret-{}", crate::ledger::Token::random().0));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger.sqlite3.secret");
+        let first = Secret::load_or_create(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let again = Secret::load_or_create(&path).unwrap();
+        assert_eq!(first.mac("k", &[b"v"]), again.mac("k", &[b"v"]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
