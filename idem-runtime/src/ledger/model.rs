@@ -8,7 +8,9 @@
 //! ticks, holders crash, an operator resolves. The checker explores every interleaving up to the
 //! bounds below and checks the invariants the simulation checks, by the same names.
 //!
-//! `IDEM_MODEL_CLIENTS` (2 or 3) and `IDEM_MODEL_TICKS` widen the search.
+//! `IDEM_MODEL_CLIENTS`, `IDEM_MODEL_CLAIMS` and `IDEM_MODEL_TICKS` change the bounds (see [`BOUNDS`]);
+//! `IDEM_MODEL_RERUN_MAY_FAIL` lets a run that took over end "nothing happened" (finding 2 in
+//! RELIABILITY.md).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -577,23 +579,36 @@ fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// Explores the protocol under `policy` exhaustively; returns the states explored and the
-/// violations found (with the path to the first).
+/// The bounds explored by default, each exhaustively: wide (two claims per client, four ticks:
+/// re-sends, releases and takeovers between more claims) and deep (one claim each, six ticks:
+/// windows end, late results settle, unsettled records are superseded).
+const BOUNDS: [(u8, u64); 2] = [(2, 4), (1, 6)];
+
+/// Explores the protocol under `policy` exhaustively within each bound (`IDEM_MODEL_CLAIMS` and
+/// `IDEM_MODEL_TICKS` give one bound instead); returns the states explored and the first broken
+/// invariant with the path to it.
 pub(crate) fn check(policy: StalePolicy) -> (usize, Option<String>) {
-    let model = LedgerModel {
-        clients: usize::try_from(env("IDEM_MODEL_CLIENTS", 2)).unwrap_or(2),
-        ticks: env("IDEM_MODEL_TICKS", 4),
-        policy,
-        claims: u8::try_from(env("IDEM_MODEL_CLAIMS", 2)).unwrap_or(2),
-        rerun_may_fail: std::env::var_os("IDEM_MODEL_RERUN_MAY_FAIL").is_some(),
+    let bounds = match (std::env::var_os("IDEM_MODEL_CLAIMS"), std::env::var_os("IDEM_MODEL_TICKS")) {
+        (None, None) => BOUNDS.to_vec(),
+        _ => vec![(u8::try_from(env("IDEM_MODEL_CLAIMS", 2)).unwrap_or(2), env("IDEM_MODEL_TICKS", 4))],
     };
-    let checker = model.checker().threads(2).spawn_bfs().join();
-    let states = checker.unique_state_count();
-    let broken = checker.discovery("every invariant holds").map(|path| {
-        let violations = path.last_state().violations.clone();
-        format!("{violations:?} after {:?}", path.into_actions())
-    });
-    (states, broken)
+    let mut states = 0;
+    for (claims, ticks) in bounds {
+        let model = LedgerModel {
+            clients: usize::try_from(env("IDEM_MODEL_CLIENTS", 2)).unwrap_or(2),
+            ticks,
+            policy,
+            claims,
+            rerun_may_fail: std::env::var_os("IDEM_MODEL_RERUN_MAY_FAIL").is_some(),
+        };
+        let checker = model.checker().threads(2).spawn_bfs().join();
+        states += checker.unique_state_count();
+        if let Some(path) = checker.discovery("every invariant holds") {
+            let violations = path.last_state().violations.clone();
+            return (states, Some(format!("{violations:?} after {:?}", path.into_actions())));
+        }
+    }
+    (states, None)
 }
 
 #[test]
