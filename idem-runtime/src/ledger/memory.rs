@@ -11,6 +11,11 @@ use crate::clock::Clock;
 use crate::key::{Key, Ref, SubjectTag, TenantTag};
 use crate::recipe::StalePolicy;
 
+/// The model check of the ledger protocol: it runs this ledger, so it lives beside its records.
+#[cfg(test)]
+#[path = "model.rs"]
+mod model;
+
 #[derive(Clone, Debug)]
 struct Record {
     tenant: TenantTag,
