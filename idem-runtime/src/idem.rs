@@ -900,7 +900,7 @@ impl Idem {
             }
         };
         let recorded = recorded.load(Ordering::SeqCst);
-        let (value, fenced) = self.record(&request, &lease, result, recorded).await;
+        let (value, fenced) = self.record(&request, &lease, result, recorded, attempt).await;
         if fenced && let Some(stored) = self.stored_result(&request, window_end).await {
             // Superseded: the answer is the new holder's, the one every repeat gets too.
             let stored = self.open(stored, reference)?;
@@ -1178,6 +1178,7 @@ impl Idem {
         lease: &LeaseState,
         result: Result<T, E>,
         recorded: bool,
+        attempt: Won,
     ) -> (Result<T, E>, bool)
     where
         T: Serialize,
@@ -1191,7 +1192,12 @@ impl Idem {
                 ErrorClass::Unknown => Outcome::Unknown,
             },
         };
-        let fenced = self.finish(request, lease, outcome, recorded).await;
+        // "Nothing happened" from a run that took over (or reconciled and ran) speaks for this run
+        // only: the holder it replaced may have acted — or may still, if it is alive but late.
+        // Give the lease back instead, so the operation stays in progress (same window, same
+        // forwarded key) and its stale policy decides again.
+        let give_back = outcome == Outcome::Failed && attempt != Won::Fresh;
+        let fenced = self.finish_with(request, lease, outcome, recorded, give_back).await;
         (result, fenced)
     }
 
@@ -1225,9 +1231,21 @@ impl Idem {
     /// Returns whether the claim turned out to be superseded (fenced) — its holder's result was
     /// not recorded.
     async fn finish(&self, request: &ClaimRequest, lease: &LeaseState, outcome: Outcome, recorded: bool) -> bool {
+        self.finish_with(request, lease, outcome, recorded, false).await
+    }
+
+    /// [`Idem::finish`], or with `give_back` the claim's release instead of its completion.
+    async fn finish_with(
+        &self,
+        request: &ClaimRequest,
+        lease: &LeaseState,
+        outcome: Outcome,
+        recorded: bool,
+        give_back: bool,
+    ) -> bool {
         let reference = request.key.reference();
         for pause in [50, 250, 0] {
-            match self.complete_once(request, &outcome, recorded).await {
+            match self.complete_once(request, &outcome, recorded, give_back).await {
                 Ok(fenced) => return fenced,
                 Err(LedgerError::Unavailable { detail } | LedgerError::Ambiguous { detail }) => {
                     tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
@@ -1251,7 +1269,7 @@ impl Idem {
             while idem.ledger_now() < until {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
-                match idem.complete_once(&request, &outcome, recorded).await {
+                match idem.complete_once(&request, &outcome, recorded, give_back).await {
                     Ok(_) => return,
                     Err(LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. }) => {}
                     Err(error) => {
@@ -1272,10 +1290,15 @@ impl Idem {
         request: &ClaimRequest,
         outcome: &Outcome,
         recorded: bool,
+        give_back: bool,
     ) -> Result<bool, LedgerError> {
         let keep_until = self.keep_until(self.inner.grace);
-        let complete = self.inner.ledger.complete(&request.key, request.token, outcome.clone(), keep_until);
-        match self.bounded(complete).await {
+        let ending = if give_back {
+            self.inner.ledger.release(&request.key, request.token)
+        } else {
+            self.inner.ledger.complete(&request.key, request.token, outcome.clone(), keep_until)
+        };
+        match self.bounded(ending).await {
             Ok(()) => Ok(false),
             Err(LedgerError::Fenced) if recorded => {
                 tracing::debug!(reference = %request.key.reference(), "recorded in the handler's own transaction");

@@ -942,3 +942,27 @@ async fn a_refused_late_holder_never_gets_a_newer_operations_result() {
     let answer = late.await.unwrap().unwrap();
     assert_eq!((answer.value.as_str(), answer.replayed), ("first, late", false));
 }
+
+/// Issue 18, model finding 1: a run that took over a dead holder and then reports "nothing
+/// happened" speaks for itself only — the dead holder may have acted. The operation stays in
+/// progress under a lapsed lease (same window, same forwarded key), so the next repeat's effect
+/// is deduped downstream; before, the record turned "failed" and the next repeat ran as a new
+/// operation with a new key: a second effect within the window.
+#[tokio::test]
+async fn a_takeover_that_did_nothing_keeps_the_operation() {
+    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
+    let clock = ManualClock::new(1_700_000_000_000);
+    let idem = Idem::new(MemoryLedger::new()).with_clock(clock.clone());
+    let downstream = Dedupe::default();
+    die_after_effect(&idem, &recipe, &downstream).await;
+    clock.advance(Duration::from_secs(31));
+    let (caller, args) = (alice(), charge(42, "x"));
+    let gave_up = idem.call(&recipe, Some(&caller), &args, || async {
+        Err::<String, _>(ToolError::Invalid("the lease was lost before the effect: nothing done".into()))
+    });
+    assert!(matches!(gave_up.await, Err(ToolError::Invalid(_))));
+    clock.advance(Duration::from_secs(1));
+    let served = idem.call(&recipe, Some(&caller), &args, || async { Ok::<_, ToolError>(downstream.charge()) });
+    let served = served.await.unwrap();
+    assert_eq!((served.value.as_str(), downstream.effects()), ("receipt-1", 1), "the dead holder's key, deduped");
+}

@@ -122,7 +122,9 @@ impl Cluster {
         sim.world().record(format!("replica {index} skew {skew}"));
         let ledger =
             SimLedger { sim: sim.clone(), replica: index, alive: Arc::clone(&alive), measured: AtomicBool::new(false) };
+        // Replicas share one secret, as a shared ledger requires (the wrapper keeps none).
         let idem = Idem::new(ledger)
+            .with_secret(idem_tests::test_secret())
             .with_clock(SkewedClock { start: sim.start(), skew })
             .with_lease(Duration::from_millis(LEASE_MS))
             .with_ledger_timeout(Duration::from_millis(LEDGER_TIMEOUT_MS))

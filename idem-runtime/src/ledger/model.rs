@@ -348,13 +348,13 @@ impl Model for LedgerModel {
                     if !finished {
                         actions.push(Act::Renew(c));
                     }
-                    // A run that took over and did not act records "nothing happened" only when
-                    // asked to (model finding 1 in RELIABILITY.md: it erases the dead holder's
-                    // possible effect).
-                    if *acted || !*rerun || self.rerun_may_fail {
-                        actions.push(Act::Complete(c, false));
-                        actions.push(Act::Complete(c, true));
-                    }
+                    // A run that took over and did not act ends "nothing happened" too: the
+                    // orchestration then gives the lease back instead of recording failed (model
+                    // finding 1 in RELIABILITY.md, fixed). `IDEM_MODEL_RERUN_MAY_FAIL` models
+                    // the old completion as failed.
+                    let _ = rerun;
+                    actions.push(Act::Complete(c, false));
+                    actions.push(Act::Complete(c, true));
                     actions.push(Act::Crash(c));
                 }
             }
@@ -492,12 +492,19 @@ impl Model for LedgerModel {
                     Phase::Holding { token, op, window_end, reconcile, acted, finished, lease_until, rerun };
             }
             Act::Complete(c, lost) => {
-                let Phase::Holding { token, op, acted, .. } = s.clients[c].0 else { return None };
+                let Phase::Holding { token, op, acted, rerun, .. } = s.clients[c].0 else { return None };
                 let ledger = s.ledger();
                 let keep_until = s.time + GRACE;
                 let pre = s.record.clone();
                 let outcome = if acted { Outcome::Completed(vec![op]) } else { Outcome::Failed };
-                let answer = ready(ledger.complete(&key(), Token(token), outcome.clone(), keep_until));
+                // As the orchestration does: a run that took over and did nothing gives its lease
+                // back rather than recording "failed" for an operation its predecessor may have
+                // carried out.
+                let answer = if !acted && rerun && !self.rerun_may_fail {
+                    ready(ledger.release(&key(), Token(token)))
+                } else {
+                    ready(ledger.complete(&key(), Token(token), outcome.clone(), keep_until))
+                };
                 s.store(&ledger);
                 let holds = pre.as_ref().is_some_and(|pre| pre.token == token);
                 match answer {
