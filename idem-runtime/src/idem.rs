@@ -673,18 +673,21 @@ impl Idem {
     /// skew against the ledger's clock; after that a measurement older than a third of the lease
     /// is refreshed in the background (one extra statement per handle that often, never per
     /// call, and never on a call's path), and one older than the whole lease is not acted on.
-    async fn ledger_time(&self) -> (u64, bool) {
+    ///
+    /// # Errors
+    /// The ledger's clock has never been read: no time is stated on an unmeasured clock (a
+    /// claim's lease and window would be on this replica's own clock).
+    async fn ledger_time(&self) -> Result<(u64, bool), LedgerError> {
         let local = self.now_ms();
         let skew = match self.skew() {
-            Some(skew) if skew.clockless => return (local, true),
+            Some(skew) if skew.clockless => return Ok((local, true)),
             Some(skew) => Some(skew),
             None => None,
         };
         let Some(skew) = skew else {
-            // Every call measures until one measurement exists: no time is stated on an
-            // unmeasured clock.
-            let skew = self.measure().await;
-            return (self.now_ms().saturating_add_signed(skew.offset), skew.trusted);
+            // Every call measures until one measurement exists.
+            let skew = self.measure().await?;
+            return Ok((self.now_ms().saturating_add_signed(skew.offset), skew.trusted));
         };
         let age = local.saturating_sub(skew.at);
         if age >= millis(self.inner.lease / 3).max(1)
@@ -693,15 +696,26 @@ impl Idem {
             let idem = self.clone();
             tokio::spawn(async move {
                 let _measuring = measuring;
-                idem.measure().await;
+                let _ = idem.measure().await;
             });
         }
         let fresh = age < millis(self.inner.lease).max(1);
-        (local.saturating_add_signed(skew.offset), skew.trusted && fresh)
+        Ok((local.saturating_add_signed(skew.offset), skew.trusted && fresh))
     }
 
-    /// Measures this handle's clock against the ledger's, and keeps the measurement.
-    async fn measure(&self) -> Skew {
+    /// Ledger time that may be acted on (takeovers, expiry), for the operator's paths.
+    async fn trusted_time(&self) -> Result<u64, LedgerError> {
+        match self.ledger_time().await? {
+            (now, true) => Ok(now),
+            (_, false) => Err(LedgerError::Unavailable {
+                detail: "this replica's clock against the ledger's is not settled yet; try again shortly".to_owned(),
+            }),
+        }
+    }
+
+    /// Measures this handle's clock against the ledger's, and keeps the measurement. A failed
+    /// read keeps the last good offset, untrusted; with none, it keeps nothing and fails.
+    async fn measure(&self) -> Result<Skew, LedgerError> {
         let last = self.skew();
         let before = self.now_ms();
         let answer = self.bounded(self.inner.ledger.now()).await;
@@ -729,11 +743,12 @@ impl Idem {
             }
             Err(error) => {
                 tracing::warn!(%error, "could not read the ledger's clock; no takeovers until it can be read");
-                Skew { at: after, offset: last.map_or(0, |skew| skew.offset), trusted: false, clockless: false }
+                let Some(last) = last else { return Err(error) };
+                Skew { at: after, offset: last.offset, trusted: false, clockless: false }
             }
         };
         *self.inner.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(skew);
-        skew
+        Ok(skew)
     }
 
     /// Ledger time `after` from now.
@@ -823,7 +838,10 @@ impl Idem {
         let keyring = self.keyring().map_err(|error| no_secret(&error))?;
         let caller = self.caller(caller, fallback)?;
         let scope = scope_of(recipe, &caller, &arguments)?;
-        let (now, clock_trusted) = self.ledger_time().await;
+        let (now, clock_trusted) = self.ledger_time().await.map_err(|error| {
+            tracing::error!(tool, %error, "the ledger's clock could not be read; handler not run");
+            unavailable(&error)
+        })?;
         let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
         let (mut request, mut fingerprint) = self.prepare(&keyring.current, &at)?;
         let mut claim = self.claim(&request).await?;
@@ -1332,7 +1350,7 @@ impl Idem {
     pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
         let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
         let keyring = self.keyring().map_err(StatusError::Secret)?;
-        let (now, _) = self.ledger_time().await;
+        let (now, _) = self.ledger_time().await.map_err(StatusError::Ledger)?;
         for secret in keyring.all() {
             let tenant = crate::key::TenantTag::of(secret, caller.tenant());
             let subject = crate::key::SubjectTag::of(secret, caller.tenant(), caller.subject());
@@ -1356,7 +1374,8 @@ impl Idem {
     pub async fn resolve(&self, caller: &Caller, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
         let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
         let keyring = self.keyring().map_err(StatusError::Secret)?;
-        let (now, _) = self.ledger_time().await;
+        // A resolve acts on time (is the holder's lease over?): only on a settled clock.
+        let now = self.trusted_time().await.map_err(StatusError::Ledger)?;
         let keep_until = clamp(now.saturating_add(millis(self.inner.verdict_retention)));
         let resolution = match resolution {
             Resolution::Completed(plain) => {
@@ -1384,7 +1403,8 @@ impl Idem {
         let batch = batch.max(1);
         let mut total = 0;
         loop {
-            let (now, _) = self.ledger_time().await;
+            // A sweep deletes by time: only on a settled clock.
+            let now = self.trusted_time().await?;
             let swept = self.inner.ledger.sweep(now, batch).await?;
             total += swept;
             if swept < batch {

@@ -75,10 +75,9 @@ pub struct SimLedger {
     pub sim: Sim,
     pub replica: usize,
     pub alive: Arc<AtomicBool>,
-    /// Whether this replica has read the ledger's clock once. Its first read is never refused
-    /// unless `IDEM_SIM_REFUSE_FIRST_CLOCK_READ` is set: a replica whose first read fails claims
-    /// on its unmeasured clock (RELIABILITY.md, simulation finding 1), which the default run
-    /// leaves out so that it can look for everything else.
+    /// Whether this replica has read the ledger's clock once. Faults may hit its first read too
+    /// (a replica then refuses calls until it has read the clock: simulation finding 1, fixed);
+    /// `IDEM_SIM_SPARE_FIRST_CLOCK_READ` spares the first read, as the harness did before.
     pub measured: AtomicBool,
 }
 

@@ -326,7 +326,10 @@ impl Sim {
             violations: Vec::new(),
             trace: 0xcbf2_9ce4_8422_2325,
             calm: false,
-            refuse_first_clock_read: std::env::var_os("IDEM_SIM_REFUSE_FIRST_CLOCK_READ").is_some(),
+            // Faults may hit a replica's very first clock read too (finding 1, fixed: such a
+            // replica refuses calls until it has read the clock); `IDEM_SIM_SPARE_FIRST_CLOCK_READ`
+            // spares it, as the harness did before the fix.
+            refuse_first_clock_read: std::env::var_os("IDEM_SIM_SPARE_FIRST_CLOCK_READ").is_none(),
             log: std::env::var_os("IDEM_SIM_TRACE").map(|_| Vec::new()),
             stopping: false,
             outage_until: 0,
