@@ -725,7 +725,7 @@ impl Idem {
             // The ledger keeps no clock of its own: every handle on it shares this process's.
             Ok(None) => Skew { at: after, offset: 0, trusted: true, clockless: true },
             Ok(Some(ledger)) => {
-                let midpoint = before / 2 + after / 2;
+                let midpoint = u64::try_from((u128::from(before) + u128::from(after)) / 2).unwrap_or(after);
                 let offset = i64::try_from(i128::from(ledger) - i128::from(midpoint)).unwrap_or(0);
                 let uncertain = after.saturating_sub(before) / 2 > quarter;
                 // A clock that jumped since the last measurement is not acted on until it holds.
