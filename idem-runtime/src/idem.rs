@@ -684,12 +684,18 @@ impl Idem {
             Some(skew) => Some(skew),
             None => None,
         };
+        let skew = match skew {
+            // This clock stepped back since the last measurement (an NTP step, a restored VM):
+            // its offset is void, and nothing may be stamped with it — measure again now.
+            Some(skew) if local < skew.at => None,
+            other => other,
+        };
         let Some(skew) = skew else {
             // Every call measures until one measurement exists.
             let skew = self.measure().await?;
             return Ok((self.now_ms().saturating_add_signed(skew.offset), skew.trusted));
         };
-        let age = local.saturating_sub(skew.at);
+        let age = local - skew.at;
         if age >= millis(self.inner.lease / 3).max(1)
             && let Some(measuring) = Measuring::start(&self.inner.measuring)
         {
@@ -1025,9 +1031,14 @@ impl Idem {
                     return Err(unavailable(&error));
                 }
             };
+            // Live as `RecordView::judge` sees it: an unsettled record is over only once its
+            // holder's lease has lapsed, its window has ended, and this clock can be trusted.
             let live = found.is_some_and(|report| match report.state {
                 crate::ledger::State::Completed => true,
-                crate::ledger::State::InProgress | crate::ledger::State::Unknown => report.window_end > at.now,
+                crate::ledger::State::InProgress => {
+                    !report.lease_expired || report.window_end > at.now || !at.clock_trusted
+                }
+                crate::ledger::State::Unknown => report.window_end > at.now || !at.clock_trusted,
                 _ => false,
             });
             if !live {
@@ -1087,8 +1098,13 @@ impl Idem {
     /// or the ledger refuses (the claim is someone else's now).
     async fn renew(self, key: Key, token: Token, lease: Arc<LeaseState>, recorded: Arc<AtomicBool>) {
         let every = self.inner.lease / 3;
+        // The claim may have taken a while to answer: renew as soon as less than two thirds of
+        // the lease is left, not a full third of a lease after the handler started.
+        let left = lease.until.load(Ordering::SeqCst).saturating_sub(self.ledger_now());
+        let mut pause = Duration::from_millis(left.saturating_sub(millis(self.inner.lease * 2 / 3))).min(every);
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(pause).await;
+            pause = every;
             if recorded.load(Ordering::SeqCst) {
                 return;
             }

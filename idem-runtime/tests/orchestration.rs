@@ -966,3 +966,42 @@ async fn a_takeover_that_did_nothing_keeps_the_operation() {
     let served = served.await.unwrap();
     assert_eq!((served.value.as_str(), downstream.effects()), ("receipt-1", 1), "the dead holder's key, deduped");
 }
+
+/// Final review finding: a replica whose clock steps back (an NTP step, a restored VM) after it
+/// measured its skew must not stamp its claims with the old offset — its lease would look
+/// lapsed to every other replica at once, and a live holder would be taken over.
+#[tokio::test]
+async fn a_clock_that_steps_back_is_measured_again_before_it_stamps_a_claim() {
+    let recipe = Recipe::new("charge_card", &["card", "amount_cents"]).stale(StalePolicy::Takeover);
+    let ledger_clock = ManualClock::new(1_700_000_000_000);
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::with_clock(ledger_clock.clone()));
+    let stepping = ManualClock::new(1_700_000_000_000);
+    let holder = Idem::from_shared(Arc::clone(&ledger)).with_clock(stepping.clone());
+    let other = Idem::from_shared(Arc::clone(&ledger)).with_clock(ledger_clock.clone());
+    // Both measure their skew (0) with a first call.
+    holder.call(&recipe, Some(&alice()), &charge(1, "warm"), || async { Ok::<_, ToolError>(0) }).await.unwrap();
+    other.call(&recipe, Some(&alice()), &charge(2, "warm"), || async { Ok::<_, ToolError>(0) }).await.unwrap();
+    stepping.set(1_700_000_000_000 - 3_600_000);
+    let downstream = Arc::new(Dedupe::default());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let running = {
+        let (holder, downstream, release) = (holder.clone(), Arc::clone(&downstream), Arc::clone(&release));
+        tokio::spawn(async move {
+            holder
+                .call(&recipe, Some(&alice()), &charge(42, "x"), || async move {
+                    let receipt = downstream.charge();
+                    release.notified().await;
+                    Ok::<_, ToolError>(receipt)
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let repeat = other
+        .call(&recipe, Some(&alice()), &charge(42, "x"), || async { Ok::<_, ToolError>(downstream.charge()) })
+        .await;
+    assert_eq!(repeat.unwrap_err().code(), "in_flight", "the holder is alive: its lease is on the ledger's clock");
+    release.notify_one();
+    assert_eq!(running.await.unwrap().unwrap().value, "receipt-1");
+    assert_eq!(downstream.effects(), 1);
+}
