@@ -71,7 +71,7 @@ impl Record {
             created_at: self.created_at,
             window_end: self.window_end,
             expires_at: self.expires_at,
-            lease_expired: self.state == State::InProgress && self.lease_until <= now,
+            lease_expired: self.view().lease_expired(now),
             result: self.result.clone(),
             superseded,
         }
@@ -92,7 +92,7 @@ impl Record {
 
     /// Unknown, or in progress under a lapsed lease: what an operator may resolve.
     fn resolvable(&self, now: u64) -> bool {
-        self.state == State::Unknown || self.state == State::InProgress && self.lease_until <= now
+        self.view().resolvable(now)
     }
 }
 

@@ -355,6 +355,16 @@ impl RecordView<'_> {
         self.expires_at <= now && matches!(self.state, State::Completed | State::Failed)
     }
 
+    /// In progress under a lease that has run out by `now`: its holder is presumed dead.
+    pub(crate) fn lease_expired(&self, now: u64) -> bool {
+        self.state == State::InProgress && self.lease_until <= now
+    }
+
+    /// Unknown, or in progress under a lapsed lease: what an operator may resolve at `now`.
+    pub(crate) fn resolvable(&self, now: u64) -> bool {
+        self.state == State::Unknown || self.lease_expired(now)
+    }
+
     /// Whether the sweep may delete it at `now`: settled and expired, or unsettled with no live
     /// holder and past its (long) unsettled retention.
     pub(crate) fn sweepable(&self, now: u64) -> bool {

@@ -555,16 +555,13 @@ impl SeaOrmLedger {
         reference: Ref,
         now: u64,
     ) -> Result<Option<Found>, LedgerError> {
-        let backend = self.backend();
         let (visible, mut values) = visible_to(tenant, subject, reference);
         values.push(millis(now));
         let text = format!(
             "SELECT {FOUND_COLUMNS} FROM idem_records \
              WHERE {visible} AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY key LIMIT 1"
         );
-        let statement = Statement::from_sql_and_values(backend, sql(backend, &text), values);
-        let row = self.db.query_one_raw(statement).await.map_err(failed)?;
-        row.map(|row| Found::read(&row)).transpose()
+        self.found(&text, values).await
     }
 
     /// The newest superseded record of `tenant` whose key starts with `reference` (that
@@ -575,11 +572,16 @@ impl SeaOrmLedger {
         subject: Option<SubjectTag>,
         reference: Ref,
     ) -> Result<Option<Found>, LedgerError> {
-        let backend = self.backend();
         let (visible, values) = visible_to(tenant, subject, reference);
         let text =
             format!("SELECT {FOUND_COLUMNS} FROM idem_superseded WHERE {visible} ORDER BY window_end DESC LIMIT 1");
-        let statement = Statement::from_sql_and_values(backend, sql(backend, &text), values);
+        self.found(&text, values).await
+    }
+
+    /// The one record `text` (`?` placeholders, `FOUND_COLUMNS`) selects, if any.
+    async fn found(&self, text: &str, values: Vec<sea_orm::Value>) -> Result<Option<Found>, LedgerError> {
+        let backend = self.backend();
+        let statement = Statement::from_sql_and_values(backend, sql(backend, text), values);
         let row = self.db.query_one_raw(statement).await.map_err(failed)?;
         row.map(|row| Found::read(&row)).transpose()
     }
@@ -1124,7 +1126,7 @@ impl Found {
     }
 
     fn resolvable(&self, now: u64) -> bool {
-        self.state == State::Unknown || self.state == State::InProgress && self.lease_until <= now
+        self.view().resolvable(now)
     }
 
     fn report(self, now: u64, superseded: bool) -> StatusReport {
@@ -1134,7 +1136,7 @@ impl Found {
             created_at: self.created_at,
             window_end: self.window_end,
             expires_at: self.expires_at,
-            lease_expired: self.state == State::InProgress && self.lease_until <= now,
+            lease_expired: self.view().lease_expired(now),
             result: self.result,
             superseded,
         }
