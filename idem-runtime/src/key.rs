@@ -16,6 +16,10 @@ use crate::scope::Scope;
 use crate::secret::Secret;
 use serde_json::{Map, Value};
 
+// The tags live with the scope they are computed from; idem.rs and ledger/ still name them by
+// this path.
+pub(crate) use crate::scope::{SubjectTag, TenantTag};
+
 /// The version tag at the head of all key material; bumping it re-keys every operation.
 pub const KEY_VERSION: &str = "idem/v2";
 
@@ -164,45 +168,6 @@ impl fmt::Display for RefError {
 }
 
 impl std::error::Error for RefError {}
-
-/// A short keyed tag of a tenant, stored with each record so status lookups by ref only ever
-/// see the caller's own tenant.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct TenantTag(pub [u8; 8]);
-
-impl TenantTag {
-    /// The tag of `tenant` under `secret`.
-    #[must_use]
-    pub fn of(secret: &Secret, tenant: &str) -> Self {
-        let digest = secret.mac("idem/v2/tenant", &[tenant.as_bytes()]);
-        let mut tag = [0u8; 8];
-        tag.copy_from_slice(&digest[..8]);
-        Self(tag)
-    }
-}
-
-/// A short keyed tag of the subject a record belongs to, stored with it so a status lookup by
-/// ref only shows a caller its own operations — or, for records made with `scope = "tenant"`
-/// ([`SubjectTag::TENANT`]), the tenant's.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct SubjectTag(pub [u8; 8]);
-
-impl SubjectTag {
-    /// The tag of records visible to the whole tenant (those made under `scope = "tenant"`).
-    pub const TENANT: Self = Self([0; 8]);
-
-    /// The tag of `subject` of `tenant` under `secret` (never [`SubjectTag::TENANT`]).
-    #[must_use]
-    pub fn of(secret: &Secret, tenant: &str, subject: &str) -> Self {
-        let digest = secret.mac("idem/v2/subject", &[tenant.as_bytes(), b"\0", subject.as_bytes()]);
-        let mut tag = [0u8; 8];
-        tag.copy_from_slice(&digest[..8]);
-        if tag == Self::TENANT.0 {
-            tag[7] = 1;
-        }
-        Self(tag)
-    }
-}
 
 /// A digest of all of a call's arguments (minus those a recipe ignores), stored with its record.
 ///

@@ -79,12 +79,12 @@ pub use idem::{
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,
     StatusError, current_caller, current_operation, with_caller,
 };
-pub use key::{Fingerprint, Key, Ref, RefError, SubjectTag, TenantTag};
+pub use key::{Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
 pub use ledger::{Ledger, LedgerError, State, StatusReport};
 pub use recipe::{Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL};
-pub use scope::{Caller, CallerError, Scope};
+pub use scope::{Caller, CallerError, Scope, SubjectTag, TenantTag};
 pub use secret::{Secret, SecretError};
 pub use window::{WindowError, parse_window};
 

@@ -1,10 +1,12 @@
-//! Whose operation is this? The caller's scope is part of every key.
+//! Whose operation is this? The authenticated [`Caller`], the [`Scope`] a key is derived in
+//! (part of every key's material), and the keyed [`TenantTag`] and [`SubjectTag`] stored with
+//! each record, so a status lookup by ref only ever shows a caller its own operations.
 
 use std::fmt;
 
 use serde_json::{Map, Value};
 
-use crate::key::{SubjectTag, TenantTag};
+use crate::secret::Secret;
 
 /// The authenticated caller of a tool: a tenant and a subject within it.
 ///
@@ -111,14 +113,14 @@ impl Scope {
 
     /// The tag stored with records for tenant-scoped status lookups, keyed with `secret`.
     #[must_use]
-    pub fn tenant_tag(&self, secret: &crate::secret::Secret) -> TenantTag {
+    pub fn tenant_tag(&self, secret: &Secret) -> TenantTag {
         TenantTag::of(secret, &self.tenant)
     }
 
     /// Whose records made in this scope are: the subject's ([`SubjectTag::of`]), or the whole
     /// tenant's ([`SubjectTag::TENANT`]) for a tenant-wide scope.
     #[must_use]
-    pub fn subject_tag(&self, secret: &crate::secret::Secret) -> SubjectTag {
+    pub fn subject_tag(&self, secret: &Secret) -> SubjectTag {
         match &self.subject {
             Some(subject) => SubjectTag::of(secret, &self.tenant, subject),
             None => SubjectTag::TENANT,
@@ -157,6 +159,45 @@ impl Scope {
             object.insert("task".to_owned(), task.clone());
         }
         Value::Object(object)
+    }
+}
+
+/// A short keyed tag of a tenant, stored with each record so status lookups by ref only ever
+/// see the caller's own tenant.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct TenantTag(pub [u8; 8]);
+
+impl TenantTag {
+    /// The tag of `tenant` under `secret`.
+    #[must_use]
+    pub fn of(secret: &Secret, tenant: &str) -> Self {
+        let digest = secret.mac("idem/v2/tenant", &[tenant.as_bytes()]);
+        let mut tag = [0u8; 8];
+        tag.copy_from_slice(&digest[..8]);
+        Self(tag)
+    }
+}
+
+/// A short keyed tag of the subject a record belongs to, stored with it so a status lookup by
+/// ref only shows a caller its own operations — or, for records made with `scope = "tenant"`
+/// ([`SubjectTag::TENANT`]), the tenant's.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SubjectTag(pub [u8; 8]);
+
+impl SubjectTag {
+    /// The tag of records visible to the whole tenant (those made under `scope = "tenant"`).
+    pub const TENANT: Self = Self([0; 8]);
+
+    /// The tag of `subject` of `tenant` under `secret` (never [`SubjectTag::TENANT`]).
+    #[must_use]
+    pub fn of(secret: &Secret, tenant: &str, subject: &str) -> Self {
+        let digest = secret.mac("idem/v2/subject", &[tenant.as_bytes(), b"\0", subject.as_bytes()]);
+        let mut tag = [0u8; 8];
+        tag.copy_from_slice(&digest[..8]);
+        if tag == Self::TENANT.0 {
+            tag[7] = 1;
+        }
+        Self(tag)
     }
 }
 
