@@ -194,4 +194,6 @@ pub use idem_macros::audit_idempotent;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::macro_support::*;
+    #[cfg(feature = "rmcp")]
+    pub use crate::mcp::macro_support::*;
 }

@@ -1,5 +1,6 @@
-//! What `#[idempotent]` expands to. Reached only through `idem_runtime::__private`; nothing here
-//! is public API.
+//! What `#[idempotent]` expands to, whatever the transport. Reached only through
+//! `idem_runtime::__private`; nothing here is public API. The rmcp-specific part (the run that
+//! answers an rmcp tool, the argument kinds of rmcp's types) is `mcp::macro_support`.
 
 use std::borrow::Borrow;
 use std::future::Future;
@@ -109,7 +110,7 @@ impl Arguments {
         self.arguments.task = self.value("task", value);
     }
 
-    fn finish(self) -> Result<CallArguments<'static>, Rejection> {
+    pub(crate) fn finish(self) -> Result<CallArguments<'static>, Rejection> {
         match self.error {
             Some(error) => Err(Rejection::InvalidArguments { error }),
             None => Ok(self.arguments),
@@ -186,62 +187,6 @@ fn flatten<T, E: IdempotentError>(served: Result<Served<Result<T, E>>, Rejection
     }
 }
 
-/// Runs an rmcp tool's handler under `recipe`, with the caller from the request context (else
-/// the handle's local identity), keeping idem's refusals for the agent-facing result.
-#[cfg(feature = "rmcp")]
-pub async fn run_mcp<R, F, Fut, C, CFut>(
-    idem: Option<&Idem>,
-    recipe: &Recipe,
-    context: &crate::mcp::Context,
-    caller: Option<Caller>,
-    arguments: Arguments,
-    reconcile: Option<C>,
-    handler: F,
-) -> crate::mcp::ToolOutcome<R>
-where
-    R: HandlerResult,
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = R>,
-    C: FnOnce(Operation) -> CFut,
-    CFut: Future<Output = Reconciled<R::Ok, R::Err>>,
-{
-    use crate::mcp::ToolOutcome;
-    let Some(idem) = idem else {
-        return ToolOutcome::Refused(Rejection::ledger_unavailable(
-            "no idem ledger is configured for this tool (implement `HasIdem`)",
-        ));
-    };
-    // Over HTTP only the request's authenticated caller counts: no fallback to a caller in
-    // scope or the local identity.
-    let fallback = !crate::mcp::is_remote(context);
-    let caller = caller.or_else(|| crate::mcp::caller_of(context));
-    let handler = || async { handler().await.into_result() };
-    let reconcile = |operation| async move {
-        match reconcile {
-            Some(reconcile) => reconcile(operation).await,
-            None => Reconciled::StillUnknown,
-        }
-    };
-    match idem.execute(recipe, caller.as_ref(), fallback, arguments.finish(), reconcile, handler).await {
-        Ok(served) => ToolOutcome::Served {
-            result: R::from_result(served.value),
-            reference: served.reference,
-            replayed: served.replayed,
-        },
-        Err(rejection) => ToolOutcome::Refused(rejection),
-    }
-}
-
-/// A reconcile function that never finds anything (the type of `no_reconcile`).
-pub type NoReconcile<T, E> = fn(Operation) -> std::future::Ready<Reconciled<T, E>>;
-
-/// The `reconcile` argument of [`run_mcp`] for recipes without one.
-#[cfg(feature = "rmcp")]
-#[must_use]
-pub const fn no_reconcile<T, E>() -> Option<NoReconcile<T, E>> {
-    None
-}
-
 /// Which handler parameters are arguments, decided by type (never by a type's name, which a
 /// user type could share): the generated code calls
 /// `(&&&&&&Probe(&value)).idem_kind().insert(&mut arguments, "name", &value)`, and method
@@ -265,15 +210,13 @@ pub struct Unordered;
 /// Not `Serialize`: refused at compile time.
 pub struct Unserializable;
 
-/// Level 1: rmcp's raw arguments map.
+/// Level 1: rmcp's raw arguments map (implemented in `mcp::macro_support`, feature `rmcp`).
 pub trait RawArgumentsKind {
     /// The tag for this level.
     fn idem_kind(&self) -> Serialized {
         Serialized
     }
 }
-#[cfg(feature = "rmcp")]
-impl RawArgumentsKind for &&&&&Probe<'_, rmcp::model::JsonObject> {}
 
 /// Level 2: idem's own handle and caller.
 pub trait IdemKind {
@@ -290,22 +233,13 @@ impl IdemParameter for Idem {}
 impl IdemParameter for Caller {}
 impl<T: IdemParameter + ?Sized> IdemParameter for &T {}
 
-/// Level 3: rmcp's extractors.
+/// Level 3: rmcp's extractors (implemented in `mcp::macro_support`, feature `rmcp`).
 pub trait ExtractorKind {
     /// The tag for this level.
     fn idem_kind(&self) -> Skipped {
         Skipped
     }
 }
-#[cfg(feature = "rmcp")]
-impl<T> ExtractorKind for &&&Probe<'_, T> where
-    T: rmcp::handler::server::common::FromContextPart<rmcp::handler::server::tool::ToolCallContext<'static, AnyServer>>
-{
-}
-
-/// Stands for the server type when asking whether a type is one of rmcp's extractors.
-#[cfg(feature = "rmcp")]
-pub struct AnyServer;
 
 /// Level 4: a `HashSet`.
 pub trait UnorderedKind {

@@ -45,8 +45,8 @@ use super::error::{CanonicalError, Path};
 /// surrogate escapes, unescaped control characters, a byte-order mark and
 /// anything after the value are [`CanonicalError::Invalid`].
 ///
-/// Whatever this returns, [`write_canonical`](super::write_canonical) accepts, and parsing canonical
-/// output gives back the same value.
+/// Whatever this returns, [`write_canonical`](super::write_canonical) accepts, and parsing
+/// canonical output gives back the same value.
 ///
 /// For servers that hold the arguments as JSON text (an HTTP body, a queue message) and want
 /// these refusals before [`Idem::call`](crate::Idem::call). An rmcp tool's arguments arrive

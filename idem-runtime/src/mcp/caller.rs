@@ -1,0 +1,63 @@
+//! Where an rmcp tool's caller comes from: the request context's authenticated [`Caller`], or,
+//! over stdio only, the caller in scope or the handle's local identity — and the validators
+//! that turn a bearer token into a caller.
+//!
+//! Guarantees: a request that arrived over HTTP is served for its authenticated caller only,
+//! never the local identity nor a caller in scope; without one, none.
+
+use std::sync::Arc;
+
+use rmcp::RoleServer;
+
+use crate::idem::Idem;
+use crate::scope::Caller;
+
+/// The request context an idempotent rmcp tool reads its caller from.
+pub type Context = rmcp::service::RequestContext<RoleServer>;
+
+/// The authenticated caller of a request: the [`Caller`] an HTTP auth middleware inserted into
+/// the request's extensions (or directly into the context's).
+#[must_use]
+pub fn caller_of(context: &Context) -> Option<Caller> {
+    if let Some(caller) =
+        context.extensions.get::<http::request::Parts>().and_then(|parts| parts.extensions.get::<Caller>())
+    {
+        return Some(caller.clone());
+    }
+    context.extensions.get::<Caller>().cloned()
+}
+
+/// Whether the request arrived over HTTP (rmcp put its request parts into the context). Such a
+/// request is answered for its authenticated caller only: never the local (stdio) identity, nor
+/// a caller in scope — without one it is refused.
+#[must_use]
+pub fn is_remote(context: &Context) -> bool {
+    context.extensions.get::<http::request::Parts>().is_some()
+}
+
+/// The caller a request is served for: its authenticated one; over stdio, failing that, the
+/// caller in scope or the handle's local identity. Over HTTP without one: none. For tools
+/// without a recipe that must answer per caller (a listing scoped to the caller's tenant).
+#[must_use]
+pub fn request_caller(idem: &Idem, context: &Context) -> Option<Caller> {
+    caller_of(context).or_else(|| {
+        if is_remote(context) {
+            return None;
+        }
+        crate::idem::current_caller().or_else(|| idem.local_caller().cloned())
+    })
+}
+
+/// A validator for [`require_bearer`](super::require_bearer): a token in, a caller out (or
+/// `None`: 401).
+pub type Validator = Arc<dyn Fn(&str) -> Option<Caller> + Send + Sync>;
+
+/// The demo validator: a bearer token `tenant:subject` is taken at its word. Replace it with
+/// real validation (a JWT check, a session lookup) before exposing a server.
+#[must_use]
+pub fn demo_tokens() -> Validator {
+    Arc::new(|token: &str| {
+        let (tenant, subject) = token.split_once(':')?;
+        Caller::try_new(tenant, subject).ok()
+    })
+}

@@ -1,0 +1,90 @@
+//! What an idempotent rmcp tool returns to the agent: its own result with the operation's ref
+//! in `_meta.idem`, or idem's refusal as an `isError` result in words the model can act on,
+//! with codes in `_meta.idem`; and [`Json`], structured output idem can store and replay.
+
+use std::sync::Arc;
+
+use rmcp::ErrorData;
+use rmcp::handler::server::tool::IntoCallToolResult;
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, MetaObject};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::key::Ref;
+use crate::rejection::{Rejection, STATUS_TOOL};
+
+/// What an idempotent rmcp tool returns: its own result (fresh or replayed), or idem's refusal.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ToolOutcome<R> {
+    /// The handler's result, from this call or replayed from the ledger.
+    Served {
+        /// The result, as the handler's return type.
+        result: R,
+        /// The operation's ref.
+        reference: Ref,
+        /// Whether it was replayed.
+        replayed: bool,
+    },
+    /// idem answered without running the handler.
+    Refused(Rejection),
+}
+
+impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
+        match self {
+            Self::Served { result, reference, replayed } => match result.into_call_tool_result()? {
+                CallToolResponse::Complete(mut result) => {
+                    let idem = json!({ "ref": reference.to_string(), "replayed": replayed });
+                    result.meta.get_or_insert_with(|| MetaObject(JsonObject::new())).0.insert("idem".to_owned(), idem);
+                    Ok(CallToolResponse::Complete(result))
+                }
+                other => Ok(other),
+            },
+            Self::Refused(rejection) => Ok(CallToolResponse::Complete(refusal(&rejection))),
+        }
+    }
+}
+
+/// The tool result an agent gets for a refusal: `isError`, words to act on, codes in `_meta`.
+#[must_use]
+pub fn refusal(rejection: &Rejection) -> CallToolResult {
+    let mut result = CallToolResult::error(vec![ContentBlock::text(rejection.to_string())]);
+    let mut idem = JsonObject::new();
+    idem.insert("code".to_owned(), Value::String(rejection.code().to_owned()));
+    if let Some(reference) = rejection.reference() {
+        idem.insert("ref".to_owned(), Value::String(reference.to_string()));
+        idem.insert("statusTool".to_owned(), Value::String(STATUS_TOOL.to_owned()));
+    }
+    if let Rejection::Conflict { differing, .. } = rejection {
+        idem.insert("differing".to_owned(), json!(differing));
+    }
+    if let Rejection::LedgerUnavailable { incident, .. } = rejection {
+        idem.insert("incident".to_owned(), Value::String(incident.to_string()));
+    }
+    idem.insert("executed".to_owned(), Value::Bool(false));
+    idem.insert("retry".to_owned(), Value::String(if rejection.retry_is_safe() { "safe" } else { "no" }.to_owned()));
+    let mut meta = JsonObject::new();
+    meta.insert("idem".to_owned(), Value::Object(idem));
+    result.meta = Some(MetaObject(meta));
+    result
+}
+
+/// Structured output that idem can store and replay: like rmcp's `Json<T>` (the value goes to
+/// `structuredContent` and a text block), and `Serialize + Deserialize` itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Json<T>(pub T);
+
+impl<T: Serialize + schemars::JsonSchema + 'static> IntoCallToolResult for Json<T> {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
+        rmcp::Json(self.0).into_call_tool_result()
+    }
+}
+
+/// The `outputSchema` rmcp would infer for a `Json<T>` result; `#[idempotent]` states it for
+/// the tools it rewrites.
+#[must_use]
+pub fn output_schema<T: schemars::JsonSchema + 'static>() -> Arc<JsonObject> {
+    rmcp::handler::server::common::schema_for_output::<T>()
+}
