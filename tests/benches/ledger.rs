@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::ledger::sea::{self, SeaOrmLedger};
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::ledger::sea::statements::Statements;
 use idem_runtime::ledger::{Ledger, Token};
 use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Key, MemoryLedger, Recipe, Rejection};
 use sea_orm::sqlx;
@@ -61,7 +62,7 @@ fn row(rows: &mut Vec<Row>, what: impl Into<String>, idem: String, baseline: Str
 }
 
 /// Raw sqlx, same pool, same statements: the claim and the completion of one fresh key.
-async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sql: &str, i: u64) {
+async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &'static str, complete_sql: &'static str, i: u64) {
     let key = random_key();
     let token = Token::random().0 as i64;
     let now = 1_700_000_000_000 + i as i64;
@@ -69,7 +70,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
     match db.get_database_backend() {
         DbBackend::Postgres => {
             let pool = db.get_postgres_connection_pool();
-            sqlx::query(sqlx::AssertSqlSafe(claim_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(claim_sql))
                 .bind(key.clone())
                 .bind(1i64)
                 .bind(token)
@@ -83,7 +84,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .fetch_optional(pool)
                 .await
                 .unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(complete_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(complete_sql))
                 .bind(2i16)
                 .bind(result)
                 .bind(now + 60_000)
@@ -96,7 +97,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
         }
         DbBackend::Sqlite => {
             let pool = db.get_sqlite_connection_pool();
-            sqlx::query(sqlx::AssertSqlSafe(claim_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(claim_sql))
                 .bind(key.clone())
                 .bind(1i64)
                 .bind(token)
@@ -110,7 +111,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .fetch_optional(pool)
                 .await
                 .unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(complete_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(complete_sql))
                 .bind(2i16)
                 .bind(result)
                 .bind(now + 60_000)
@@ -123,7 +124,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
         }
         _ => {
             let pool = db.get_mysql_connection_pool();
-            sqlx::query(sqlx::AssertSqlSafe(claim_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(claim_sql))
                 .bind(key.clone())
                 .bind(1i64)
                 .bind(token)
@@ -137,7 +138,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .execute(pool)
                 .await
                 .unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(complete_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(complete_sql))
                 .bind(2i16)
                 .bind(result)
                 .bind(now + 60_000)
@@ -189,18 +190,15 @@ async fn idem_pair(idem: &Idem, id: u64, value: &str) {
 async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
     let db = ledger.connection().clone();
     let backend = db.get_database_backend();
-    let claim_sql = match backend {
-        DbBackend::Postgres => sea::POSTGRES_CLAIM.to_owned(),
-        DbBackend::Sqlite => sea::SQLITE_CLAIM.to_owned(),
-        _ => sea::MYSQL_CLAIM.to_owned(),
-    };
-    let complete_sql = sea::sql_for(backend, sea::COMPLETE);
+    // The ledger's own statements: its claim, and its completion of a completed result.
+    let statements = Statements::of(backend);
+    let (claim_sql, complete_sql) = (statements.claim, statements.complete.records.completed);
     let idem = idem_tests::idem(ledger.clone());
     let value = payload();
     let n = ops();
     for i in 0..200 {
         idem_pair(&idem, i, &value).await;
-        raw_pair(&db, &claim_sql, &complete_sql, i).await;
+        raw_pair(&db, claim_sql, complete_sql, i).await;
     }
     // Interleave the two so drift on a shared machine hits both alike.
     let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -209,7 +207,7 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
         idem_pair(&idem, i, &value).await;
         ours.push(start.elapsed());
         let start = Instant::now();
-        raw_pair(&db, &claim_sql, &complete_sql, i).await;
+        raw_pair(&db, claim_sql, complete_sql, i).await;
         theirs.push(start.elapsed());
     }
     let (p50, r50) = (percentile(&mut ours, 0.5), percentile(&mut theirs, 0.5));
@@ -279,10 +277,10 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
             let start = Instant::now();
             let handles: Vec<_> = (0..tasks)
                 .map(|t| {
-                    let (db, claim_sql, complete_sql) = (db.clone(), claim_sql.clone(), complete_sql.clone());
+                    let db = db.clone();
                     tokio::spawn(async move {
                         for i in 0..per_task {
-                            raw_pair(&db, &claim_sql, &complete_sql, (base + t * per_task + i) as u64).await;
+                            raw_pair(&db, claim_sql, complete_sql, (base + t * per_task + i) as u64).await;
                         }
                     })
                 })
