@@ -375,8 +375,7 @@ async fn storm(rows: &mut Vec<Row>, name: &str, ledger: Arc<dyn Ledger>) {
 }
 
 async fn bytes_per_row(rows: &mut Vec<Row>, url: &str) {
-    let Ok(admin) = SeaOrmLedger::connect_without_migrating(url).await else { return };
-    let db = admin.connection();
+    let Ok(db) = sea_orm::Database::connect(SeaOrmLedger::connect_options(url)).await else { return };
     db.execute_unprepared("DROP SCHEMA IF EXISTS idem_bench_rows CASCADE").await.unwrap();
     db.execute_unprepared("CREATE SCHEMA idem_bench_rows").await.unwrap();
     let scoped =

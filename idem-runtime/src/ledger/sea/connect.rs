@@ -1,6 +1,6 @@
-//! How a [`SeaOrmLedger`] comes to be: from a URL, from pool options, from the environment or
-//! around a connection you opened — and which secret a handle without one configured gets from
-//! it.
+//! How a [`SeaOrmLedger`] comes to be: from a URL, from pool options or from the environment
+//! (each connects and migrates), or around a connection you opened (which does not migrate) —
+//! and which secret a handle without one configured gets from it.
 
 use std::time::Duration;
 
@@ -19,16 +19,28 @@ pub const DEFAULT_SQLITE_URL: &str = "sqlite://.idem/ledger.sqlite3?mode=rwc";
 
 impl SeaOrmLedger {
     /// Connects to `url` (`sqlite://path?mode=rwc`, `sqlite::memory:`, `postgres://…`,
-    /// `mysql://…`) and creates the table if it is missing.
+    /// `mysql://…`) with [`SeaOrmLedger::connect_options`], and migrates.
     ///
     /// SQLite files are opened in WAL mode with `synchronous=FULL` — a claim lost to a power cut
     /// would be a duplicate waiting to happen, so durability wins over the ~1 ms it costs — and a
     /// 10 s busy timeout.
     ///
     /// # Errors
-    /// The database cannot be reached, or the table cannot be created.
+    /// The database cannot be reached, or the tables cannot be created.
     pub async fn connect(url: &str) -> Result<Self, LedgerError> {
-        let ledger = Self::connect_without_migrating(url).await?;
+        Self::connect_with(Self::connect_options(url)).await
+    }
+
+    /// Connects with your own pool options (start from [`SeaOrmLedger::connect_options`]), and
+    /// migrates, as [`SeaOrmLedger::connect`] does.
+    ///
+    /// # Errors
+    /// The database cannot be reached, or the tables cannot be created.
+    pub async fn connect_with(options: ConnectOptions) -> Result<Self, LedgerError> {
+        let url = options.get_url().to_owned();
+        let db = Database::connect(options).await.map_err(failed)?;
+        let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
+        let ledger = Self { db, clock: None, own_secret };
         ledger.migrate().await?;
         Ok(ledger)
     }
@@ -50,13 +62,15 @@ impl SeaOrmLedger {
         }
     }
 
-    /// Connects without touching the schema: for deployments that run [`SeaOrmLedger::migrate`]
-    /// (or [`super::schema`]) from their own migration step.
-    ///
-    /// # Errors
-    /// The database cannot be reached.
-    pub async fn connect_without_migrating(url: &str) -> Result<Self, LedgerError> {
-        Self::connect_with(Self::options(url)).await
+    /// Wraps a sea-orm connection (pool) you opened, as it is: it does **not** migrate. Run
+    /// [`SeaOrmLedger::migrate`] once, or apply [`super::schema`] from your own migration step.
+    /// Open it with [`SeaOrmLedger::connect_options`] to get the settings
+    /// [`SeaOrmLedger::connect`] uses. Its file unknown, a SQLite ledger made this way has no
+    /// default secret: configure one.
+    #[must_use]
+    pub fn from_connection(db: DatabaseConnection) -> Self {
+        let own_secret = OwnSecret::of(db.get_database_backend(), None);
+        Self { db, clock: None, own_secret }
     }
 
     /// The connection options [`SeaOrmLedger::connect`] uses for `url`: no statement logging,
@@ -64,7 +78,7 @@ impl SeaOrmLedger {
     /// WAL, `synchronous=FULL` and a 10 s busy timeout. Adjust them (the pool size, say) and pass
     /// them to [`SeaOrmLedger::connect_with`].
     #[must_use]
-    pub fn options(url: &str) -> ConnectOptions {
+    pub fn connect_options(url: &str) -> ConnectOptions {
         let mut options = ConnectOptions::new(url.to_owned());
         options.sqlx_logging(false).connect_timeout(Duration::from_secs(5)).acquire_timeout(Duration::from_secs(5));
         // A pooled connection is pinged only after it sat idle: saves a round trip per statement.
@@ -74,25 +88,6 @@ impl SeaOrmLedger {
             super::sqlite::configure(&mut options, url);
         }
         options
-    }
-
-    /// Connects with your own options (start from [`SeaOrmLedger::options`]); does not migrate.
-    ///
-    /// # Errors
-    /// The database cannot be reached.
-    pub async fn connect_with(options: ConnectOptions) -> Result<Self, LedgerError> {
-        let url = options.get_url().to_owned();
-        let db = Database::connect(options).await.map_err(failed)?;
-        let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
-        Ok(Self { db, clock: None, own_secret })
-    }
-
-    /// Wraps an existing sea-orm connection (pool). Run [`SeaOrmLedger::migrate`] once. Its
-    /// file unknown, a SQLite ledger made this way has no default secret: configure one.
-    #[must_use]
-    pub fn from_connection(db: DatabaseConnection) -> Self {
-        let own_secret = OwnSecret::of(db.get_database_backend(), None);
-        Self { db, clock: None, own_secret }
     }
 }
 
