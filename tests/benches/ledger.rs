@@ -404,10 +404,11 @@ async fn bytes_per_row(rows: &mut Vec<Row>, url: &str) {
             DbBackend::Postgres,
             "SELECT pg_relation_size('idem_bench_rows.idem_records')::bigint, \
              pg_relation_size('idem_bench_rows.idem_records_pkey')::bigint, \
-             pg_relation_size('idem_bench_rows.idem_records_expires_at')::bigint, \
+             pg_relation_size('idem_bench_rows.idem_records_window_end')::bigint, \
              (SELECT count(*) FROM idem_bench_rows.idem_records)::bigint, \
              (SELECT avg(pg_column_size(r.*))::float8 FROM idem_bench_rows.idem_records r), \
-             (SELECT n_tup_hot_upd::float8 / greatest(n_tup_upd, 1) FROM pg_stat_user_tables WHERE schemaname = 'idem_bench_rows')",
+             (SELECT n_tup_hot_upd::float8 / greatest(n_tup_upd, 1) FROM pg_stat_user_tables \
+              WHERE schemaname = 'idem_bench_rows' AND relname = 'idem_records')",
         ))
         .await
         .unwrap()
@@ -421,13 +422,13 @@ async fn bytes_per_row(rows: &mut Vec<Row>, url: &str) {
     let per = |bytes: i64| bytes as f64 / count as f64;
     let total = per(heap + pk + exp);
     // Floor: the tuple plus its line pointer, packed into 8 KiB pages; one 48-byte PK entry and
-    // one 16-byte expires_at entry, each with a 4-byte line pointer, in full index pages.
+    // one 16-byte window_end entry, each with a 4-byte line pointer, in full index pages.
     let heap_floor = 8192.0 / ((8192.0 - 24.0) / (tuple + 4.0)).floor();
     let floor = heap_floor + (48.0 + 4.0) * 8192.0 / 8152.0 + (16.0 + 4.0) * 8192.0 / 8152.0;
     row(
         rows,
         format!(
-            "PostgreSQL bytes/row, 200-byte result (heap {:.0} + pkey {:.0} + expires {:.0}; tuple {tuple:.0}; HOT {:.0}%)",
+            "PostgreSQL bytes/row, 200-byte result (heap {:.0} + pkey {:.0} + window_end {:.0}; tuple {tuple:.0}; HOT {:.0}%)",
             per(heap),
             per(pk),
             per(exp),
