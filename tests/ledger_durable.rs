@@ -217,7 +217,8 @@ async fn statements_per_call(backend: &str) {
 #[tokio::test]
 async fn a_broken_ledger_never_lets_the_handler_run() {
     // A ledger whose table is missing: every claim fails.
-    let ledger = SeaOrmLedger::connect_without_migrating("sqlite::memory:").await.unwrap();
+    let db = Database::connect(SeaOrmLedger::connect_options("sqlite::memory:")).await.unwrap();
+    let ledger = SeaOrmLedger::from_connection(db);
     let runs = AtomicUsize::new(0);
     let error = idem_tests::idem(ledger)
         .call(&PLACE, Some(&alice()), &json!({ "order_id": "o-1" }), || async {

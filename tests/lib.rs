@@ -78,8 +78,9 @@ pub async fn durable(
     use idem_runtime::ledger::sea::SeaOrmLedger;
     static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     let url = std::env::var(url_env).unwrap_or_else(|_| default_url.to_owned());
-    match SeaOrmLedger::connect_without_migrating(&url).await {
-        Ok(ledger) => {
+    match sea_orm::Database::connect(SeaOrmLedger::connect_options(&url)).await {
+        Ok(db) => {
+            let ledger = SeaOrmLedger::from_connection(db);
             MIGRATED.get_or_init(|| async { ledger.migrate().await.expect("migrate the ledger schema") }).await;
             Some(std::sync::Arc::new(ledger))
         }

@@ -465,7 +465,8 @@ async fn try_to_lose_a_claim_answer(url: &str, idem: &Idem) -> Option<(Idem, Cal
     let (proxied, _) = through(url, proxy.port);
     // The ledger's clock is read locally: a clock read through the proxy (idem refreshes its
     // skew in the background every third of a lease) would take the warmed connection.
-    let ledger = SeaOrmLedger::connect_without_migrating(&proxied).await.unwrap().with_clock(idem_runtime::SystemClock);
+    let db = Database::connect(SeaOrmLedger::connect_options(&proxied)).await.unwrap();
+    let ledger = SeaOrmLedger::from_connection(db).with_clock(idem_runtime::SystemClock);
     let through_proxy = idem_tests::idem(ledger).with_lease(LEASE);
     let caller = Caller::new(unique("rel-ack-tenant"), "loader");
     let runs = Arc::new(AtomicUsize::new(0));

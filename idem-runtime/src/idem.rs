@@ -154,7 +154,7 @@ impl Operation {
     /// # Errors
     /// The result cannot be serialised or exceeds the size limit, the claim was superseded
     /// ([`LedgerError::Fenced`]), or the statement failed.
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    #[cfg(feature = "sea")]
     pub async fn complete_in<C, T>(&self, conn: &C, value: &T) -> Result<(), LedgerError>
     where
         C: sea_orm::ConnectionTrait,

@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::ledger::sea::{self, SeaOrmLedger};
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::ledger::sea::statements::Statements;
 use idem_runtime::ledger::{Ledger, Token};
 use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Key, MemoryLedger, Recipe, Rejection};
 use sea_orm::sqlx;
@@ -61,7 +62,7 @@ fn row(rows: &mut Vec<Row>, what: impl Into<String>, idem: String, baseline: Str
 }
 
 /// Raw sqlx, same pool, same statements: the claim and the completion of one fresh key.
-async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sql: &str, i: u64) {
+async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &'static str, complete_sql: &'static str, i: u64) {
     let key = random_key();
     let token = Token::random().0 as i64;
     let now = 1_700_000_000_000 + i as i64;
@@ -69,7 +70,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
     match db.get_database_backend() {
         DbBackend::Postgres => {
             let pool = db.get_postgres_connection_pool();
-            sqlx::query(sqlx::AssertSqlSafe(claim_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(claim_sql))
                 .bind(key.clone())
                 .bind(1i64)
                 .bind(token)
@@ -83,7 +84,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .fetch_optional(pool)
                 .await
                 .unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(complete_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(complete_sql))
                 .bind(2i16)
                 .bind(result)
                 .bind(now + 60_000)
@@ -96,7 +97,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
         }
         DbBackend::Sqlite => {
             let pool = db.get_sqlite_connection_pool();
-            sqlx::query(sqlx::AssertSqlSafe(claim_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(claim_sql))
                 .bind(key.clone())
                 .bind(1i64)
                 .bind(token)
@@ -110,7 +111,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .fetch_optional(pool)
                 .await
                 .unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(complete_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(complete_sql))
                 .bind(2i16)
                 .bind(result)
                 .bind(now + 60_000)
@@ -123,7 +124,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
         }
         _ => {
             let pool = db.get_mysql_connection_pool();
-            sqlx::query(sqlx::AssertSqlSafe(claim_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(claim_sql))
                 .bind(key.clone())
                 .bind(1i64)
                 .bind(token)
@@ -137,7 +138,7 @@ async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &str, complete_sq
                 .execute(pool)
                 .await
                 .unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(complete_sql.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(complete_sql))
                 .bind(2i16)
                 .bind(result)
                 .bind(now + 60_000)
@@ -189,18 +190,15 @@ async fn idem_pair(idem: &Idem, id: u64, value: &str) {
 async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
     let db = ledger.connection().clone();
     let backend = db.get_database_backend();
-    let claim_sql = match backend {
-        DbBackend::Postgres => sea::POSTGRES_CLAIM.to_owned(),
-        DbBackend::Sqlite => sea::SQLITE_CLAIM.to_owned(),
-        _ => sea::MYSQL_CLAIM.to_owned(),
-    };
-    let complete_sql = sea::sql_for(backend, sea::COMPLETE);
+    // The ledger's own statements: its claim, and its completion of a completed result.
+    let statements = Statements::of(backend);
+    let (claim_sql, complete_sql) = (statements.claim, statements.complete.records.completed);
     let idem = idem_tests::idem(ledger.clone());
     let value = payload();
     let n = ops();
     for i in 0..200 {
         idem_pair(&idem, i, &value).await;
-        raw_pair(&db, &claim_sql, &complete_sql, i).await;
+        raw_pair(&db, claim_sql, complete_sql, i).await;
     }
     // Interleave the two so drift on a shared machine hits both alike.
     let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -209,7 +207,7 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
         idem_pair(&idem, i, &value).await;
         ours.push(start.elapsed());
         let start = Instant::now();
-        raw_pair(&db, &claim_sql, &complete_sql, i).await;
+        raw_pair(&db, claim_sql, complete_sql, i).await;
         theirs.push(start.elapsed());
     }
     let (p50, r50) = (percentile(&mut ours, 0.5), percentile(&mut theirs, 0.5));
@@ -279,10 +277,10 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
             let start = Instant::now();
             let handles: Vec<_> = (0..tasks)
                 .map(|t| {
-                    let (db, claim_sql, complete_sql) = (db.clone(), claim_sql.clone(), complete_sql.clone());
+                    let db = db.clone();
                     tokio::spawn(async move {
                         for i in 0..per_task {
-                            raw_pair(&db, &claim_sql, &complete_sql, (base + t * per_task + i) as u64).await;
+                            raw_pair(&db, claim_sql, complete_sql, (base + t * per_task + i) as u64).await;
                         }
                     })
                 })
@@ -377,8 +375,7 @@ async fn storm(rows: &mut Vec<Row>, name: &str, ledger: Arc<dyn Ledger>) {
 }
 
 async fn bytes_per_row(rows: &mut Vec<Row>, url: &str) {
-    let Ok(admin) = SeaOrmLedger::connect_without_migrating(url).await else { return };
-    let db = admin.connection();
+    let Ok(db) = sea_orm::Database::connect(SeaOrmLedger::connect_options(url)).await else { return };
     db.execute_unprepared("DROP SCHEMA IF EXISTS idem_bench_rows CASCADE").await.unwrap();
     db.execute_unprepared("CREATE SCHEMA idem_bench_rows").await.unwrap();
     let scoped =
@@ -407,10 +404,11 @@ async fn bytes_per_row(rows: &mut Vec<Row>, url: &str) {
             DbBackend::Postgres,
             "SELECT pg_relation_size('idem_bench_rows.idem_records')::bigint, \
              pg_relation_size('idem_bench_rows.idem_records_pkey')::bigint, \
-             pg_relation_size('idem_bench_rows.idem_records_expires_at')::bigint, \
+             pg_relation_size('idem_bench_rows.idem_records_window_end')::bigint, \
              (SELECT count(*) FROM idem_bench_rows.idem_records)::bigint, \
              (SELECT avg(pg_column_size(r.*))::float8 FROM idem_bench_rows.idem_records r), \
-             (SELECT n_tup_hot_upd::float8 / greatest(n_tup_upd, 1) FROM pg_stat_user_tables WHERE schemaname = 'idem_bench_rows')",
+             (SELECT n_tup_hot_upd::float8 / greatest(n_tup_upd, 1) FROM pg_stat_user_tables \
+              WHERE schemaname = 'idem_bench_rows' AND relname = 'idem_records')",
         ))
         .await
         .unwrap()
@@ -424,13 +422,13 @@ async fn bytes_per_row(rows: &mut Vec<Row>, url: &str) {
     let per = |bytes: i64| bytes as f64 / count as f64;
     let total = per(heap + pk + exp);
     // Floor: the tuple plus its line pointer, packed into 8 KiB pages; one 48-byte PK entry and
-    // one 16-byte expires_at entry, each with a 4-byte line pointer, in full index pages.
+    // one 16-byte window_end entry, each with a 4-byte line pointer, in full index pages.
     let heap_floor = 8192.0 / ((8192.0 - 24.0) / (tuple + 4.0)).floor();
     let floor = heap_floor + (48.0 + 4.0) * 8192.0 / 8152.0 + (16.0 + 4.0) * 8192.0 / 8152.0;
     row(
         rows,
         format!(
-            "PostgreSQL bytes/row, 200-byte result (heap {:.0} + pkey {:.0} + expires {:.0}; tuple {tuple:.0}; HOT {:.0}%)",
+            "PostgreSQL bytes/row, 200-byte result (heap {:.0} + pkey {:.0} + window_end {:.0}; tuple {tuple:.0}; HOT {:.0}%)",
             per(heap),
             per(pk),
             per(exp),

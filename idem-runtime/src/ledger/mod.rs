@@ -25,7 +25,7 @@
 //! never came, and only what that claim did.
 
 pub mod memory;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "sea")]
 pub mod sea;
 
 use std::fmt;

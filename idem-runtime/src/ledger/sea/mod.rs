@@ -1,0 +1,555 @@
+//! Durable ledgers through sea-orm: SQLite (the embedded default), PostgreSQL, MySQL/MariaDB.
+//!
+//! One table, `idem_records`, created by [`SeaOrmLedger::migrate`]:
+//!
+//! | column | type | why |
+//! |---|---|---|
+//! | `key` | 32 bytes, primary key | the operation's SHA-256 key; the unique constraint the claim rests on |
+//! | `tenant` | bigint | 8-byte keyed tag of the tenant, so status lookups never cross tenants |
+//! | `subject` | bigint | 8-byte keyed tag of the subject, or 0 for a record the whole tenant may see (`scope = "tenant"`), so status lookups never cross subjects |
+//! | `state` | smallint | 1 in progress, 2 completed, 3 failed, 4 unknown |
+//! | `token` | bigint | the holder's fencing token |
+//! | `attempt` | smallint | how the holder won: 0 fresh, 1 takeover, 2 reconcile — what a re-sent claim is told, and what a release undoes |
+//! | `created_at`, `window_end`, `expires_at`, `lease_until` | bigint, ms since the epoch | times come from Rust (on the ledger's clock as each replica measured it), so every backend compares the same numbers; `window_end` ends the operation (and is indexed for the sweep), `expires_at` ends the record |
+//! | `fingerprint` | 32 bytes | keyed digest of all fingerprinted arguments |
+//! | `arg_tags` | 4 bytes per argument | keyed tags that name the differing arguments of a conflict; without the secret they say nothing about the values |
+//! | `result` | bytes, null until completed | the stored result, replayed byte for byte |
+//!
+//! No index covers a column that completion or renewal changes (the sweep's index is on
+//! `window_end`, which only a new operation changes), so on PostgreSQL those updates can be HOT
+//! updates.
+//!
+//! A second table, `idem_superseded`, keeps unsettled records (unknown, or in progress under a
+//! dead holder) that a newer operation replaced after their window ended, for the operator,
+//! until their retention passes.
+//!
+//! The claim per backend:
+//! - **PostgreSQL**: one statement — `INSERT … ON CONFLICT (key) DO NOTHING RETURNING` inside a
+//!   CTE, with the existing row selected in the same statement when the key is taken. A repeat is
+//!   answered from that read (no lock, no write).
+//! - **SQLite**: `INSERT … ON CONFLICT (key) DO NOTHING RETURNING`; when it does not claim, a
+//!   second statement reads the record that stood in the way.
+//! - **MySQL/MariaDB**: a plain `INSERT` claims an absent key (the primary key refuses a second);
+//!   on a duplicate, the record is read.
+//!
+//! The record read is judged in Rust by the one decision function every backend shares. Only an
+//! expired, failed, stale or superseded record is then taken, by a compare-and-set `UPDATE` whose
+//! `WHERE` names the version read (token, state, lease); if anything changed meanwhile it matches
+//! nothing and the claim starts over.
+//!
+//! Each claim commits on its own, before the handler runs, so a concurrent repeat is answered at
+//! once instead of waiting on a row lock.
+//!
+//! This file holds the ledger's logic, shared by every backend; each backend's statement text
+//! is in its own file (`sqlite.rs`, `postgres.rs`, `mysql.rs`), picked by what it does
+//! ([`statements::Statements`]).
+
+mod connect;
+mod error;
+mod migrate;
+mod mysql;
+mod postgres;
+mod row;
+mod sqlite;
+#[doc(hidden)]
+pub mod statements;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
+
+use self::connect::OwnSecret;
+pub use self::connect::{DATABASE_URL_ENV, DEFAULT_SQLITE_URL};
+use self::error::{corrupt, failed, is_duplicate};
+pub use self::migrate::schema;
+use self::row::{
+    Found, Row, attempt_value, bytes_opt, insert_values, key_value, millis, state_value, subject_value, tags_bytes,
+    tenant_value, to_u64, token_value, visible_values,
+};
+use self::statements::{Statements, Visible};
+use super::{
+    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, State, StatusReport, Token, Verdict, Won,
+    settled_expiry, won_stale,
+};
+use crate::clock::Clock;
+use crate::key::{Key, Ref, SubjectTag, TenantTag};
+use crate::recipe::StalePolicy;
+
+/// How many times a claim re-runs when a concurrent change slipped between its statements
+/// (it backs off a little from the fourth on, so a burst of churn can settle).
+const CLAIM_ATTEMPTS: u32 = 64;
+
+/// A [`Ledger`] on a relational database through sea-orm.
+#[derive(Clone)]
+pub struct SeaOrmLedger {
+    db: DatabaseConnection,
+    /// A clock that stands in for the database server's (tests that simulate time).
+    clock: Option<Arc<dyn Clock>>,
+    /// Where a handle without a configured secret gets one.
+    own_secret: OwnSecret,
+}
+
+impl std::fmt::Debug for SeaOrmLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeaOrmLedger").field("backend", &self.db.get_database_backend()).finish_non_exhaustive()
+    }
+}
+
+impl SeaOrmLedger {
+    /// The connection pool.
+    #[must_use]
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+    /// States every time on `clock` instead of the database server's (tests that simulate time).
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Ends a held claim on `conn` — a transaction of the handler's own, so its writes and the
+    /// stored result commit (or roll back) together. See [`Ledger::complete`].
+    ///
+    /// # Errors
+    /// [`LedgerError::Fenced`] if `token` no longer holds the claim; the database's failure.
+    pub async fn complete_on<C: ConnectionTrait>(
+        conn: &C,
+        key: &Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> Result<(), LedgerError> {
+        let backend = conn.get_database_backend();
+        let complete = &Statements::of(backend).complete;
+        let state = outcome.state();
+        let result = match outcome {
+            Outcome::Completed(bytes) => Some(bytes),
+            Outcome::Failed | Outcome::Unknown => None,
+        };
+        for table in [&complete.records, &complete.superseded] {
+            let text = match state {
+                State::Completed => table.completed,
+                State::Failed => table.failed,
+                State::InProgress | State::Unknown => table.unknown,
+            };
+            let mut values = vec![state_value(state), bytes_opt(result.clone())];
+            if state != State::Failed {
+                values.extend([millis(keep_until), millis(keep_until)]);
+            }
+            values.extend([key_value(key), token_value(token)]);
+            let statement = Statement::from_sql_and_values(backend, text, values);
+            if conn.execute_raw(statement).await.map_err(failed)?.rows_affected() == 1 {
+                return Ok(());
+            }
+        }
+        Err(LedgerError::Fenced)
+    }
+
+    fn backend(&self) -> DbBackend {
+        self.db.get_database_backend()
+    }
+
+    /// This ledger's statement set.
+    fn statements(&self) -> &'static Statements {
+        Statements::of(self.backend())
+    }
+
+    async fn claim_now(&self, request: &ClaimRequest) -> Result<Claim, LedgerError> {
+        for attempt in 0..CLAIM_ATTEMPTS {
+            if attempt >= 4 {
+                tokio::time::sleep(Duration::from_millis(u64::from(attempt.min(20)))).await;
+            }
+            let existing = match self.backend() {
+                DbBackend::Postgres => self.insert_postgres(request).await?,
+                DbBackend::MySql => self.insert_mysql(request).await?,
+                _ => self.insert_sqlite(request).await?,
+            };
+            let row = match existing {
+                Inserted::Claimed => return Ok(Claim::Won { attempt: Won::Fresh, window_end: request.window_end }),
+                Inserted::Existing(row) => row,
+                // The record vanished between the insert and the read (swept): start over.
+                Inserted::Gone => continue,
+            };
+            let verdict = row.view().judge(request);
+            let taken = match verdict {
+                Verdict::Answer(claim) => return Ok(claim),
+                Verdict::Fresh => self.take(request, &row, &Take::Fresh).await?,
+                Verdict::Supersede => self.supersede(request, &row).await?,
+                Verdict::Stale(StalePolicy::Hold) => self.take(request, &row, &Take::Unknown).await?,
+                Verdict::Stale(policy) => self.take(request, &row, &Take::Over(won_stale(policy))).await?,
+            };
+            if let Some(claim) = taken {
+                return Ok(claim);
+            }
+            tracing::debug!(reference = %request.key.reference(), "claim raced a concurrent change; re-running");
+        }
+        Err(LedgerError::Unavailable { detail: "the claim did not settle under concurrent changes".to_owned() })
+    }
+
+    /// One statement: claim an absent key, or return the record in the way.
+    async fn insert_postgres(&self, request: &ClaimRequest) -> Result<Inserted, LedgerError> {
+        let claim = postgres::STATEMENTS.claim;
+        let statement = Statement::from_sql_and_values(DbBackend::Postgres, claim, insert_values(request));
+        let Some(row) = self.db.query_one_raw(statement).await.map_err(failed)? else { return Ok(Inserted::Gone) };
+        let claimed: i16 = row.try_get_by_index(0).map_err(corrupt)?;
+        if claimed == 1 { Ok(Inserted::Claimed) } else { Ok(Inserted::Existing(Row::read(&row, 1)?)) }
+    }
+
+    /// The insert; when it does not claim, a read of the record in the way.
+    async fn insert_sqlite(&self, request: &ClaimRequest) -> Result<Inserted, LedgerError> {
+        let claim = sqlite::STATEMENTS.claim;
+        let statement = Statement::from_sql_and_values(DbBackend::Sqlite, claim, insert_values(request));
+        if self.db.query_one_raw(statement).await.map_err(failed)?.is_some() {
+            return Ok(Inserted::Claimed);
+        }
+        Ok(self.read(&request.key).await?.map_or(Inserted::Gone, Inserted::Existing))
+    }
+
+    /// Insert to claim an absent key; on a duplicate, read.
+    async fn insert_mysql(&self, request: &ClaimRequest) -> Result<Inserted, LedgerError> {
+        let claim = mysql::STATEMENTS.claim;
+        let statement = Statement::from_sql_and_values(DbBackend::MySql, claim, insert_values(request));
+        match self.db.execute_raw(statement).await {
+            Ok(_) => return Ok(Inserted::Claimed),
+            Err(error) if is_duplicate(&error) => {}
+            Err(error) => return Err(failed(error)),
+        }
+        Ok(self.read(&request.key).await?.map_or(Inserted::Gone, Inserted::Existing))
+    }
+
+    /// Takes the record `row` as read, if it is still that version; `None` if it changed.
+    async fn take(&self, request: &ClaimRequest, row: &Row, take: &Take) -> Result<Option<Claim>, LedgerError> {
+        let statement = take.statement(self.backend(), request, row);
+        let done = self.db.execute_raw(statement).await.map_err(failed)?;
+        Ok((done.rows_affected() == 1).then(|| take.answer(request, row)))
+    }
+
+    /// Starts a new operation over an unsettled record past its window, keeping the old record
+    /// aside for the operator — both or neither.
+    async fn supersede(&self, request: &ClaimRequest, row: &Row) -> Result<Option<Claim>, LedgerError> {
+        let backend = self.backend();
+        let txn = self.db.begin().await.map_err(failed)?;
+        // The compare-and-set first: on SQLite a transaction that writes first takes the write
+        // lock at once instead of failing to upgrade a read.
+        let done = txn.execute_raw(Take::Fresh.statement(backend, request, row)).await.map_err(failed)?;
+        if done.rows_affected() != 1 {
+            txn.rollback().await.map_err(failed)?;
+            return Ok(None);
+        }
+        let values = vec![
+            key_value(&request.key),
+            millis(row.window_end),
+            tenant_value(request.tenant),
+            state_value(row.state),
+            token_value(row.token),
+            attempt_value(row.attempt),
+            millis(row.created_at),
+            millis(row.expires_at),
+            millis(row.lease_until),
+            Value::Bytes(Some(row.fingerprint.clone())),
+            Value::Bytes(Some(tags_bytes(&row.arg_tags))),
+            bytes_opt(row.result.clone()),
+            subject_value(request.subject),
+        ];
+        let keep = Statement::from_sql_and_values(backend, Statements::of(backend).keep_superseded, values);
+        txn.execute_raw(keep).await.map_err(failed)?;
+        txn.commit().await.map_err(failed)?;
+        tracing::warn!(reference = %request.key.reference(), "an unsettled operation past its window was superseded; \
+            it is kept for the operator");
+        Ok(Some(Claim::Won { attempt: Won::Fresh, window_end: request.window_end }))
+    }
+
+    async fn read(&self, key: &Key) -> Result<Option<Row>, LedgerError> {
+        let statement = Statement::from_sql_and_values(self.backend(), self.statements().read, vec![key_value(key)]);
+        let row = self.db.query_one_raw(statement).await.map_err(failed)?;
+        row.map(|row| Row::read(&row, 0)).transpose()
+    }
+
+    async fn renew_now(&self, key: &Key, token: Token, lease_until: u64) -> Result<(), LedgerError> {
+        let values = vec![millis(lease_until), millis(lease_until), key_value(key), token_value(token)];
+        let statement = Statement::from_sql_and_values(self.backend(), self.statements().renew, values);
+        let done = self.db.execute_raw(statement).await.map_err(failed)?;
+        if done.rows_affected() == 1 { Ok(()) } else { Err(LedgerError::Fenced) }
+    }
+
+    async fn release_now(&self, key: &Key, token: Token) -> Result<(), LedgerError> {
+        let values = vec![key_value(key), token_value(token)];
+        let statement = Statement::from_sql_and_values(self.backend(), self.statements().release, values);
+        let done = self.db.execute_raw(statement).await.map_err(failed)?;
+        if done.rows_affected() == 1 { Ok(()) } else { Err(LedgerError::Fenced) }
+    }
+
+    async fn lookup_now(&self, key: &Key, now: u64) -> Result<Option<StatusReport>, LedgerError> {
+        let Some(found) = self.found(self.statements().lookup, vec![key_value(key)]).await? else { return Ok(None) };
+        Ok((!found.view().expired(now)).then(|| found.report(now, false)))
+    }
+
+    async fn status_now(
+        &self,
+        tenant: TenantTag,
+        subject: Option<SubjectTag>,
+        reference: Ref,
+        now: u64,
+    ) -> Result<Option<StatusReport>, LedgerError> {
+        if let Some(found) = self.find(tenant, subject, reference, now).await? {
+            return Ok(Some(found.report(now, false)));
+        }
+        Ok(self.find_superseded(tenant, subject, reference).await?.map(|found| found.report(now, true)))
+    }
+
+    /// The unexpired current record of `tenant` whose key starts with `reference` (that
+    /// `subject` may see, if given).
+    async fn find(
+        &self,
+        tenant: TenantTag,
+        subject: Option<SubjectTag>,
+        reference: Ref,
+        now: u64,
+    ) -> Result<Option<Found>, LedgerError> {
+        let mut values = visible_values(tenant, subject, reference);
+        values.push(millis(now));
+        self.found(visible_to(&self.statements().find, subject), values).await
+    }
+
+    /// The newest superseded record of `tenant` whose key starts with `reference` (that
+    /// `subject` may see, if given).
+    async fn find_superseded(
+        &self,
+        tenant: TenantTag,
+        subject: Option<SubjectTag>,
+        reference: Ref,
+    ) -> Result<Option<Found>, LedgerError> {
+        let values = visible_values(tenant, subject, reference);
+        self.found(visible_to(&self.statements().find_superseded, subject), values).await
+    }
+
+    /// The one record `text` (a status read) selects, if any.
+    async fn found(&self, text: &str, values: Vec<Value>) -> Result<Option<Found>, LedgerError> {
+        let statement = Statement::from_sql_and_values(self.backend(), text, values);
+        let row = self.db.query_one_raw(statement).await.map_err(failed)?;
+        row.map(|row| Found::read(&row)).transpose()
+    }
+
+    async fn resolve_now(
+        &self,
+        tenant: TenantTag,
+        reference: Ref,
+        resolution: Resolution,
+        now: u64,
+        keep_until: u64,
+    ) -> Result<(), LedgerError> {
+        let resolve = &self.statements().resolve;
+        let current = self.find(tenant, None, reference, now).await?;
+        let (found, text) = match current {
+            Some(found) if found.resolvable(now) => (found, resolve.records),
+            current => match (self.find_superseded(tenant, None, reference).await?, current) {
+                (Some(old), _) if old.resolvable(now) => (old, resolve.superseded),
+                (_, Some(found)) | (Some(found), None) => {
+                    return Err(LedgerError::NotResolvable { state: found.state });
+                }
+                (None, None) => return Err(LedgerError::NotFound),
+            },
+        };
+        let (state, result) = match resolution {
+            Resolution::Completed(bytes) => (State::Completed, Some(bytes)),
+            Resolution::NothingHappened => (State::Failed, None),
+        };
+        let expires_at = settled_expiry(state, found.window_end, found.expires_at, keep_until);
+        let values = vec![
+            state_value(state),
+            bytes_opt(result),
+            millis(expires_at),
+            key_value(&found.key),
+            millis(found.window_end),
+            tenant_value(tenant),
+            millis(now),
+        ];
+        let statement = Statement::from_sql_and_values(self.backend(), text, values);
+        let done = self.db.execute_raw(statement).await.map_err(failed)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        // It changed meanwhile (its holder finished, another operator answered).
+        match self.status_now(tenant, None, reference, now).await? {
+            Some(report) => Err(LedgerError::NotResolvable { state: report.state }),
+            None => Err(LedgerError::NotFound),
+        }
+    }
+
+    async fn sweep_now(&self, now: u64, limit: usize) -> Result<usize, LedgerError> {
+        let sweep = &self.statements().sweep;
+        let mut swept = 0;
+        for text in [sweep.records, sweep.superseded] {
+            let room = limit.saturating_sub(swept);
+            if room == 0 {
+                break;
+            }
+            swept += self.sweep_table(text, now, room).await?;
+        }
+        if swept > 0 {
+            tracing::debug!(swept, "swept expired records");
+        }
+        Ok(swept)
+    }
+
+    async fn sweep_table(&self, text: &str, now: u64, limit: usize) -> Result<usize, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut values = vec![millis(now), millis(now), millis(now), Value::BigInt(Some(limit))];
+        if self.statements().sweep_rechecks {
+            values.extend([millis(now), millis(now), millis(now)]);
+        }
+        let statement = Statement::from_sql_and_values(self.backend(), text, values);
+        let done = self.db.execute_raw(statement).await.map_err(failed)?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
+    async fn now_ms(&self) -> Result<Option<u64>, LedgerError> {
+        if let Some(clock) = &self.clock {
+            return Ok(Some(clock.now_ms()));
+        }
+        let statement = Statement::from_string(self.backend(), self.statements().now);
+        let row = self.db.query_one_raw(statement).await.map_err(failed)?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some(to_u64(row.try_get_by_index::<i64>(0).map_err(corrupt)?)))
+    }
+}
+
+impl Ledger for SeaOrmLedger {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        Box::pin(self.claim_now(request))
+    }
+
+    fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(self.renew_now(key, token, lease_until))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(Self::complete_on(&self.db, key, token, outcome, keep_until))
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(self.release_now(key, token))
+    }
+
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        Box::pin(self.lookup_now(key, now))
+    }
+
+    fn status<'a>(
+        &'a self,
+        tenant: TenantTag,
+        subject: SubjectTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        Box::pin(self.status_now(tenant, Some(subject), reference, now))
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        resolution: Resolution,
+        now: u64,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(self.resolve_now(tenant, reference, resolution, now, keep_until))
+    }
+
+    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
+        Box::pin(self.sweep_now(now, limit))
+    }
+
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        Box::pin(self.now_ms())
+    }
+
+    /// SQLite in a file: a secret generated once and kept beside the file as
+    /// `<file>.secret`, readable by its owner only. SQLite in memory: a random one per process.
+    /// PostgreSQL and MySQL: none — replicas share the ledger and must share a configured
+    /// secret.
+    fn default_secret(&self) -> Result<crate::secret::Secret, crate::secret::SecretError> {
+        match &self.own_secret {
+            OwnSecret::File(path) => crate::secret::Secret::load_or_create(path),
+            OwnSecret::Ephemeral => Ok(crate::secret::ephemeral()),
+            OwnSecret::Required(ledger) => Err(crate::secret::SecretError::Required { ledger: (*ledger).to_owned() }),
+        }
+    }
+}
+
+/// A status read's text for who must see the record: the subject given, or the whole tenant.
+fn visible_to(texts: &Visible, subject: Option<SubjectTag>) -> &'static str {
+    if subject.is_some() { texts.subject } else { texts.tenant }
+}
+
+/// What a claim's insert found.
+enum Inserted {
+    /// The key was absent: the insert claimed it.
+    Claimed,
+    /// This record stood in the way.
+    Existing(Row),
+    /// The record in the way vanished before it could be read.
+    Gone,
+}
+
+/// How a claim takes a record it read.
+enum Take {
+    /// As a new operation (the record was expired, failed, or superseded).
+    Fresh,
+    /// A stale lease under `hold`: the record becomes unknown, nobody holds it.
+    Unknown,
+    /// A stale lease under `takeover` or `reconcile`: a new token in the same operation.
+    Over(Won),
+}
+
+impl Take {
+    fn answer(&self, request: &ClaimRequest, row: &Row) -> Claim {
+        match self {
+            Self::Fresh => Claim::Won { attempt: Won::Fresh, window_end: request.window_end },
+            Self::Unknown => Claim::Unknown,
+            Self::Over(attempt) => Claim::Won { attempt: *attempt, window_end: row.window_end },
+        }
+    }
+
+    /// The compare-and-set `UPDATE` that takes `row` as read: its `WHERE` names the version read
+    /// (token, state, lease), so of two claimers that read the same version only one takes it.
+    fn statement(&self, backend: DbBackend, request: &ClaimRequest, row: &Row) -> Statement {
+        let statements = Statements::of(backend);
+        let (text, mut values) = match self {
+            Self::Fresh => (
+                statements.take_fresh,
+                vec![
+                    token_value(request.token),
+                    millis(request.now),
+                    millis(request.window_end),
+                    millis(request.expires_at),
+                    millis(request.lease_until),
+                    Value::Bytes(Some(request.fingerprint.to_vec())),
+                    Value::Bytes(Some(tags_bytes(&request.arg_tags))),
+                    tenant_value(request.tenant),
+                    subject_value(request.subject),
+                ],
+            ),
+            Self::Unknown => (statements.take_unknown, Vec::new()),
+            Self::Over(attempt) => (
+                statements.take_over,
+                vec![token_value(request.token), attempt_value(*attempt), millis(request.lease_until)],
+            ),
+        };
+        values.extend([
+            key_value(&request.key),
+            token_value(row.token),
+            state_value(row.state),
+            millis(row.lease_until),
+        ]);
+        Statement::from_sql_and_values(backend, text, values)
+    }
+}

@@ -1,0 +1,153 @@
+//! Everything MySQL- and MariaDB-specific: the statement text a MySQL ledger sends, its schema
+//! and the index changes MySQL cannot say idempotently.
+//!
+//! Parameters are `?`, taken in order. `key` is a reserved word in MySQL, so every statement
+//! quotes the column. A plain `INSERT` claims an absent key (the primary key refuses a second);
+//! on a duplicate, the record is read apart.
+
+use super::statements::{AddSubject, Complete, Migration, Statements, Tables, Visible};
+
+pub(super) static STATEMENTS: Statements = Statements {
+    claim: "INSERT INTO idem_records (`key`, tenant, state, token, attempt, created_at, window_end,
+                expires_at, lease_until, fingerprint, arg_tags, result, subject)
+            VALUES (?, ?, 1, ?, 0, ?, ?, ?, ?, ?, ?, NULL, ?)",
+    read: "SELECT state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint, arg_tags, \
+           result FROM idem_records WHERE `key` = ?",
+    take_fresh: "UPDATE idem_records SET state = 1, token = ?, attempt = 0, created_at = ?, window_end = ?, \
+                 expires_at = ?, lease_until = ?, fingerprint = ?, arg_tags = ?, result = NULL, tenant = ?, \
+                 subject = ? WHERE `key` = ? AND token = ? AND state = ? AND lease_until = ?",
+    take_unknown: "UPDATE idem_records SET state = 4 WHERE `key` = ? AND token = ? AND state = ? AND lease_until = ?",
+    take_over: "UPDATE idem_records SET token = ?, attempt = ?, lease_until = ? \
+                WHERE `key` = ? AND token = ? AND state = ? AND lease_until = ?",
+    keep_superseded: "INSERT IGNORE INTO idem_superseded (`key`, window_end, tenant, state, token, attempt, \
+                      created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject) \
+                      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    renew: "UPDATE idem_records SET lease_until = CASE WHEN lease_until < ? THEN ? ELSE lease_until END \
+            WHERE `key` = ? AND token = ? AND state = 1",
+    release: "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
+              expires_at = CASE WHEN attempt = 0 THEN window_end ELSE expires_at END, \
+              lease_until = CASE WHEN attempt = 0 THEN lease_until ELSE 0 END \
+              WHERE `key` = ? AND token = ? AND (state = 1 OR (state = 4 AND attempt = 0))",
+    complete: Tables {
+        records: Complete {
+            completed: "UPDATE idem_records SET state = ?, result = ?, \
+                        expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
+                        WHERE `key` = ? AND token = ? AND state IN (1, 4)",
+            failed: "UPDATE idem_records SET state = ?, result = ?, expires_at = window_end \
+                     WHERE `key` = ? AND token = ? AND state IN (1, 4)",
+            unknown: "UPDATE idem_records SET state = ?, result = ?, \
+                      expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
+                      WHERE `key` = ? AND token = ? AND state IN (1, 4)",
+        },
+        superseded: Complete {
+            completed: "UPDATE idem_superseded SET state = ?, result = ?, \
+                        expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
+                        WHERE `key` = ? AND token = ? AND state IN (1, 4)",
+            failed: "UPDATE idem_superseded SET state = ?, result = ?, expires_at = window_end \
+                     WHERE `key` = ? AND token = ? AND state IN (1, 4)",
+            unknown: "UPDATE idem_superseded SET state = ?, result = ?, \
+                      expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
+                      WHERE `key` = ? AND token = ? AND state IN (1, 4)",
+        },
+    },
+    lookup: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+             WHERE `key` = ?",
+    find: Visible {
+        tenant: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+                 WHERE `key` >= ? AND `key` <= ? AND tenant = ? \
+                 AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY `key` LIMIT 1",
+        subject: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+                  WHERE `key` >= ? AND `key` <= ? AND tenant = ? AND subject IN (?, ?) \
+                  AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY `key` LIMIT 1",
+    },
+    find_superseded: Visible {
+        tenant: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+                 WHERE `key` >= ? AND `key` <= ? AND tenant = ? ORDER BY window_end DESC LIMIT 1",
+        subject: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+                  WHERE `key` >= ? AND `key` <= ? AND tenant = ? AND subject IN (?, ?) ORDER BY window_end DESC LIMIT 1",
+    },
+    resolve: Tables {
+        records: "UPDATE idem_records SET state = ?, result = ?, expires_at = ? \
+                  WHERE `key` = ? AND window_end = ? AND tenant = ? AND (state = 4 OR (state = 1 AND lease_until <= ?))",
+        superseded: "UPDATE idem_superseded SET state = ?, result = ?, expires_at = ? \
+                     WHERE `key` = ? AND window_end = ? AND tenant = ? \
+                     AND (state = 4 OR (state = 1 AND lease_until <= ?))",
+    },
+    sweep: Tables {
+        records: "DELETE FROM idem_records \
+                  WHERE window_end <= ? AND expires_at <= ? AND (state <> 1 OR lease_until <= ?) \
+                  ORDER BY window_end LIMIT ?",
+        superseded: "DELETE FROM idem_superseded \
+                     WHERE ? > 0 AND expires_at <= ? AND (state <> 1 OR lease_until <= ?) \
+                     ORDER BY expires_at LIMIT ?",
+    },
+    sweep_rechecks: false,
+    now: "SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+};
+
+pub(super) static MIGRATION: Migration = Migration {
+    lock: None,
+    schema: &[
+        "CREATE TABLE IF NOT EXISTS idem_records (
+                `key` BINARY(32) NOT NULL PRIMARY KEY,
+                tenant BIGINT NOT NULL,
+                state SMALLINT NOT NULL,
+                attempt SMALLINT NOT NULL DEFAULT 0,
+                token BIGINT NOT NULL,
+                created_at BIGINT NOT NULL,
+                window_end BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL,
+                lease_until BIGINT NOT NULL,
+                fingerprint BINARY(32) NOT NULL,
+                arg_tags LONGBLOB NOT NULL,
+                result LONGBLOB NULL,
+                subject BIGINT NOT NULL DEFAULT 0,
+                INDEX idem_records_window_end (window_end)
+            ) ENGINE=InnoDB",
+        "CREATE TABLE IF NOT EXISTS idem_superseded (
+                `key` BINARY(32) NOT NULL,
+                window_end BIGINT NOT NULL,
+                tenant BIGINT NOT NULL,
+                state SMALLINT NOT NULL,
+                attempt SMALLINT NOT NULL,
+                token BIGINT NOT NULL,
+                created_at BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL,
+                lease_until BIGINT NOT NULL,
+                fingerprint BINARY(32) NOT NULL,
+                arg_tags LONGBLOB NOT NULL,
+                result LONGBLOB NULL,
+                subject BIGINT NOT NULL DEFAULT 0,
+                PRIMARY KEY (`key`, window_end),
+                INDEX idem_superseded_expires_at (expires_at)
+            ) ENGINE=InnoDB",
+    ],
+    probe_upgrade: "SELECT attempt, window_end FROM idem_records WHERE 1 = 0",
+    add_columns: &["ALTER TABLE idem_records ADD COLUMN attempt SMALLINT NOT NULL DEFAULT 0, \
+                    ADD COLUMN window_end BIGINT NOT NULL DEFAULT 0, MODIFY arg_tags LONGBLOB NOT NULL"],
+    carry: "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
+            THEN expires_at + ? ELSE expires_at END WHERE window_end = 0",
+    add_subject: Tables {
+        records: AddSubject {
+            probe: "SELECT subject FROM idem_records WHERE 1 = 0",
+            add: "ALTER TABLE idem_records ADD COLUMN subject BIGINT NOT NULL DEFAULT 0",
+        },
+        superseded: AddSubject {
+            probe: "SELECT subject FROM idem_superseded WHERE 1 = 0",
+            add: "ALTER TABLE idem_superseded ADD COLUMN subject BIGINT NOT NULL DEFAULT 0",
+        },
+    },
+};
+
+/// How many indexes of `idem_records` have the name given (MySQL cannot say `CREATE INDEX IF
+/// NOT EXISTS`).
+pub(super) const INDEX_COUNT: &str = "SELECT COUNT(*) FROM information_schema.statistics \
+     WHERE table_schema = DATABASE() AND table_name = 'idem_records' AND index_name = ?";
+
+/// The sweep's index moved from `expires_at` to `window_end` (so completions do not touch an
+/// indexed column): each index by name, whether a table of this version has it, and the change
+/// that makes it so.
+pub(super) const INDEX_CHANGES: [(&str, bool, &str); 2] = [
+    ("idem_records_window_end", true, "ALTER TABLE idem_records ADD INDEX idem_records_window_end (window_end)"),
+    ("idem_records_expires_at", false, "ALTER TABLE idem_records DROP INDEX idem_records_expires_at"),
+];

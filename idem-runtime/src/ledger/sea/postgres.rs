@@ -1,0 +1,159 @@
+//! Everything PostgreSQL-specific: the statement text a PostgreSQL ledger sends and its schema.
+//!
+//! Parameters are numbered (`$1`). The claim is one statement: `INSERT … ON CONFLICT (key) DO
+//! NOTHING RETURNING` inside a CTE, with the existing row selected in the same statement when
+//! the key is taken, so a repeat is answered from that read (no lock, no write). Migrations take
+//! an advisory lock: replicas starting together would race `CREATE TABLE IF NOT EXISTS`, which
+//! PostgreSQL can fail with a duplicate type name.
+
+use super::statements::{AddSubject, Complete, Migration, Statements, Tables, Visible};
+
+pub(super) static STATEMENTS: Statements = Statements {
+    claim: "WITH claimed AS (
+            INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end, expires_at,
+                                      lease_until, fingerprint, arg_tags, result, subject)
+            VALUES ($1, $2, 1, $3, 0, $4, $5, $6, $7, $8, $9, NULL, $10)
+            ON CONFLICT (key) DO NOTHING
+            RETURNING state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint,
+                      arg_tags, result
+        )
+        SELECT 1::smallint AS claimed, state, token, attempt, created_at, window_end, expires_at, lease_until,
+               fingerprint, arg_tags, result FROM claimed
+        UNION ALL
+        SELECT 0::smallint, state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint,
+               arg_tags, result
+        FROM idem_records WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)",
+    read: "SELECT state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint, arg_tags, \
+           result FROM idem_records WHERE key = $1",
+    take_fresh: "UPDATE idem_records SET state = 1, token = $1, attempt = 0, created_at = $2, window_end = $3, \
+                 expires_at = $4, lease_until = $5, fingerprint = $6, arg_tags = $7, result = NULL, tenant = $8, \
+                 subject = $9 WHERE key = $10 AND token = $11 AND state = $12 AND lease_until = $13",
+    take_unknown: "UPDATE idem_records SET state = 4 WHERE key = $1 AND token = $2 AND state = $3 AND lease_until = $4",
+    take_over: "UPDATE idem_records SET token = $1, attempt = $2, lease_until = $3 \
+                WHERE key = $4 AND token = $5 AND state = $6 AND lease_until = $7",
+    keep_superseded: "INSERT INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
+                      created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject) \
+                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING",
+    renew: "UPDATE idem_records SET lease_until = CASE WHEN lease_until < $1 THEN $2 ELSE lease_until END \
+            WHERE key = $3 AND token = $4 AND state = 1",
+    release: "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
+              expires_at = CASE WHEN attempt = 0 THEN window_end ELSE expires_at END, \
+              lease_until = CASE WHEN attempt = 0 THEN lease_until ELSE 0 END \
+              WHERE key = $1 AND token = $2 AND (state = 1 OR (state = 4 AND attempt = 0))",
+    complete: Tables {
+        records: Complete {
+            completed: "UPDATE idem_records SET state = $1, result = $2, \
+                        expires_at = CASE WHEN window_end > $3 THEN window_end ELSE $4 END \
+                        WHERE key = $5 AND token = $6 AND state IN (1, 4)",
+            failed: "UPDATE idem_records SET state = $1, result = $2, expires_at = window_end \
+                     WHERE key = $3 AND token = $4 AND state IN (1, 4)",
+            unknown: "UPDATE idem_records SET state = $1, result = $2, \
+                      expires_at = CASE WHEN expires_at > $3 THEN expires_at ELSE $4 END \
+                      WHERE key = $5 AND token = $6 AND state IN (1, 4)",
+        },
+        superseded: Complete {
+            completed: "UPDATE idem_superseded SET state = $1, result = $2, \
+                        expires_at = CASE WHEN window_end > $3 THEN window_end ELSE $4 END \
+                        WHERE key = $5 AND token = $6 AND state IN (1, 4)",
+            failed: "UPDATE idem_superseded SET state = $1, result = $2, expires_at = window_end \
+                     WHERE key = $3 AND token = $4 AND state IN (1, 4)",
+            unknown: "UPDATE idem_superseded SET state = $1, result = $2, \
+                      expires_at = CASE WHEN expires_at > $3 THEN expires_at ELSE $4 END \
+                      WHERE key = $5 AND token = $6 AND state IN (1, 4)",
+        },
+    },
+    lookup: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+             WHERE key = $1",
+    find: Visible {
+        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+                 WHERE key >= $1 AND key <= $2 AND tenant = $3 \
+                 AND NOT (expires_at <= $4 AND state IN (2, 3)) ORDER BY key LIMIT 1",
+        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+                  WHERE key >= $1 AND key <= $2 AND tenant = $3 AND subject IN ($4, $5) \
+                  AND NOT (expires_at <= $6 AND state IN (2, 3)) ORDER BY key LIMIT 1",
+    },
+    find_superseded: Visible {
+        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+                 WHERE key >= $1 AND key <= $2 AND tenant = $3 ORDER BY window_end DESC LIMIT 1",
+        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+                  WHERE key >= $1 AND key <= $2 AND tenant = $3 AND subject IN ($4, $5) \
+                  ORDER BY window_end DESC LIMIT 1",
+    },
+    resolve: Tables {
+        records: "UPDATE idem_records SET state = $1, result = $2, expires_at = $3 \
+                  WHERE key = $4 AND window_end = $5 AND tenant = $6 \
+                  AND (state = 4 OR (state = 1 AND lease_until <= $7))",
+        superseded: "UPDATE idem_superseded SET state = $1, result = $2, expires_at = $3 \
+                     WHERE key = $4 AND window_end = $5 AND tenant = $6 \
+                     AND (state = 4 OR (state = 1 AND lease_until <= $7))",
+    },
+    sweep: Tables {
+        records: "DELETE FROM idem_records WHERE key IN (SELECT key FROM idem_records \
+                  WHERE window_end <= $1 AND expires_at <= $2 AND (state <> 1 OR lease_until <= $3) \
+                  ORDER BY window_end LIMIT $4) \
+                  AND window_end <= $5 AND expires_at <= $6 AND (state <> 1 OR lease_until <= $7)",
+        superseded: "DELETE FROM idem_superseded WHERE (key, window_end) IN (SELECT key, window_end \
+                     FROM idem_superseded WHERE $1 > 0 AND expires_at <= $2 AND (state <> 1 OR lease_until <= $3) \
+                     ORDER BY expires_at LIMIT $4) \
+                     AND $5 > 0 AND expires_at <= $6 AND (state <> 1 OR lease_until <= $7)",
+    },
+    sweep_rechecks: true,
+    now: "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+};
+
+pub(super) static MIGRATION: Migration = Migration {
+    lock: Some("SELECT pg_advisory_xact_lock(7233960519474712933)"),
+    schema: &[
+        "CREATE TABLE IF NOT EXISTS idem_records (
+                tenant bigint NOT NULL,
+                token bigint NOT NULL,
+                created_at bigint NOT NULL,
+                window_end bigint NOT NULL,
+                expires_at bigint NOT NULL,
+                lease_until bigint NOT NULL,
+                state smallint NOT NULL,
+                attempt smallint NOT NULL DEFAULT 0,
+                key bytea PRIMARY KEY CHECK (octet_length(key) = 32),
+                fingerprint bytea NOT NULL,
+                arg_tags bytea NOT NULL,
+                result bytea,
+                subject bigint NOT NULL DEFAULT 0
+            )",
+        "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
+        "DROP INDEX IF EXISTS idem_records_expires_at",
+        "CREATE TABLE IF NOT EXISTS idem_superseded (
+                tenant bigint NOT NULL,
+                token bigint NOT NULL,
+                created_at bigint NOT NULL,
+                window_end bigint NOT NULL,
+                expires_at bigint NOT NULL,
+                lease_until bigint NOT NULL,
+                state smallint NOT NULL,
+                attempt smallint NOT NULL,
+                key bytea NOT NULL CHECK (octet_length(key) = 32),
+                fingerprint bytea NOT NULL,
+                arg_tags bytea NOT NULL,
+                result bytea,
+                subject bigint NOT NULL DEFAULT 0,
+                PRIMARY KEY (key, window_end)
+            )",
+        "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
+    ],
+    probe_upgrade: "SELECT attempt, window_end FROM idem_records WHERE 1 = 0",
+    add_columns: &[
+        "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 0",
+        "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS window_end bigint NOT NULL DEFAULT 0",
+    ],
+    carry: "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
+            THEN expires_at + $1 ELSE expires_at END WHERE window_end = 0",
+    add_subject: Tables {
+        records: AddSubject {
+            probe: "SELECT subject FROM idem_records WHERE 1 = 0",
+            add: "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS subject bigint NOT NULL DEFAULT 0",
+        },
+        superseded: AddSubject {
+            probe: "SELECT subject FROM idem_superseded WHERE 1 = 0",
+            add: "ALTER TABLE idem_superseded ADD COLUMN IF NOT EXISTS subject bigint NOT NULL DEFAULT 0",
+        },
+    },
+};

@@ -1,0 +1,171 @@
+//! Everything SQLite-specific: the statement text a SQLite ledger sends, its schema and how a
+//! connection to a SQLite file is configured.
+//!
+//! Parameters are `?`, taken in order; the claim numbers them (`?1`) to say they follow the
+//! PostgreSQL claim's. `INSERT … ON CONFLICT DO NOTHING RETURNING` claims an absent key in one
+//! statement (SQLite 3.35+); when it does not claim, the record in the way is read apart.
+
+use super::statements::{AddSubject, Complete, Migration, Statements, Tables, Visible};
+
+pub(super) static STATEMENTS: Statements = Statements {
+    claim: "INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end,
+                expires_at, lease_until, fingerprint, arg_tags, result, subject)
+            VALUES (?1, ?2, 1, ?3, 0, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10)
+            ON CONFLICT (key) DO NOTHING
+            RETURNING state",
+    read: "SELECT state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint, arg_tags, \
+           result FROM idem_records WHERE key = ?",
+    take_fresh: "UPDATE idem_records SET state = 1, token = ?, attempt = 0, created_at = ?, window_end = ?, \
+                 expires_at = ?, lease_until = ?, fingerprint = ?, arg_tags = ?, result = NULL, tenant = ?, \
+                 subject = ? WHERE key = ? AND token = ? AND state = ? AND lease_until = ?",
+    take_unknown: "UPDATE idem_records SET state = 4 WHERE key = ? AND token = ? AND state = ? AND lease_until = ?",
+    take_over: "UPDATE idem_records SET token = ?, attempt = ?, lease_until = ? \
+                WHERE key = ? AND token = ? AND state = ? AND lease_until = ?",
+    keep_superseded: "INSERT OR IGNORE INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
+                      created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject) \
+                      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    renew: "UPDATE idem_records SET lease_until = CASE WHEN lease_until < ? THEN ? ELSE lease_until END \
+            WHERE key = ? AND token = ? AND state = 1",
+    release: "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
+              expires_at = CASE WHEN attempt = 0 THEN window_end ELSE expires_at END, \
+              lease_until = CASE WHEN attempt = 0 THEN lease_until ELSE 0 END \
+              WHERE key = ? AND token = ? AND (state = 1 OR (state = 4 AND attempt = 0))",
+    complete: Tables {
+        records: Complete {
+            completed: "UPDATE idem_records SET state = ?, result = ?, \
+                        expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
+                        WHERE key = ? AND token = ? AND state IN (1, 4)",
+            failed: "UPDATE idem_records SET state = ?, result = ?, expires_at = window_end \
+                     WHERE key = ? AND token = ? AND state IN (1, 4)",
+            unknown: "UPDATE idem_records SET state = ?, result = ?, \
+                      expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
+                      WHERE key = ? AND token = ? AND state IN (1, 4)",
+        },
+        superseded: Complete {
+            completed: "UPDATE idem_superseded SET state = ?, result = ?, \
+                        expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
+                        WHERE key = ? AND token = ? AND state IN (1, 4)",
+            failed: "UPDATE idem_superseded SET state = ?, result = ?, expires_at = window_end \
+                     WHERE key = ? AND token = ? AND state IN (1, 4)",
+            unknown: "UPDATE idem_superseded SET state = ?, result = ?, \
+                      expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
+                      WHERE key = ? AND token = ? AND state IN (1, 4)",
+        },
+    },
+    lookup: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+             WHERE key = ?",
+    find: Visible {
+        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+                 WHERE key >= ? AND key <= ? AND tenant = ? \
+                 AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY key LIMIT 1",
+        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+                  WHERE key >= ? AND key <= ? AND tenant = ? AND subject IN (?, ?) \
+                  AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY key LIMIT 1",
+    },
+    find_superseded: Visible {
+        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+                 WHERE key >= ? AND key <= ? AND tenant = ? ORDER BY window_end DESC LIMIT 1",
+        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+                  WHERE key >= ? AND key <= ? AND tenant = ? AND subject IN (?, ?) ORDER BY window_end DESC LIMIT 1",
+    },
+    resolve: Tables {
+        records: "UPDATE idem_records SET state = ?, result = ?, expires_at = ? \
+                  WHERE key = ? AND window_end = ? AND tenant = ? AND (state = 4 OR (state = 1 AND lease_until <= ?))",
+        superseded: "UPDATE idem_superseded SET state = ?, result = ?, expires_at = ? \
+                     WHERE key = ? AND window_end = ? AND tenant = ? \
+                     AND (state = 4 OR (state = 1 AND lease_until <= ?))",
+    },
+    sweep: Tables {
+        records: "DELETE FROM idem_records WHERE key IN (SELECT key FROM idem_records \
+                  WHERE window_end <= ? AND expires_at <= ? AND (state <> 1 OR lease_until <= ?) \
+                  ORDER BY window_end LIMIT ?) \
+                  AND window_end <= ? AND expires_at <= ? AND (state <> 1 OR lease_until <= ?)",
+        superseded: "DELETE FROM idem_superseded WHERE (key, window_end) IN (SELECT key, window_end \
+                     FROM idem_superseded WHERE ? > 0 AND expires_at <= ? AND (state <> 1 OR lease_until <= ?) \
+                     ORDER BY expires_at LIMIT ?) \
+                     AND ? > 0 AND expires_at <= ? AND (state <> 1 OR lease_until <= ?)",
+    },
+    sweep_rechecks: true,
+    now: "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+};
+
+pub(super) static MIGRATION: Migration = Migration {
+    lock: None,
+    schema: &[
+        "CREATE TABLE IF NOT EXISTS idem_records (
+                key BLOB PRIMARY KEY NOT NULL,
+                tenant INTEGER NOT NULL,
+                state INTEGER NOT NULL,
+                attempt INTEGER NOT NULL DEFAULT 0,
+                token INTEGER NOT NULL,
+                created_at INTEGER NOT NULL,
+                window_end INTEGER NOT NULL,
+                expires_at INTEGER NOT NULL,
+                lease_until INTEGER NOT NULL,
+                fingerprint BLOB NOT NULL,
+                arg_tags BLOB NOT NULL,
+                result BLOB,
+                subject INTEGER NOT NULL DEFAULT 0
+            ) WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
+        "DROP INDEX IF EXISTS idem_records_expires_at",
+        "CREATE TABLE IF NOT EXISTS idem_superseded (
+                key BLOB NOT NULL,
+                window_end INTEGER NOT NULL,
+                tenant INTEGER NOT NULL,
+                state INTEGER NOT NULL,
+                attempt INTEGER NOT NULL,
+                token INTEGER NOT NULL,
+                created_at INTEGER NOT NULL,
+                expires_at INTEGER NOT NULL,
+                lease_until INTEGER NOT NULL,
+                fingerprint BLOB NOT NULL,
+                arg_tags BLOB NOT NULL,
+                result BLOB,
+                subject INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (key, window_end)
+            ) WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
+    ],
+    probe_upgrade: "SELECT attempt, window_end FROM idem_records WHERE 1 = 0",
+    add_columns: &[
+        "ALTER TABLE idem_records ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE idem_records ADD COLUMN window_end INTEGER NOT NULL DEFAULT 0",
+    ],
+    carry: "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
+            THEN expires_at + ? ELSE expires_at END WHERE window_end = 0",
+    add_subject: Tables {
+        records: AddSubject {
+            probe: "SELECT subject FROM idem_records WHERE 1 = 0",
+            add: "ALTER TABLE idem_records ADD COLUMN subject INTEGER NOT NULL DEFAULT 0",
+        },
+        superseded: AddSubject {
+            probe: "SELECT subject FROM idem_superseded WHERE 1 = 0",
+            add: "ALTER TABLE idem_superseded ADD COLUMN subject INTEGER NOT NULL DEFAULT 0",
+        },
+    },
+};
+
+/// Whether `url` names an in-memory database rather than a file.
+pub(super) fn in_memory(url: &str) -> bool {
+    url.contains(":memory:") || url.contains("mode=memory")
+}
+
+/// A file in WAL mode with `synchronous=FULL` — a claim lost to a power cut would be a
+/// duplicate waiting to happen, so durability wins over the ~1 ms it costs — and a 10 s busy
+/// timeout; an in-memory database on one connection that lives as long as the pool.
+#[cfg(feature = "sqlite")]
+pub(super) fn configure(options: &mut sea_orm::ConnectOptions, url: &str) {
+    use std::time::Duration;
+
+    use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+    let in_memory = in_memory(url);
+    options.map_sqlx_sqlite_opts(move |opts| {
+        let opts = opts.busy_timeout(Duration::from_secs(10)).foreign_keys(false);
+        if in_memory { opts } else { opts.journal_mode(SqliteJournalMode::Wal).synchronous(SqliteSynchronous::Full) }
+    });
+    if in_memory {
+        // Every pooled connection to `:memory:` would open its own empty database.
+        options.max_connections(1).min_connections(1).idle_timeout(None).max_lifetime(None);
+    }
+}

@@ -1,0 +1,222 @@
+//! The shape of a backend's statement set: every statement a SQL ledger sends, named for what
+//! it does. The text itself lives in one file per backend (`sqlite.rs`, `postgres.rs`,
+//! `mysql.rs`); the ledger's logic is shared and only picks a statement here, so no statement is
+//! rewritten at run time, and a benchmark can send exactly the ledger's own.
+//!
+//! Parameters: PostgreSQL numbers them (`$1`), MySQL and SQLite take them in order (`?`); every
+//! backend's statement takes the same values in the same order, as each field says.
+
+use sea_orm::DbBackend;
+
+/// Every statement a SQL ledger sends once its tables exist, on one backend.
+#[derive(Debug)]
+pub struct Statements {
+    /// Claims an absent key: key, tenant, token, now, window end, expiry, lease, fingerprint,
+    /// argument tags, subject. What it returns differs: on PostgreSQL `1` and the new row, or
+    /// `0` and the row in the way; on SQLite a row only when it claimed; on MySQL nothing (a
+    /// taken key is a duplicate-key error).
+    pub claim: &'static str,
+    /// The record of a key, as a claim reads it (`Row`): key.
+    pub read: &'static str,
+    /// The compare-and-set that takes a record as a new operation: token, now, window end,
+    /// expiry, lease, fingerprint, argument tags, tenant, subject, then the version read (key,
+    /// token, state, lease).
+    pub take_fresh: &'static str,
+    /// The compare-and-set that makes a stale record unknown (`hold`): the version read.
+    pub take_unknown: &'static str,
+    /// The compare-and-set that takes over a stale lease: token, attempt, lease, then the
+    /// version read.
+    pub take_over: &'static str,
+    /// Keeps a superseded record aside, unless it already is: key, window end, tenant, state,
+    /// token, attempt, created, expiry, lease, fingerprint, argument tags, result, subject.
+    pub keep_superseded: &'static str,
+    /// Extends the holder's lease, never shortening it: the lease twice, key, token.
+    pub renew: &'static str,
+    /// Undoes a claim whose answer never came: key, token. A fresh claim becomes failed
+    /// (nothing ran) — also once `hold` turned its lapsed lease "unknown", which only its own
+    /// unrun handler could have been; a takeover only gives its lease back, so the operation
+    /// stays in progress and its stale policy applies.
+    pub release: &'static str,
+    /// Settles a held claim, on the current table or the superseded one.
+    pub complete: Tables<Complete>,
+    /// A record by key, as a status lookup reads it (`Found`): key.
+    pub lookup: &'static str,
+    /// The unexpired current record whose key starts with a reference.
+    pub find: Visible,
+    /// The newest superseded record whose key starts with a reference.
+    pub find_superseded: Visible,
+    /// An operator's answer to an unsettled record: state, result, expiry, then key, window
+    /// end, tenant, now.
+    pub resolve: Tables<&'static str>,
+    /// Deletes expired records, at most a limit: now three times and the limit, then (where
+    /// [`Statements::sweep_rechecks`]) now three times again. `expires_at` is never before
+    /// `window_end`: naming both lets the current table's sweep range-scan its `window_end`
+    /// index (completion changes `expires_at`, so indexing it would cost every completion its
+    /// HOT update).
+    pub sweep: Tables<&'static str>,
+    /// Whether the sweep selects its rows in a subquery and checks the condition again on the
+    /// rows the `DELETE` locks, so a record claimed afresh between the subquery and the delete is
+    /// spared (MySQL deletes with `ORDER BY … LIMIT` directly instead).
+    pub sweep_rechecks: bool,
+    /// The database server's clock, in milliseconds since the epoch.
+    pub now: &'static str,
+}
+
+impl Statements {
+    /// The statements of `backend`.
+    #[must_use]
+    pub fn of(backend: DbBackend) -> &'static Self {
+        match backend {
+            DbBackend::Postgres => &super::postgres::STATEMENTS,
+            DbBackend::MySql => &super::mysql::STATEMENTS,
+            _ => &super::sqlite::STATEMENTS,
+        }
+    }
+}
+
+/// One statement for each of the two tables.
+#[derive(Debug)]
+pub struct Tables<T> {
+    /// `idem_records`: the current record of each key.
+    pub records: T,
+    /// `idem_superseded`: unsettled records a newer operation replaced.
+    pub superseded: T,
+}
+
+/// The completion of a held claim (state `1` or `4`), by the state it settles in: state,
+/// result, then the time to keep it until twice (not for a failure), then key and token.
+#[derive(Debug)]
+pub struct Complete {
+    /// A completed result: kept until its window ends or the time given, whichever is later.
+    pub completed: &'static str,
+    /// A failure: kept until its window ends.
+    pub failed: &'static str,
+    /// An unknown outcome: its unsettled expiry, unless the time given is later.
+    pub unknown: &'static str,
+}
+
+/// A status read, by whom it must be visible to: the key range (low, high), tenant, then —
+/// for a subject — the tenant-wide subject (0) and the subject; then, for the current table,
+/// now.
+#[derive(Debug)]
+pub struct Visible {
+    /// Any record of the tenant.
+    pub tenant: &'static str,
+    /// The subject's own records and the tenant-wide ones.
+    pub subject: &'static str,
+}
+
+/// The statements [`super::SeaOrmLedger::migrate`] sends on one backend.
+#[derive(Debug)]
+pub(crate) struct Migration {
+    /// Taken first in each migrating transaction, so replicas starting together take turns.
+    pub(crate) lock: Option<&'static str>,
+    /// The tables and their indexes, as of this version.
+    pub(crate) schema: &'static [&'static str],
+    /// Fails on a table made by idem 0.1's first schema (no `attempt`, no `window_end`).
+    pub(crate) probe_upgrade: &'static str,
+    /// Adds what that first schema lacks.
+    pub(crate) add_columns: &'static [&'static str],
+    /// Moves the old `expires_at` (the window end) to `window_end` and gives unsettled records
+    /// the unsettled retention (the parameter, in milliseconds) on top of it.
+    pub(crate) carry: &'static str,
+    /// Adds the `subject` column (issue 11).
+    pub(crate) add_subject: Tables<AddSubject>,
+}
+
+/// Adding the `subject` column to one table.
+#[derive(Debug)]
+pub(crate) struct AddSubject {
+    /// Fails when the column is missing.
+    pub(crate) probe: &'static str,
+    /// Adds it, 0 (tenant-wide) for existing records.
+    pub(crate) add: &'static str,
+}
+
+impl Migration {
+    /// The migration of `backend`.
+    pub(crate) fn of(backend: DbBackend) -> &'static Self {
+        match backend {
+            DbBackend::Postgres => &super::postgres::MIGRATION,
+            DbBackend::MySql => &super::mysql::MIGRATION,
+            _ => &super::sqlite::MIGRATION,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DbBackend, Migration, Statements};
+
+    /// The statements every backend words alike but for its parameters and quoting, by name.
+    fn alike(backend: DbBackend) -> Vec<(&'static str, &'static str)> {
+        let (s, m) = (Statements::of(backend), Migration::of(backend));
+        vec![
+            ("read", s.read),
+            ("take_fresh", s.take_fresh),
+            ("take_unknown", s.take_unknown),
+            ("take_over", s.take_over),
+            ("renew", s.renew),
+            ("release", s.release),
+            ("complete.records.completed", s.complete.records.completed),
+            ("complete.records.failed", s.complete.records.failed),
+            ("complete.records.unknown", s.complete.records.unknown),
+            ("complete.superseded.completed", s.complete.superseded.completed),
+            ("complete.superseded.failed", s.complete.superseded.failed),
+            ("complete.superseded.unknown", s.complete.superseded.unknown),
+            ("lookup", s.lookup),
+            ("find.tenant", s.find.tenant),
+            ("find.subject", s.find.subject),
+            ("find_superseded.tenant", s.find_superseded.tenant),
+            ("find_superseded.subject", s.find_superseded.subject),
+            ("resolve.records", s.resolve.records),
+            ("resolve.superseded", s.resolve.superseded),
+            ("probe_upgrade", m.probe_upgrade),
+            ("carry", m.carry),
+        ]
+    }
+
+    /// `text` with PostgreSQL's numbered parameters as `?`.
+    fn unnumbered(text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == '$' {
+                out.push('?');
+                while chars.next_if(char::is_ascii_digit).is_some() {}
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// The three files stay in step: a statement changed on one backend is changed on all.
+    #[test]
+    fn every_backend_says_the_same() {
+        let sqlite = alike(DbBackend::Sqlite);
+        for (backend, reword) in [
+            (DbBackend::Postgres, unnumbered as fn(&str) -> String),
+            (DbBackend::MySql, |text: &str| text.replace("`key`", "key")),
+        ] {
+            for ((name, text), (_, sqlite)) in alike(backend).into_iter().zip(&sqlite) {
+                assert_eq!(reword(text), *sqlite, "{backend:?} {name}");
+            }
+        }
+    }
+
+    /// PostgreSQL numbers its parameters in the order the values are bound: `$1` to `$n`.
+    #[test]
+    fn postgres_parameters_are_numbered_in_order() {
+        for (name, text) in alike(DbBackend::Postgres) {
+            let numbers: Vec<usize> = text
+                .split('$')
+                .skip(1)
+                .map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next().unwrap())
+                .map(|digits| digits.parse().unwrap())
+                .collect();
+            let expected: Vec<usize> = (1..=numbers.len()).collect();
+            assert_eq!(numbers, expected, "{name}");
+        }
+    }
+}
