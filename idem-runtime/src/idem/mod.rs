@@ -1,0 +1,36 @@
+//! The [`Idem`] handle and the orchestration it runs: derive, claim, run, record, replay.
+//!
+//! One job per file, in the order a call meets them:
+//!
+//! - `handle`: the handle itself — its ledger, clock, limits and defaults, the builders that set
+//!   them, and where handlers find it ([`HasIdem`], [`Idem::install`]); a tool's namespace and
+//!   the registry that keeps two recipes from sharing keys.
+//! - `keyring`: the secrets a handle keys with, resolved once per configuration.
+//! - `arguments`: a call's arguments as its recipe selects them, and the scope they are keyed in.
+//! - `time`: ledger time — this handle's clock measured against the ledger's.
+//! - `call`: one call, top to bottom: arguments → key → claim → handler → record → answer.
+//! - `operation`: what a running handler sees: its [`Operation`] and its caller.
+//! - `background`: work beside a call (the lease renewer) and after it (releases of lost
+//!   claims, completion retries), bounded per handle.
+//! - `stored`: the stored-result format, its size limit and its seal ([`ResultSeal`]).
+//! - `admin`: the operator's paths: [`Idem::status`], [`Idem::resolve`], [`Idem::sweep`].
+
+mod admin;
+mod arguments;
+mod background;
+mod call;
+mod handle;
+mod keyring;
+mod operation;
+mod stored;
+mod time;
+
+pub use admin::StatusError;
+pub(crate) use arguments::CallArguments;
+pub use call::{Reconciled, Served};
+pub use handle::{
+    DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
+    DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem,
+};
+pub use operation::{Operation, current_caller, current_operation, with_caller};
+pub use stored::ResultSeal;
