@@ -200,36 +200,6 @@ impl Idem {
             }
         }
     }
-
-    /// One completion: `Ok(true)` if the claim was superseded, `Ok(false)` once recorded. With
-    /// `give_back`, the claim's release instead. (Also what the background retries send.)
-    pub(super) async fn complete_once(
-        &self,
-        request: &ClaimRequest,
-        outcome: &Outcome,
-        recorded: bool,
-        give_back: bool,
-    ) -> Result<bool, LedgerError> {
-        let keep_until = self.keep_until(self.inner.grace);
-        let ending = if give_back {
-            self.inner.ledger.release(&request.key, request.token)
-        } else {
-            self.inner.ledger.complete(&request.key, request.token, outcome.clone(), keep_until)
-        };
-        match self.bounded(ending).await {
-            Ok(()) => Ok(false),
-            Err(LedgerError::Fenced) if recorded => {
-                tracing::debug!(reference = %request.key.reference(), "recorded in the handler's own transaction");
-                Ok(false)
-            }
-            Err(LedgerError::Fenced) => {
-                tracing::warn!(reference = %request.key.reference(),
-                    "the claim was taken over while the handler ran; its result is not recorded");
-                Ok(true)
-            }
-            Err(error) => Err(error),
-        }
-    }
 }
 
 /// One keyed attempt at a call: the claim it sends and, once won, the lease it holds.
@@ -519,6 +489,38 @@ impl<'a> Attempt<'a> {
         let reference = self.reference();
         let value = self.idem.decode::<T, E>(stored, reference)?;
         Ok(Served { value, replayed: true, reference })
+    }
+}
+
+impl Idem {
+    /// One completion: `Ok(true)` if the claim was superseded, `Ok(false)` once recorded. With
+    /// `give_back`, the claim's release instead. (Also what the background retries send.)
+    pub(super) async fn complete_once(
+        &self,
+        request: &ClaimRequest,
+        outcome: &Outcome,
+        recorded: bool,
+        give_back: bool,
+    ) -> Result<bool, LedgerError> {
+        let keep_until = self.keep_until(self.inner.grace);
+        let ending = if give_back {
+            self.inner.ledger.release(&request.key, request.token)
+        } else {
+            self.inner.ledger.complete(&request.key, request.token, outcome.clone(), keep_until)
+        };
+        match self.bounded(ending).await {
+            Ok(()) => Ok(false),
+            Err(LedgerError::Fenced) if recorded => {
+                tracing::debug!(reference = %request.key.reference(), "recorded in the handler's own transaction");
+                Ok(false)
+            }
+            Err(LedgerError::Fenced) => {
+                tracing::warn!(reference = %request.key.reference(),
+                    "the claim was taken over while the handler ran; its result is not recorded");
+                Ok(true)
+            }
+            Err(error) => Err(error),
+        }
     }
 }
 

@@ -288,6 +288,14 @@ impl Idem {
         self.configure(|inner| inner.namespace = Some(namespace))
     }
 
+    /// Seals every result before it is stored and opens it when read back (replays, status,
+    /// an operator's verdict): see [`ResultSeal`]. Without one, results are stored as given.
+    #[must_use]
+    pub fn with_result_seal(self, seal: impl ResultSeal) -> Self {
+        let seal: Arc<dyn ResultSeal> = Arc::new(seal);
+        self.configure(|inner| inner.seal = Some(seal))
+    }
+
     /// The namespace `recipe`'s keys are derived in.
     #[must_use]
     pub fn namespace<'a>(&'a self, recipe: &'a Recipe) -> &'a str {
@@ -322,14 +330,6 @@ impl Idem {
                 Err(rejection)
             }
         }
-    }
-
-    /// Seals every result before it is stored and opens it when read back (replays, status,
-    /// an operator's verdict): see [`ResultSeal`]. Without one, results are stored as given.
-    #[must_use]
-    pub fn with_result_seal(self, seal: impl ResultSeal) -> Self {
-        let seal: Arc<dyn ResultSeal> = Arc::new(seal);
-        self.configure(|inner| inner.seal = Some(seal))
     }
 
     /// Makes this the process-wide handle that `#[idempotent]` free functions run under
