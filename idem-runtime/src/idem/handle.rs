@@ -1,6 +1,6 @@
 //! The handle: a ledger, a clock and the limits every call runs under, the builders that set
-//! them and their defaults, and where handlers find a handle ([`HasIdem`], [`Idem::install`]).
-//! It also keeps the registry of recipes, so two tools never share keys by accident.
+//! them and their defaults. It also keeps the registry of recipes, so two tools never share keys
+//! by accident.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
@@ -80,26 +80,6 @@ pub(super) struct Inner {
 
 /// The recipes a handle has seen, per tool name: their namespace and where each is declared.
 type Registry = std::collections::HashMap<&'static str, Vec<(String, &'static std::panic::Location<'static>)>>;
-
-/// Gives `#[idempotent]` methods their [`Idem`] handle: implement it for your server type.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` does not give `#[idempotent]` methods an `Idem` handle",
-    label = "the receiver of this `#[idempotent]` method",
-    note = "implement `idem_runtime::HasIdem` for `{Self}` (return the `Idem` it holds), or name one with \
-            `#[idempotent(idem = self.idem, ...)]`"
-)]
-pub trait HasIdem {
-    /// The handle this value's idempotent methods run under.
-    fn idem(&self) -> &Idem;
-}
-
-impl HasIdem for Idem {
-    fn idem(&self) -> &Idem {
-        self
-    }
-}
-
-static INSTALLED: std::sync::RwLock<Option<Idem>> = std::sync::RwLock::new(None);
 
 impl std::fmt::Debug for Idem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -330,19 +310,6 @@ impl Idem {
                 Err(rejection)
             }
         }
-    }
-
-    /// Makes this the process-wide handle that `#[idempotent]` free functions run under
-    /// (methods use [`HasIdem`]). Replaces any handle installed before.
-    pub fn install(&self) {
-        let mut installed = INSTALLED.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *installed = Some(self.clone());
-    }
-
-    /// The handle installed with [`Idem::install`], if any.
-    #[must_use]
-    pub fn installed() -> Option<Self> {
-        INSTALLED.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// The configured local identity, if any.

@@ -1,0 +1,72 @@
+//! The [`Idem`] handle and the orchestration it runs: derive, claim, run, record, replay.
+//!
+//! One job per file, in the order a call meets them:
+//!
+//! - this file: where a handler finds its handle ([`HasIdem`] for methods, [`Idem::install`] for
+//!   free functions).
+//! - `handle`: the handle itself — its ledger, clock, limits and defaults, and the builders that
+//!   set them; a tool's namespace and the registry that keeps two recipes from sharing keys.
+//! - `keyring`: the secrets a handle keys with, resolved once per configuration.
+//! - `arguments`: a call's arguments as its recipe selects them, and the scope they are keyed in.
+//! - `time`: ledger time — this handle's clock measured against the ledger's.
+//! - `call`: one call, top to bottom: arguments → key → claim → handler → record → answer.
+//! - `operation`: what a running handler sees: its [`Operation`] and its caller.
+//! - `background`: work beside a call (the lease renewer) and after it (releases of lost
+//!   claims, completion retries), bounded per handle.
+//! - `stored`: the stored-result format, its size limit and its seal ([`ResultSeal`]).
+//! - `admin`: the operator's paths: [`Idem::status`], [`Idem::resolve`], [`Idem::sweep`].
+
+mod admin;
+mod arguments;
+mod background;
+mod call;
+mod handle;
+mod keyring;
+mod operation;
+mod stored;
+mod time;
+
+pub use admin::StatusError;
+pub(crate) use arguments::CallArguments;
+pub use call::{Reconciled, Served};
+pub use handle::{
+    DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
+    DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, Idem,
+};
+pub use operation::{Operation, current_caller, current_operation, with_caller};
+pub use stored::ResultSeal;
+
+/// Gives `#[idempotent]` methods their [`Idem`] handle: implement it for your server type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not give `#[idempotent]` methods an `Idem` handle",
+    label = "the receiver of this `#[idempotent]` method",
+    note = "implement `idem_runtime::HasIdem` for `{Self}` (return the `Idem` it holds), or name one with \
+            `#[idempotent(idem = self.idem, ...)]`"
+)]
+pub trait HasIdem {
+    /// The handle this value's idempotent methods run under.
+    fn idem(&self) -> &Idem;
+}
+
+impl HasIdem for Idem {
+    fn idem(&self) -> &Idem {
+        self
+    }
+}
+
+static INSTALLED: std::sync::RwLock<Option<Idem>> = std::sync::RwLock::new(None);
+
+impl Idem {
+    /// Makes this the process-wide handle that `#[idempotent]` free functions run under
+    /// (methods use [`HasIdem`]). Replaces any handle installed before.
+    pub fn install(&self) {
+        let mut installed = INSTALLED.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *installed = Some(self.clone());
+    }
+
+    /// The handle installed with [`Idem::install`], if any.
+    #[must_use]
+    pub fn installed() -> Option<Self> {
+        INSTALLED.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
