@@ -1,0 +1,112 @@
+//! The operator's paths: an operation's status (scoped to its caller), an operator's verdict on
+//! an operation whose outcome is unknown, and the sweep of expired records. Status and verdicts
+//! look under every secret still honoured, so a rotation hides nothing; verdicts and the sweep
+//! act on time, so only on a settled clock.
+
+use crate::key::{Ref, RefError, SubjectTag, TenantTag};
+use crate::ledger::{LedgerError, Resolution, StatusReport};
+use crate::scope::Caller;
+use crate::secret::SecretError;
+
+use super::Idem;
+use super::time::{clamp, millis};
+
+/// A status or resolve request that could not be answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StatusError {
+    /// The ref is malformed.
+    Ref(RefError),
+    /// The ledger failed or refused.
+    Ledger(LedgerError),
+    /// The handle has no usable secret.
+    Secret(SecretError),
+}
+
+impl std::fmt::Display for StatusError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ref(error) => error.fmt(f),
+            Self::Ledger(error) => error.fmt(f),
+            Self::Secret(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StatusError {}
+
+impl Idem {
+    /// The status of operation `reference`, if the caller may see it: its own operations, and
+    /// those of its tenant made with `scope = "tenant"`. Never another subject's.
+    ///
+    /// # Errors
+    /// A malformed ref, or the ledger's failure.
+    pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
+        let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
+        let keyring = self.keyring().map_err(StatusError::Secret)?;
+        let (now, _) = self.ledger_time().await.map_err(StatusError::Ledger)?;
+        for secret in keyring.all() {
+            let tenant = TenantTag::of(secret, caller.tenant());
+            let subject = SubjectTag::of(secret, caller.tenant(), caller.subject());
+            let report =
+                self.inner.ledger.status(tenant, subject, reference, now).await.map_err(StatusError::Ledger)?;
+            if let Some(mut report) = report {
+                // An unopenable result is not shown (the error is logged); its state still is.
+                report.result = report.result.and_then(|stored| self.open(stored, report.reference).ok());
+                return Ok(Some(report));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Settles an unknown (or dead-holder) operation of the caller's tenant: the operator path
+    /// out of "outcome unknown". The verdict stays readable (and a completed one replayable)
+    /// for the verdict retention at least.
+    ///
+    /// # Errors
+    /// A malformed ref, no such operation, or one that is not unknown.
+    pub async fn resolve(&self, caller: &Caller, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
+        let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
+        let keyring = self.keyring().map_err(StatusError::Secret)?;
+        // A resolve acts on time (is the holder's lease over?): only on a settled clock.
+        let now = self.trusted_time().await.map_err(StatusError::Ledger)?;
+        let keep_until = clamp(now.saturating_add(millis(self.inner.verdict_retention)));
+        let resolution = match resolution {
+            Resolution::Completed(plain) => {
+                let sealed = self
+                    .seal(plain)
+                    .map_err(|error| StatusError::Ledger(LedgerError::Corrupt { detail: error.to_string() }))?;
+                Resolution::Completed(sealed)
+            }
+            other => other,
+        };
+        let mut answer = Err(LedgerError::NotFound);
+        for secret in keyring.all() {
+            let tenant = TenantTag::of(secret, caller.tenant());
+            answer = self.inner.ledger.resolve(tenant, reference, resolution.clone(), now, keep_until).await;
+            if answer != Err(LedgerError::NotFound) {
+                break;
+            }
+        }
+        answer.map_err(StatusError::Ledger)
+    }
+
+    /// Deletes expired records, `batch` at a time, until none are left; returns how many.
+    ///
+    /// # Errors
+    /// The ledger's failure; records deleted before it stay deleted.
+    pub async fn sweep(&self, batch: usize) -> Result<usize, LedgerError> {
+        let batch = batch.max(1);
+        let mut total = 0;
+        loop {
+            // A sweep deletes by time: only on a settled clock.
+            let now = self.trusted_time().await?;
+            let swept = self.inner.ledger.sweep(now, batch).await?;
+            total += swept;
+            if swept < batch {
+                tracing::debug!(swept = total, "sweep done");
+                return Ok(total);
+            }
+        }
+    }
+}

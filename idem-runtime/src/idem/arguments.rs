@@ -1,0 +1,108 @@
+//! A call's arguments as its recipe sees them: every argument by name (the fingerprint's
+//! input), the key's arguments by path, the task id — and the scope and moment a key is
+//! derived in ([`Derive`]).
+
+use serde_json::{Map, Value};
+
+use crate::canonical::CanonicalError;
+use crate::key::Key;
+use crate::recipe::{Recipe, ScopeRule};
+use crate::rejection::Rejection;
+use crate::scope::{Caller, Scope};
+
+use super::Idem;
+use super::keyring::no_secret;
+
+/// A call's arguments, split the way a recipe needs them.
+#[derive(Debug, Default)]
+pub(crate) struct CallArguments<'a> {
+    /// Every argument by name (the fingerprint's input; ignored names are dropped there).
+    pub(crate) all: std::borrow::Cow<'a, Map<String, Value>>,
+    /// The key's arguments by path.
+    pub(crate) selected: Map<String, Value>,
+    /// The task id, for `ScopeRule::Task`.
+    pub(crate) task: Option<Value>,
+}
+
+impl<'a> CallArguments<'a> {
+    /// Splits a JSON object of arguments by the recipe's paths.
+    pub(super) fn from_json(recipe: &Recipe, arguments: &'a Value) -> Result<Self, Rejection> {
+        let Value::Object(all) = arguments else {
+            return Err(Rejection::InvalidArguments {
+                error: CanonicalError::Invalid { message: "the arguments must be a JSON object".to_owned() },
+            });
+        };
+        // A missing or null key path is refused: as `null` it would make every call without it
+        // (a typo, a forgetful client) one operation. Only the recipe's optional key paths take
+        // "absent" as a value, and then absent and null are one value.
+        let mut selected = Map::with_capacity(recipe.key_paths().len());
+        for path in recipe.key_paths() {
+            let value = match lookup(all, path) {
+                Some(value) if !value.is_null() => value.clone(),
+                _ if recipe.is_optional_key(path) => Value::Null,
+                _ => {
+                    return Err(Rejection::InvalidArguments {
+                        error: CanonicalError::MissingKey { path: (*path).to_owned() },
+                    });
+                }
+            };
+            selected.insert((*path).to_owned(), value);
+        }
+        let task = match recipe.scope_rule() {
+            ScopeRule::Task(path) => lookup(all, path).cloned(),
+            _ => None,
+        };
+        Ok(Self { all: std::borrow::Cow::Borrowed(all), selected, task })
+    }
+}
+
+/// The value at a dotted argument path (`"customer.id"`).
+fn lookup<'a>(arguments: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
+    let mut segments = path.split('.');
+    let first = arguments.get(segments.next()?)?;
+    segments.try_fold(first, |value, segment| value.as_object()?.get(segment))
+}
+
+/// What a claim is derived from, apart from the secret.
+pub(super) struct Derive<'r, 'a, 's> {
+    pub(super) recipe: &'r Recipe,
+    pub(super) scope: &'s Scope,
+    pub(super) arguments: &'a CallArguments<'a>,
+    /// Ledger time when the call is claimed.
+    pub(super) now: u64,
+    /// Whether `now` can be acted on (see [`crate::ledger::ClaimRequest::clock_trusted`]).
+    pub(super) clock_trusted: bool,
+}
+
+/// The scope `recipe` keys a call of `caller` in.
+pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArguments<'_>) -> Result<Scope, Rejection> {
+    Ok(match (recipe.scope_rule(), &arguments.task) {
+        (ScopeRule::Tenant, _) => Scope::tenant(caller),
+        (ScopeRule::Task(_), Some(task)) if !task.is_null() => Scope::task(caller, task.clone()),
+        (ScopeRule::Task(path), _) => {
+            return Err(Rejection::InvalidArguments {
+                error: CanonicalError::Invalid {
+                    message: format!("the task id argument `{path}` is missing; the key's scope needs it"),
+                },
+            });
+        }
+        _ => Scope::caller(caller),
+    })
+}
+
+impl Idem {
+    /// The key a call of `recipe` by `caller` with `arguments` (a JSON object, as for
+    /// [`Idem::call`]) has under this handle's current secret: what the handler would see as
+    /// [`Operation::key`](super::Operation::key), and whose [`Key::reference`] the caller would
+    /// be given. For operators and tests; a secret-less derivation does not exist.
+    ///
+    /// # Errors
+    /// As [`Idem::call`] refuses: no secret, invalid arguments, a missing task id.
+    pub fn key_of(&self, recipe: &Recipe, caller: &Caller, arguments: &Value) -> Result<Key, Rejection> {
+        let keyring = self.keyring().map_err(|error| no_secret(&error))?;
+        let arguments = CallArguments::from_json(recipe, arguments)?;
+        let scope = scope_of(recipe, caller, &arguments)?;
+        Key::derive(&keyring.current, self.namespace(recipe), &scope, recipe.tool(), &arguments.selected)
+            .map_err(|error| Rejection::InvalidArguments { error })
+    }
+}

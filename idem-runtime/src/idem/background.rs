@@ -1,0 +1,183 @@
+//! Work beside a call and after it: the renewer that keeps a running handler's lease, the
+//! release of a claim whose answer was lost, and the retries of a completion the ledger did not
+//! take at once. Each handle runs at most [`BACKGROUND_JOBS`] releases and retries at once;
+//! past that, a claim is left to run out its lease.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::key::Key;
+use crate::ledger::{ClaimRequest, LedgerError, Outcome, Token};
+
+use super::Idem;
+use super::operation::LeaseState;
+use super::time::millis;
+
+/// How many times a lost claim's release is tried.
+const RELEASE_TRIES: u32 = 8;
+/// How many background ledger jobs (releasing a lost claim, retrying a completion) one handle
+/// runs at once; past this, a lost claim is left to its lease.
+pub(super) const BACKGROUND_JOBS: usize = 32;
+
+impl Idem {
+    /// Runs `future` (the handler, or a reconcile function) while a task of its own renews the
+    /// claim's lease, so a long run keeps its claim — even a handler that blocks its thread —
+    /// and a refused renewal shows in [`Operation::lease_lost`](super::Operation::lease_lost).
+    /// A panic is caught and handed back.
+    pub(super) async fn drive<F: Future>(
+        &self,
+        request: &ClaimRequest,
+        lease: &Arc<LeaseState>,
+        recorded: &Arc<AtomicBool>,
+        future: F,
+    ) -> std::thread::Result<F::Output> {
+        let mut future = CatchUnwind(Box::pin(future));
+        // A future that finishes on its first poll needs no renewals.
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx))).await;
+        if let std::task::Poll::Ready(output) = first {
+            return output;
+        }
+        let renewal = self.clone().renew(request.key, request.token, Arc::clone(lease), Arc::clone(recorded));
+        let _stop = AbortOnDrop(tokio::spawn(renewal));
+        // Let the renewer start (and set its timer) before the handler goes on: a handler that
+        // then blocks its thread would otherwise keep a task spawned on this thread from ever
+        // starting.
+        tokio::task::yield_now().await;
+        future.await
+    }
+
+    /// Renews the lease every third of it until stopped, the handler recorded its result itself,
+    /// or the ledger refuses (the claim is someone else's now).
+    async fn renew(self, key: Key, token: Token, lease: Arc<LeaseState>, recorded: Arc<AtomicBool>) {
+        let every = self.inner.lease / 3;
+        // The claim may have taken a while to answer: renew as soon as less than two thirds of
+        // the lease is left, not a full third of a lease after the handler started.
+        let left = lease.until.load(Ordering::SeqCst).saturating_sub(self.ledger_now());
+        let mut pause = Duration::from_millis(left.saturating_sub(millis(self.inner.lease * 2 / 3))).min(every);
+        loop {
+            tokio::time::sleep(pause).await;
+            pause = every;
+            if recorded.load(Ordering::SeqCst) {
+                return;
+            }
+            let until = self.keep_until(self.inner.lease);
+            match self.bounded(self.inner.ledger.renew(&key, token, until)).await {
+                Ok(()) => lease.until.fetch_max(until, Ordering::SeqCst),
+                Err(LedgerError::Fenced) => {
+                    tracing::warn!(reference = %key.reference(), "lease renewal refused: the claim is no longer ours");
+                    lease.fenced.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(reference = %key.reference(), %error, "lease renewal failed");
+                    continue;
+                }
+            };
+        }
+    }
+
+    /// The claim may have committed before its answer was lost. Undo it — fenced by our token,
+    /// and only what it did: a fresh claim becomes failed, a takeover gives its lease back — so
+    /// the retry the caller was told is safe runs instead of hearing "in flight" although
+    /// nothing ran. In the background, at most [`RELEASE_TRIES`] times with growing pauses,
+    /// stopping at the first answer; at most [`BACKGROUND_JOBS`] at once per handle, past which
+    /// the claim is left to run out its lease.
+    pub(super) fn release_lost_claim(&self, request: &ClaimRequest) {
+        let (key, token) = (request.key, request.token);
+        let Ok(permit) = Arc::clone(&self.inner.background).try_acquire_owned() else {
+            tracing::warn!(reference = %key.reference(), "too much background work; a lost claim is left to its lease");
+            return;
+        };
+        let idem = self.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            // A few tries, spread over about a lease (and at least a few seconds, for a ledger
+            // coming back from an outage).
+            let mut pause = (idem.inner.lease / 16).max(Duration::from_millis(20));
+            for attempt in 1..=RELEASE_TRIES {
+                match idem.bounded(idem.inner.ledger.release(&key, token)).await {
+                    Ok(()) => {
+                        tracing::info!(reference = %key.reference(), "released a claim whose answer was lost");
+                        return;
+                    }
+                    // Nothing of ours to undo: the claim never committed, or is someone else's.
+                    Err(LedgerError::Fenced) => return,
+                    Err(error) if attempt == RELEASE_TRIES => {
+                        tracing::warn!(reference = %key.reference(), %error, "could not release a lost claim; \
+                            it runs out its lease");
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+        });
+    }
+
+    /// Keeps trying to record `outcome` (or with `give_back`, to release the claim) after the
+    /// caller has its answer, with growing pauses, until the lease would have run out twice
+    /// over: a late result is still recorded under `hold` (its record went unknown, not to
+    /// someone else), and a recorded result is what every repeat needs.
+    pub(super) fn keep_recording(
+        &self,
+        request: &ClaimRequest,
+        lease: &LeaseState,
+        outcome: Outcome,
+        recorded: bool,
+        give_back: bool,
+    ) {
+        let reference = request.key.reference();
+        let Ok(permit) = Arc::clone(&self.inner.background).try_acquire_owned() else {
+            tracing::error!(%reference, "could not record the outcome, and too much background work to keep trying");
+            return;
+        };
+        let (idem, request) = (self.clone(), request.clone());
+        let until = lease.until.load(Ordering::SeqCst).saturating_add(millis(self.inner.lease));
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut pause = Duration::from_millis(500);
+            while idem.ledger_now() < until {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                match idem.complete_once(&request, &outcome, recorded, give_back).await {
+                    Ok(_) => return,
+                    Err(LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. }) => {}
+                    Err(error) => {
+                        tracing::error!(reference = %request.key.reference(), %error, "could not record the outcome");
+                        return;
+                    }
+                }
+            }
+            tracing::error!(reference = %request.key.reference(), "gave up recording the outcome; its record \
+                stays in progress and its lease runs out into the tool's stale policy");
+        });
+    }
+}
+
+/// Aborts a spawned task when dropped (the renewer, when its handler finishes or is dropped).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Polls a future, turning a panic into an `Err` (like `futures`' `catch_unwind`).
+struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(output)) => std::task::Poll::Ready(Ok(output)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    }
+}

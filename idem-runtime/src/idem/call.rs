@@ -1,0 +1,529 @@
+//! One call, top to bottom: its arguments → its key → the claim → the handler → the record →
+//! the answer. [`Idem::call`] and [`Idem::call_reconciling`] are the public entry points, and
+//! `#[idempotent]` enters at `Idem::execute`, which reads as the list of steps. Once a call is
+//! keyed, each step is one method of an `Attempt`: the handle, the claim it sends, and the lease
+//! it holds if it wins.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::key::{Fingerprint, Key, Ref};
+use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won};
+use crate::recipe::Recipe;
+use crate::rejection::{ErrorClass, IdempotentError, Rejection};
+use crate::scope::Caller;
+use crate::secret::Secret;
+
+use super::Idem;
+use super::arguments::{CallArguments, Derive, scope_of};
+use super::keyring::{Keyring, no_secret};
+use super::operation::{LeaseState, Operation, acting_for, current_caller, running_as};
+use super::time::{clamp, millis};
+
+/// A handler's result as idem served it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served<T> {
+    /// The result: fresh, or decoded from the stored bytes.
+    pub value: T,
+    /// Whether it was replayed from the ledger rather than produced by this call.
+    pub replayed: bool,
+    /// The operation's ref.
+    pub reference: Ref,
+}
+
+/// What a reconcile function found when asked about a stale operation.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Reconciled<T, E> {
+    /// The downstream did it; this is its result, stored and returned as if the handler had run.
+    Happened(Result<T, E>),
+    /// The downstream never saw it: run the handler now.
+    NothingHappened,
+    /// The downstream cannot tell: the operation stays unknown.
+    StillUnknown,
+}
+
+impl Idem {
+    /// Runs `handler` as the operation `recipe` derives from `caller` and `arguments`, at most
+    /// once per key, and answers repeats from the ledger. `caller` falls back to the one in
+    /// scope ([`with_caller`](super::with_caller)) and then to the local caller; with none, the
+    /// call is refused.
+    ///
+    /// `arguments` must be a JSON object of the tool's arguments by name. Build it from Rust
+    /// values with [`crate::canonical::to_value`], not `serde_json::json!`/`to_value`: those turn
+    /// NaN and infinities into `null` before idem can refuse them. (`#[idempotent]` does this.)
+    ///
+    /// # Errors
+    /// The handler's own error, or `E::from_rejection` of why it did not run.
+    pub async fn call<T, E, F, Fut>(
+        &self,
+        recipe: &Recipe,
+        caller: Option<&Caller>,
+        arguments: &Value,
+        handler: F,
+    ) -> Result<Served<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: IdempotentError,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.call_reconciling(recipe, caller, arguments, |_| async { Reconciled::StillUnknown }, handler).await
+    }
+
+    /// [`Idem::call`] for a recipe with the `reconcile` stale policy: when a claim finds a dead
+    /// holder's lease, `reconcile` asks the downstream what happened (by the operation's
+    /// idempotency key) before anything runs again.
+    ///
+    /// # Errors
+    /// As [`Idem::call`].
+    pub async fn call_reconciling<T, E, F, Fut, R, RFut>(
+        &self,
+        recipe: &Recipe,
+        caller: Option<&Caller>,
+        arguments: &Value,
+        reconcile: R,
+        handler: F,
+    ) -> Result<Served<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: IdempotentError,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        R: FnOnce(Operation) -> RFut,
+        RFut: Future<Output = Reconciled<T, E>>,
+    {
+        let arguments = CallArguments::from_json(recipe, arguments);
+        match self.execute(recipe, caller, true, arguments, reconcile, handler).await {
+            Ok(Served { value: Ok(value), replayed, reference }) => Ok(Served { value, replayed, reference }),
+            Ok(Served { value: Err(error), .. }) => Err(error),
+            Err(rejection) => Err(E::from_rejection(rejection)),
+        }
+    }
+
+    /// The orchestration behind [`Idem::call`] and `#[idempotent]`. Without a `caller`, the one
+    /// in scope or the local identity — if `fallback` (never for a request that came over
+    /// HTTP). The handler and a reconcile function run with the caller in scope.
+    pub(crate) async fn execute<T, E, F, Fut, R, RFut>(
+        &self,
+        recipe: &Recipe,
+        caller: Option<&Caller>,
+        fallback: bool,
+        arguments: Result<CallArguments<'_>, Rejection>,
+        reconcile: R,
+        handler: F,
+    ) -> Result<Served<Result<T, E>>, Rejection>
+    where
+        T: Serialize + DeserializeOwned,
+        E: IdempotentError,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        R: FnOnce(Operation) -> RFut,
+        RFut: Future<Output = Reconciled<T, E>>,
+    {
+        // Arguments → key.
+        let tool = recipe.tool();
+        self.register(recipe)?;
+        let arguments = arguments?;
+        let keyring = self.keyring().map_err(|error| no_secret(&error))?;
+        let caller = self.caller(caller, fallback)?;
+        let scope = scope_of(recipe, &caller, &arguments)?;
+        let (now, clock_trusted) = self.ledger_time().await.map_err(|error| {
+            tracing::error!(tool, %error, "the ledger's clock could not be read; handler not run");
+            unavailable(&error)
+        })?;
+        let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
+        // Key → claim.
+        let mut attempt = Attempt::prepare(self, &keyring.current, &at)?;
+        let mut claim = attempt.claim().await?;
+        if matches!(claim, Claim::Won { attempt: Won::Fresh, .. })
+            && let Some(earlier) = attempt.earlier_operation(&keyring, &at).await?
+        {
+            (attempt, claim) = earlier;
+        }
+        // A claim that did not win is answered from the ledger.
+        let reference = attempt.reference();
+        let (won, window_end) = match claim {
+            Claim::Won { attempt: won, window_end } => (won, window_end),
+            Claim::Replay { result } => {
+                tracing::info!(tool, %reference, "replay");
+                return attempt.replay(result);
+            }
+            Claim::InFlight { .. } => {
+                tracing::info!(tool, %reference, "in flight");
+                return Err(Rejection::InFlight { reference });
+            }
+            Claim::Unknown => {
+                tracing::warn!(tool, %reference, "outcome unknown");
+                return Err(Rejection::OutcomeUnknown { reference });
+            }
+            Claim::Conflict { arg_tags } => {
+                let (differing, missing) = attempt.fingerprint.differing(&arg_tags);
+                tracing::warn!(tool, %reference, ?differing, missing, "conflict");
+                return Err(Rejection::Conflict { reference, differing, missing });
+            }
+        };
+        // Claim → handler.
+        let operation = attempt.operation(won, window_end);
+        if operation.lease_lost() {
+            // The answer came after the lease it granted ran out: another replica may hold the
+            // operation by now. Give the claim back (fenced by our token) and run nothing.
+            tracing::error!(tool, %reference, "the claim was answered after its lease ended; handler not run");
+            self.release_lost_claim(&attempt.request);
+            return Err(Rejection::ledger_unavailable(format!("ref {reference}: the ledger answered too late")));
+        }
+        let result = attempt.perform(won, operation, &caller, reconcile, handler).await?;
+        // Handler → record → answer.
+        let (value, fenced) = attempt.record(result, won).await;
+        if fenced && let Some(stored) = attempt.stored_result(window_end).await {
+            // Superseded: the answer is the new holder's, the one every repeat gets too.
+            return attempt.replay(stored);
+        }
+        Ok(Served { value, replayed: false, reference })
+    }
+
+    /// The caller of a call: the one given, else (with `fallback`) the one in scope
+    /// ([`with_caller`](super::with_caller), an outer idempotent handler's), else the local
+    /// identity; none: refused.
+    fn caller<'c>(&self, caller: Option<&'c Caller>, fallback: bool) -> Result<Cow<'c, Caller>, Rejection> {
+        match caller {
+            Some(caller) => Ok(Cow::Borrowed(caller)),
+            None if !fallback => Err(Rejection::NoCaller),
+            None => {
+                current_caller().or_else(|| self.inner.local_caller.clone()).map(Cow::Owned).ok_or(Rejection::NoCaller)
+            }
+        }
+    }
+}
+
+/// One keyed attempt at a call: the claim it sends and, once won, the lease it holds.
+struct Attempt<'a> {
+    idem: &'a Idem,
+    tool: &'static str,
+    /// The claim, derived under one secret.
+    request: ClaimRequest,
+    /// The arguments' fingerprint, to name what differs in a conflict.
+    fingerprint: Fingerprint<'a>,
+    /// What the renewer knows of the lease, once the claim is won.
+    lease: Arc<LeaseState>,
+    /// Set once the handler recorded the result in its own transaction.
+    recorded: Arc<AtomicBool>,
+}
+
+impl<'a> Attempt<'a> {
+    /// Derives the claim for a call under `secret`, or the rejection that stops it before the
+    /// ledger.
+    fn prepare(idem: &'a Idem, secret: &Secret, at: &Derive<'_, 'a, '_>) -> Result<Self, Rejection> {
+        let invalid = |error| Rejection::InvalidArguments { error };
+        let recipe = at.recipe;
+        let (all, selected) = (&*at.arguments.all, &at.arguments.selected);
+        let key = Key::derive(secret, idem.namespace(recipe), at.scope, recipe.tool(), selected).map_err(invalid)?;
+        let fingerprint = Fingerprint::of(secret, all, recipe.ignored()).map_err(invalid)?;
+        let window = recipe.window_duration().unwrap_or(idem.inner.retention);
+        let now = at.now;
+        let window_end = clamp(now.saturating_add(millis(window)));
+        let request = ClaimRequest {
+            key,
+            tenant: at.scope.tenant_tag(secret),
+            subject: at.scope.subject_tag(secret),
+            fingerprint: fingerprint.digest,
+            arg_tags: fingerprint.tags.clone(),
+            token: Token::random(),
+            now,
+            window_end,
+            expires_at: clamp(window_end.saturating_add(millis(idem.inner.unsettled_retention))),
+            lease_until: clamp(now.saturating_add(millis(idem.inner.lease))),
+            stale: recipe.stale_policy(),
+            clock_trusted: at.clock_trusted,
+        };
+        let lease = LeaseState { until: AtomicU64::new(request.lease_until), fenced: AtomicBool::new(false) };
+        Ok(Self { idem, tool: recipe.tool(), request, fingerprint, lease: Arc::new(lease), recorded: Arc::default() })
+    }
+
+    fn reference(&self) -> Ref {
+        self.request.key.reference()
+    }
+
+    /// Sends the claim; a claim that fails is sent once more with the same token (a pooled
+    /// connection the server dropped fails one statement; if the first send committed, the
+    /// ledger recognises it as ours and says how it won). A claim that still fails after a send
+    /// whose answer was lost is released in the background.
+    async fn claim(&self) -> Result<Claim, Rejection> {
+        let (idem, request) = (self.idem, &self.request);
+        let reference = request.key.reference();
+        let first = idem.bounded(idem.inner.ledger.claim(request)).await;
+        let (claim, ambiguous) = match first {
+            Err(error @ (LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. })) => {
+                let again = idem.bounded(idem.inner.ledger.claim(request)).await;
+                let ambiguous = error.is_ambiguous() || again.as_ref().is_err_and(LedgerError::is_ambiguous);
+                (again, ambiguous)
+            }
+            other => (other, false),
+        };
+        claim.map_err(|error| {
+            tracing::error!(%reference, %error, ambiguous, "ledger unavailable; handler not run");
+            if ambiguous {
+                idem.release_lost_claim(request);
+            }
+            unavailable(&error)
+        })
+    }
+
+    /// After a fresh claim under the current secret: an operation recorded under a previous
+    /// secret (before a rotation) that is still live is this call's operation. The fresh claim
+    /// is given back and the call is answered by that record. `None`: there is none.
+    ///
+    /// Every replica claims first and looks second, so of two replicas keying one operation
+    /// under different secrets at once, at least one sees the other's claim and yields; if both
+    /// do, neither runs and the caller is told to ask again.
+    async fn earlier_operation(
+        &self,
+        keyring: &Keyring,
+        at: &Derive<'_, 'a, '_>,
+    ) -> Result<Option<(Self, Claim)>, Rejection> {
+        for secret in &keyring.previous {
+            let earlier = Self::prepare(self.idem, secret, at)?;
+            let found = match self.idem.bounded(self.idem.inner.ledger.lookup(&earlier.request.key, at.now)).await {
+                Ok(found) => found,
+                Err(error) => {
+                    tracing::error!(reference = %self.reference(), %error, "ledger unavailable; handler not run");
+                    self.give_back().await;
+                    return Err(unavailable(&error));
+                }
+            };
+            // Live as `RecordView::judge` sees it: an unsettled record is over only once its
+            // holder's lease has lapsed, its window has ended, and this clock can be trusted.
+            let live = found.is_some_and(|report| match report.state {
+                State::Completed => true,
+                State::InProgress => !report.lease_expired || report.window_end > at.now || !at.clock_trusted,
+                State::Unknown => report.window_end > at.now || !at.clock_trusted,
+                _ => false,
+            });
+            if !live {
+                continue;
+            }
+            tracing::info!(reference = %earlier.reference(), version = secret.version(),
+                "the operation was recorded under a previous secret; answering from that record");
+            self.give_back().await;
+            let claim = earlier.claim().await?;
+            if matches!(claim, Claim::Won { attempt: Won::Fresh, .. }) {
+                // It settled as "nothing happened" meanwhile, or its claimer yielded to ours:
+                // running now could race a replica that keys it under the other secret.
+                earlier.give_back().await;
+                return Err(Rejection::InFlight { reference: earlier.reference() });
+            }
+            return Ok(Some((earlier, claim)));
+        }
+        Ok(None)
+    }
+
+    /// Gives a fresh claim back (it becomes "failed": nothing ran), in the background if the
+    /// ledger does not answer at once.
+    async fn give_back(&self) {
+        let (idem, request) = (self.idem, &self.request);
+        match idem.bounded(idem.inner.ledger.release(&request.key, request.token)).await {
+            Ok(()) | Err(LedgerError::Fenced) => {}
+            Err(_) => idem.release_lost_claim(request),
+        }
+    }
+
+    /// The operation a won claim runs as: what the handler (or reconcile function) sees.
+    fn operation(&self, won: Won, window_end: u64) -> Operation {
+        Operation {
+            key: self.request.key,
+            tool: self.tool,
+            attempt: won,
+            token: self.request.token,
+            window_end,
+            idem: self.idem.clone(),
+            lease: Arc::clone(&self.lease),
+            recorded: Arc::clone(&self.recorded),
+        }
+    }
+
+    /// Runs what the claim won: the handler, or for a dead holder's claim under `reconcile`,
+    /// first the reconcile function, and the handler only if it found nothing happened.
+    ///
+    /// # Errors
+    /// The reconcile function could not tell: the operation is recorded (and answered) as unknown.
+    async fn perform<T, E, F, Fut, R, RFut>(
+        &self,
+        won: Won,
+        operation: Operation,
+        caller: &Caller,
+        reconcile: R,
+        handler: F,
+    ) -> Result<Result<T, E>, Rejection>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        R: FnOnce(Operation) -> RFut,
+        RFut: Future<Output = Reconciled<T, E>>,
+    {
+        let (tool, reference) = (self.tool, self.reference());
+        Ok(match won {
+            Won::Reconcile => {
+                tracing::warn!(tool, %reference, "stale lease; reconciling with the downstream");
+                let asked = acting_for(caller.clone(), reconcile(operation.clone()));
+                match self.idem.drive(&self.request, &self.lease, &self.recorded, asked).await {
+                    Err(panic) => self.unwind(panic).await,
+                    Ok(Reconciled::Happened(result)) => result,
+                    Ok(Reconciled::NothingHappened) => self.run(operation, caller, handler).await,
+                    Ok(Reconciled::StillUnknown) => {
+                        self.finish(Outcome::Unknown, false).await;
+                        return Err(Rejection::OutcomeUnknown { reference });
+                    }
+                }
+            }
+            Won::Takeover => {
+                tracing::warn!(tool, %reference, "stale lease taken over; running again under a new token");
+                self.run(operation, caller, handler).await
+            }
+            Won::Fresh => {
+                tracing::debug!(tool, %reference, "claimed");
+                self.run(operation, caller, handler).await
+            }
+        })
+    }
+
+    /// Runs the handler as `operation` of `caller` (in scope for everything it calls) under
+    /// `Idem::drive`, which renews the lease meanwhile. A panic records the outcome as unknown
+    /// (the effect may have happened) and then continues unwinding.
+    async fn run<T, E, F, Fut>(&self, operation: Operation, caller: &Caller, handler: F) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let handler = running_as(operation, caller.clone(), handler());
+        match self.idem.drive(&self.request, &self.lease, &self.recorded, handler).await {
+            Ok(result) => result,
+            Err(panic) => self.unwind(panic).await,
+        }
+    }
+
+    async fn unwind(&self, panic: Box<dyn std::any::Any + Send>) -> ! {
+        tracing::error!(reference = %self.reference(), "the handler panicked; recording the outcome as unknown");
+        self.finish(Outcome::Unknown, false).await;
+        std::panic::resume_unwind(panic)
+    }
+
+    /// Stores the handler's result per its classification and hands it back.
+    /// Returns the result and whether its completion was refused because the claim had been
+    /// taken over meanwhile.
+    async fn record<T, E>(&self, result: Result<T, E>, won: Won) -> (Result<T, E>, bool)
+    where
+        T: Serialize,
+        E: IdempotentError,
+    {
+        let recorded = self.recorded.load(Ordering::SeqCst);
+        let reference = self.reference();
+        let outcome = match &result {
+            Ok(value) => self.idem.completion::<T, E>(reference, Ok(value)),
+            Err(error) => match error.classify() {
+                ErrorClass::NothingHappened => Outcome::Failed,
+                ErrorClass::Final => self.idem.completion::<T, E>(reference, Err(error)),
+                ErrorClass::Unknown => Outcome::Unknown,
+            },
+        };
+        // "Nothing happened" from a run that took over (or reconciled and ran) speaks for this run
+        // only: the holder it replaced may have acted — or may still, if it is alive but late.
+        // Give the lease back instead, so the operation stays in progress (same window, same
+        // forwarded key) and its stale policy decides again.
+        let give_back = outcome == Outcome::Failed && won != Won::Fresh;
+        let fenced = self.finish_with(outcome, recorded, give_back).await;
+        (result, fenced)
+    }
+
+    /// Completes the claim. A failure here is logged, never hidden behind the caller's result:
+    /// the effect happened. A few quick retries while the caller waits, then more in the
+    /// background until the lease would have run out twice over — a late result is still
+    /// recorded under `hold` (its record went unknown, not to someone else), and a
+    /// recorded result is what every repeat needs.
+    /// Returns whether the claim turned out to be superseded (fenced) — its holder's result was
+    /// not recorded.
+    async fn finish(&self, outcome: Outcome, recorded: bool) -> bool {
+        self.finish_with(outcome, recorded, false).await
+    }
+
+    /// [`Attempt::finish`], or with `give_back` the claim's release instead of its completion.
+    async fn finish_with(&self, outcome: Outcome, recorded: bool, give_back: bool) -> bool {
+        let reference = self.reference();
+        for pause in [50, 250, 0] {
+            match self.idem.complete_once(&self.request, &outcome, recorded, give_back).await {
+                Ok(fenced) => return fenced,
+                Err(LedgerError::Unavailable { detail } | LedgerError::Ambiguous { detail }) => {
+                    tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                Err(error) => {
+                    tracing::error!(%reference, %error, "could not record the outcome");
+                    return false;
+                }
+            }
+        }
+        self.idem.keep_recording(&self.request, &self.lease, outcome, recorded, give_back);
+        false
+    }
+
+    /// The stored result of the operation that ends its window at `window_end`, read by its full
+    /// key, if the ledger has one — never a later operation's under the same key.
+    async fn stored_result(&self, window_end: u64) -> Option<Vec<u8>> {
+        let idem = self.idem;
+        match idem.bounded(idem.inner.ledger.lookup(&self.request.key, idem.ledger_now())).await {
+            Ok(Some(report)) if report.state == State::Completed && report.window_end == window_end => report.result,
+            _ => None,
+        }
+    }
+
+    /// The answer from a stored result: the first run's, marked as a replay.
+    fn replay<T: DeserializeOwned, E: IdempotentError>(
+        &self,
+        stored: Vec<u8>,
+    ) -> Result<Served<Result<T, E>>, Rejection> {
+        let reference = self.reference();
+        let value = self.idem.decode::<T, E>(stored, reference)?;
+        Ok(Served { value, replayed: true, reference })
+    }
+}
+
+impl Idem {
+    /// One completion: `Ok(true)` if the claim was superseded, `Ok(false)` once recorded. With
+    /// `give_back`, the claim's release instead. (Also what the background retries send.)
+    pub(super) async fn complete_once(
+        &self,
+        request: &ClaimRequest,
+        outcome: &Outcome,
+        recorded: bool,
+        give_back: bool,
+    ) -> Result<bool, LedgerError> {
+        let keep_until = self.keep_until(self.inner.grace);
+        let ending = if give_back {
+            self.inner.ledger.release(&request.key, request.token)
+        } else {
+            self.inner.ledger.complete(&request.key, request.token, outcome.clone(), keep_until)
+        };
+        match self.bounded(ending).await {
+            Ok(()) => Ok(false),
+            Err(LedgerError::Fenced) if recorded => {
+                tracing::debug!(reference = %request.key.reference(), "recorded in the handler's own transaction");
+                Ok(false)
+            }
+            Err(LedgerError::Fenced) => {
+                tracing::warn!(reference = %request.key.reference(),
+                    "the claim was taken over while the handler ran; its result is not recorded");
+                Ok(true)
+            }
+            Err(error) => Err(error),
+        }
+    }
+}
+
+fn unavailable(error: &LedgerError) -> Rejection {
+    Rejection::ledger_unavailable(error)
+}

@@ -1,0 +1,192 @@
+//! What a handler sees while it runs: its [`Operation`] (the key to forward downstream, the
+//! fencing token, whether the lease is still held) and its caller, both task-local. A handler
+//! runs as its caller, so operations nested in it are that caller's too.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
+
+use crate::key::{Key, Ref};
+#[cfg(feature = "sea")]
+use crate::ledger::LedgerError;
+use crate::ledger::{Token, Won};
+use crate::scope::Caller;
+
+use super::Idem;
+
+tokio::task_local! {
+    static OPERATION: Operation;
+    static CALLER: Caller;
+}
+
+/// The operation a handler is running as: read it with [`current_operation`] and forward
+/// [`Operation::idempotency_key`] to the system that owns the side effect (an
+/// `Idempotency-Key` header, a processor's reference field). Only that system can close the
+/// window between the effect and the record.
+#[derive(Debug, Clone)]
+pub struct Operation {
+    pub(super) key: Key,
+    pub(super) tool: &'static str,
+    pub(super) attempt: Won,
+    pub(super) token: Token,
+    /// When the operation's window ends; with the key, it names this operation downstream.
+    pub(super) window_end: u64,
+    /// The handle it runs under (its clock, limits and grace).
+    pub(super) idem: Idem,
+    /// What the renewer knows of the lease.
+    pub(super) lease: Arc<LeaseState>,
+    /// Set once the handler recorded the result in its own transaction.
+    #[cfg_attr(
+        not(feature = "sea"),
+        expect(dead_code, reason = "only `complete_in`, on a SQL backend, records in the handler's transaction")
+    )]
+    pub(super) recorded: Arc<AtomicBool>,
+}
+
+/// The lease as the renewer last saw it.
+#[derive(Debug)]
+pub(super) struct LeaseState {
+    /// Until when the ledger confirmed the lease (ledger time).
+    pub(super) until: AtomicU64,
+    /// The ledger refused a renewal: the claim was taken over or settled by someone else.
+    pub(super) fenced: AtomicBool,
+}
+
+impl Operation {
+    /// The operation's ledger key. It is the same in every window; forward
+    /// [`Operation::idempotency_key`] downstream instead.
+    #[must_use]
+    pub const fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The key to forward to the system that owns the side effect (an `Idempotency-Key`
+    /// header, a processor's reference field): 64 hex digits naming this operation in this
+    /// window. A takeover of a dead holder's claim forwards the same value, so the downstream
+    /// can dedupe it; a new operation after the window ended forwards a new one, so a
+    /// downstream that keeps keys longer than the window does not replay an older operation.
+    #[must_use]
+    pub fn idempotency_key(&self) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(b"idem/v2/operation\0");
+        hasher.update(self.key.as_bytes());
+        hasher.update(self.window_end.to_be_bytes());
+        hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// The short ref callers are given.
+    #[must_use]
+    pub fn reference(&self) -> Ref {
+        self.key.reference()
+    }
+
+    /// The tool's name.
+    #[must_use]
+    pub const fn tool(&self) -> &'static str {
+        self.tool
+    }
+
+    /// The fencing token this run holds the claim with.
+    #[must_use]
+    pub const fn token(&self) -> Token {
+        self.token
+    }
+
+    /// When this operation's window ends (milliseconds since the Unix epoch, ledger time).
+    #[must_use]
+    pub const fn window_end(&self) -> u64 {
+        self.window_end
+    }
+
+    /// Whether this run may no longer hold its claim: a renewal was refused (another replica
+    /// took the operation over, or an operator settled it), or no renewal has been confirmed
+    /// for the whole lease (the ledger is unreachable, or this process was paused). Ask before
+    /// an effect that the downstream cannot dedupe: if it is `true`, return an error that says
+    /// nothing happened instead of acting.
+    #[must_use]
+    pub fn lease_lost(&self) -> bool {
+        self.lease.fenced.load(Ordering::SeqCst) || self.idem.ledger_now() >= self.lease.until.load(Ordering::SeqCst)
+    }
+
+    /// Stores `value` as this operation's result on `conn` — a transaction of the handler's own
+    /// — so the handler's writes and the stored result commit or roll back together. The
+    /// handler then returns `Ok(value)` as usual; if its transaction rolled back, idem records
+    /// the returned result itself.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{current_operation, LedgerError};
+    /// # use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
+    /// # async fn handler(db: &DatabaseConnection) -> Result<String, LedgerError> {
+    /// let operation = current_operation().expect("inside an idempotent handler");
+    /// let txn = db.begin().await.map_err(|e| LedgerError::Unavailable { detail: e.to_string() })?;
+    /// txn.execute_unprepared("INSERT INTO orders (id) VALUES ('o-1')").await.ok();
+    /// let receipt = "order o-1 placed".to_owned();
+    /// operation.complete_in(&txn, &receipt).await?;
+    /// txn.commit().await.map_err(|e| LedgerError::Unavailable { detail: e.to_string() })?;
+    /// Ok(receipt)
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The result cannot be serialised or exceeds the size limit, the claim was superseded
+    /// ([`LedgerError::Fenced`]), or the statement failed.
+    #[cfg(feature = "sea")]
+    pub async fn complete_in<C, T>(&self, conn: &C, value: &T) -> Result<(), LedgerError>
+    where
+        C: sea_orm::ConnectionTrait,
+        T: serde::Serialize,
+    {
+        let bytes =
+            self.idem.encode::<T, ()>(Ok(value)).map_err(|error| LedgerError::Corrupt { detail: error.to_string() })?;
+        let keep_until = self.idem.keep_until(self.idem.inner.grace);
+        let outcome = crate::ledger::Outcome::Completed(bytes);
+        crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, outcome, keep_until).await?;
+        self.recorded.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether this run took over a dead holder's claim: the downstream may already have seen
+    /// this operation's idempotency key, and must dedupe by it.
+    #[must_use]
+    pub fn is_takeover(&self) -> bool {
+        self.attempt != Won::Fresh
+    }
+}
+
+/// The operation the current handler runs as, or `None` outside an idempotent handler.
+///
+/// Task-local: a task the handler spawns does not inherit it; pass the key along instead.
+#[must_use]
+pub fn current_operation() -> Option<Operation> {
+    OPERATION.try_with(Clone::clone).ok()
+}
+
+/// Runs `future` with `caller` as the authenticated caller of every idempotent call inside it
+/// that is not given one explicitly. Transports (your middleware) call this; every idempotent
+/// handler runs this way as its own caller, so operations nested in it are its caller's.
+pub async fn with_caller<F: Future>(caller: Caller, future: F) -> F::Output {
+    CALLER.scope(caller, future).await
+}
+
+/// The caller in scope: the caller of the idempotent handler running now (nested operations and
+/// anything else the handler calls act for it), or the one given to [`with_caller`].
+#[must_use]
+pub fn current_caller() -> Option<Caller> {
+    CALLER.try_with(Clone::clone).ok()
+}
+
+/// `future` run as `operation` of `caller`: both in scope for everything it calls.
+pub(super) fn running_as<F: Future>(
+    operation: Operation,
+    caller: Caller,
+    future: F,
+) -> impl Future<Output = F::Output> {
+    CALLER.scope(caller, OPERATION.scope(operation, future))
+}
+
+/// `future` run with `caller` in scope, as a reconcile function runs.
+pub(super) fn acting_for<F: Future>(caller: Caller, future: F) -> impl Future<Output = F::Output> {
+    CALLER.scope(caller, future)
+}

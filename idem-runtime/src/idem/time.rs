@@ -1,0 +1,164 @@
+//! Ledger time: this handle's clock measured against the ledger's, so leases and windows do
+//! not depend on every replica's clock agreeing. A measurement older than a third of the lease
+//! is refreshed in the background; one that cannot be trusted (too uncertain, a jump, a clock
+//! that stepped back) is not acted on.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::ledger::LedgerError;
+
+use super::Idem;
+
+/// A measurement of this handle's clock against the ledger's.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Skew {
+    /// When it was taken, by this handle's clock.
+    at: u64,
+    /// Ledger time minus local time, in milliseconds.
+    offset: i64,
+    /// Whether times corrected by it can be acted on (see
+    /// [`ClaimRequest::clock_trusted`](crate::ledger::ClaimRequest::clock_trusted)).
+    trusted: bool,
+    /// The ledger keeps no clock: every handle on it shares this process's, for good.
+    clockless: bool,
+}
+
+impl Idem {
+    /// Now, by this handle's clock.
+    #[must_use]
+    pub fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Now on the ledger's clock, as last measured (this handle's clock corrected by the
+    /// measured skew; uncorrected before the first measurement).
+    #[must_use]
+    pub fn ledger_now(&self) -> u64 {
+        let offset = self.skew().map_or(0, |skew| skew.offset);
+        self.now_ms().saturating_add_signed(offset)
+    }
+
+    fn skew(&self) -> Option<Skew> {
+        *self.inner.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Now on the ledger's clock, and whether it can be acted on. The first call measures the
+    /// skew against the ledger's clock; after that a measurement older than a third of the lease
+    /// is refreshed in the background (one extra statement per handle that often, never per
+    /// call, and never on a call's path), and one older than the whole lease is not acted on.
+    ///
+    /// # Errors
+    /// The ledger's clock has never been read: no time is stated on an unmeasured clock (a
+    /// claim's lease and window would be on this replica's own clock).
+    pub(super) async fn ledger_time(&self) -> Result<(u64, bool), LedgerError> {
+        let local = self.now_ms();
+        let skew = match self.skew() {
+            Some(skew) if skew.clockless => return Ok((local, true)),
+            Some(skew) => Some(skew),
+            None => None,
+        };
+        let skew = match skew {
+            // This clock stepped back since the last measurement (an NTP step, a restored VM):
+            // its offset is void, and nothing may be stamped with it — measure again now.
+            Some(skew) if local < skew.at => None,
+            other => other,
+        };
+        let Some(skew) = skew else {
+            // Every call measures until one measurement exists.
+            let skew = self.measure().await?;
+            return Ok((self.now_ms().saturating_add_signed(skew.offset), skew.trusted));
+        };
+        let age = local - skew.at;
+        if age >= millis(self.inner.lease / 3).max(1)
+            && let Some(measuring) = Measuring::start(&self.inner.measuring)
+        {
+            let idem = self.clone();
+            tokio::spawn(async move {
+                let _measuring = measuring;
+                let _ = idem.measure().await;
+            });
+        }
+        let fresh = age < millis(self.inner.lease).max(1);
+        Ok((local.saturating_add_signed(skew.offset), skew.trusted && fresh))
+    }
+
+    /// Ledger time that may be acted on (takeovers, expiry), for the operator's paths.
+    pub(super) async fn trusted_time(&self) -> Result<u64, LedgerError> {
+        match self.ledger_time().await? {
+            (now, true) => Ok(now),
+            (_, false) => Err(LedgerError::Unavailable {
+                detail: "this replica's clock against the ledger's is not settled yet; try again shortly".to_owned(),
+            }),
+        }
+    }
+
+    /// Measures this handle's clock against the ledger's, and keeps the measurement. A failed
+    /// read keeps the last good offset, untrusted; with none, it keeps nothing and fails.
+    async fn measure(&self) -> Result<Skew, LedgerError> {
+        let last = self.skew();
+        let before = self.now_ms();
+        let answer = self.bounded(self.inner.ledger.now()).await;
+        let after = self.now_ms();
+        let quarter = millis(self.inner.lease / 4);
+        let skew = match answer {
+            // The ledger keeps no clock of its own: every handle on it shares this process's.
+            Ok(None) => Skew { at: after, offset: 0, trusted: true, clockless: true },
+            Ok(Some(ledger)) => {
+                let midpoint = u64::try_from((u128::from(before) + u128::from(after)) / 2).unwrap_or(after);
+                let offset = i64::try_from(i128::from(ledger) - i128::from(midpoint)).unwrap_or(0);
+                let uncertain = after.saturating_sub(before) / 2 > quarter;
+                // A clock that jumped since the last measurement is not acted on until it holds.
+                let jumped = last.is_some_and(|last| last.offset.abs_diff(offset) > quarter);
+                if uncertain || jumped {
+                    tracing::warn!(
+                        offset,
+                        uncertain,
+                        jumped,
+                        "clock against the ledger's is not settled; \
+                        no takeovers or window ends are acted on until it is"
+                    );
+                }
+                Skew { at: after, offset, trusted: !uncertain && !jumped, clockless: false }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not read the ledger's clock; no takeovers until it can be read");
+                let Some(last) = last else { return Err(error) };
+                Skew { at: after, offset: last.offset, trusted: false, clockless: false }
+            }
+        };
+        *self.inner.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(skew);
+        Ok(skew)
+    }
+
+    /// Ledger time `after` from now.
+    pub(super) fn keep_until(&self, after: Duration) -> u64 {
+        clamp(self.ledger_now().saturating_add(millis(after)))
+    }
+}
+
+/// The one background skew measurement in flight; ends when dropped.
+struct Measuring(Arc<AtomicBool>);
+
+impl Measuring {
+    fn start(flag: &Arc<AtomicBool>) -> Option<Self> {
+        flag.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).ok().map(|_| Self(Arc::clone(flag)))
+    }
+}
+
+impl Drop for Measuring {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Times are stored as signed 64-bit integers by SQL backends: keep them in that range, so
+/// what a claim asks for is what it reads back.
+pub(super) fn clamp(ms: u64) -> u64 {
+    ms.min(i64::MAX.unsigned_abs())
+}
+
+pub(super) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
