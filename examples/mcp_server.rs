@@ -9,8 +9,10 @@
 //! on an address that is not loopback: replace `mcp::demo_tokens()` with real validation first.
 //!
 //! Options: `--processor-delay-ms N` makes the fake card processor slow (so "in flight" can be
-//! seen). The ledger is `IDEM_DATABASE_URL`, default the SQLite file `.idem/ledger.sqlite3`.
-//! Logs go to stderr (on stdio, stdout is the transport).
+//! seen). The ledger is `IDEM_DATABASE_URL` (a URL or a SQLite file path), by default the SQLite
+//! file `idem/mcp_server/ledger.sqlite3` in your data directory (`~/.local/share` on Linux); the
+//! first log line names it. Logs go to stderr (on stdio, stdout is the transport); `RUST_LOG`
+//! sets the level (default `info`).
 //!
 //! Tools:
 //! - `charge_card` — key `card, amount_cents`, window 15m; forwards its key to the processor as
@@ -285,7 +287,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let delay = options.processor_delay;
     match options.http {
         None => {
-            let server = Payments::new(idem.with_local_caller(Caller::try_new(tenant, subject)?), delay)?;
+            // Nothing authenticates a request over stdio: the server acts for this caller.
+            let idem = idem.with_local_caller(Caller::try_new(tenant, subject)?);
+            mcp::check_stdio(&idem)?;
+            let server = Payments::new(idem, delay)?;
             tracing::info!("serving on stdio");
             server.serve(rmcp::transport::stdio()).await?.waiting().await?;
         }

@@ -1,9 +1,11 @@
 //! Quickstart: one charge, repeated every way an agent repeats a call.
 //!
 //! Run with `cargo run --example quickstart`. The ledger is the embedded default: a SQLite file
-//! at `.idem/ledger.sqlite3` (or `IDEM_DATABASE_URL`). The program prints what each call got and
-//! how many charges the fake processor really made, then restarts itself and repeats the first
-//! call from the new process: the stored result survives.
+//! `idem/quickstart/ledger.sqlite3` in your data directory (`~/.local/share` on Linux), or
+//! `IDEM_DATABASE_URL`. The program prints what each call got and how many charges the fake
+//! processor really made, then restarts itself and repeats the first call from the new process:
+//! the stored result survives. idem's log (the ledger it opened, replays, conflicts) goes to
+//! stderr; `RUST_LOG=debug` shows every claim.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -87,6 +89,12 @@ fn row(what: &str, answer: &Result<Receipt, ChargeError>, charges: usize) {
 
 #[tokio::main]
 async fn main() {
+    // Logs to stderr, so stdout stays the program's own output (on an MCP stdio server, the
+    // protocol's).
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
     let ledger = match SeaOrmLedger::from_env().await {
         Ok(ledger) => ledger,
         Err(error) => {

@@ -47,8 +47,15 @@ pub enum Rejection {
         /// report with it.
         incident: Ref,
     },
-    /// No authenticated caller: a key cannot be scoped, so the handler did not run.
+    /// The call came without an authenticated caller (over HTTP: the request had no
+    /// authenticated principal), so its key cannot be scoped; the handler did not run. Calling
+    /// again helps only once the client authenticates.
     NoCaller,
+    /// A local request (stdio) on a server started without a local caller
+    /// ([`Idem::with_local_caller`](crate::Idem::with_local_caller)): nothing authenticates such
+    /// requests, so no key can be scoped and the handler did not run. Only the server's operator
+    /// can fix it; retrying cannot.
+    NoLocalCaller,
     /// The arguments cannot be canonicalised (NaN, an integer beyond the 64-bit range that a
     /// double cannot hold, too deep); the handler did not run.
     InvalidArguments {
@@ -88,8 +95,8 @@ impl Rejection {
     }
 
     /// A stable machine-readable code: `in_flight`, `conflict`, `outcome_unknown`,
-    /// `ledger_unavailable`, `no_caller`, `invalid_arguments`, `duplicate_tool` or
-    /// `unreadable_result`.
+    /// `ledger_unavailable`, `no_caller`, `no_local_caller`, `invalid_arguments`,
+    /// `duplicate_tool` or `unreadable_result`.
     #[must_use]
     pub const fn code(&self) -> &'static str {
         match self {
@@ -98,6 +105,7 @@ impl Rejection {
             Self::OutcomeUnknown { .. } => "outcome_unknown",
             Self::LedgerUnavailable { .. } => "ledger_unavailable",
             Self::NoCaller => "no_caller",
+            Self::NoLocalCaller => "no_local_caller",
             Self::InvalidArguments { .. } => "invalid_arguments",
             Self::DuplicateTool { .. } => "duplicate_tool",
             Self::UnreadableResult { .. } => "unreadable_result",
@@ -114,6 +122,7 @@ impl Rejection {
             | Self::UnreadableResult { reference, .. } => Some(*reference),
             Self::LedgerUnavailable { .. }
             | Self::NoCaller
+            | Self::NoLocalCaller
             | Self::InvalidArguments { .. }
             | Self::DuplicateTool { .. } => None,
         }
@@ -158,8 +167,14 @@ impl fmt::Display for Rejection {
                  later (incident {incident} in the server's log)"
             ),
             Self::NoCaller => f.write_str(
-                "nothing was executed: the caller is not authenticated, so the call cannot be made safe to \
-                 repeat. Authenticate the caller (or configure a local identity) and call again",
+                "nothing was executed: the call came without an authenticated caller, so it cannot be made safe \
+                 to repeat. Repeating it unchanged will not help: the client must authenticate (send its \
+                 credentials with the request) before calling again",
+            ),
+            Self::NoLocalCaller => f.write_str(
+                "nothing was executed: this server was started without a caller for local requests, so none of \
+                 its calls can be made safe to repeat. Retrying will not help: the server's operator must \
+                 configure one (`Idem::with_local_caller`) and restart it",
             ),
             Self::InvalidArguments { error } => write!(f, "nothing was executed: {error}"),
             // Where the two are declared is logged, not shown: source paths are the server's own.

@@ -1,15 +1,18 @@
 //! Where an rmcp tool's caller comes from: the request context's authenticated [`Caller`], or,
-//! over stdio only, the caller in scope or the handle's local identity — and the validators
-//! that turn a bearer token into a caller.
+//! over stdio only, the caller in scope or the handle's local identity; what a request without
+//! one is told, and the startup check that a stdio server has a local caller — and the
+//! validators that turn a bearer token into a caller.
 //!
 //! Guarantees: a request that arrived over HTTP is served for its authenticated caller only,
-//! never the local identity nor a caller in scope; without one, none.
+//! never the local identity nor a caller in scope; without one, none. A request refused for
+//! want of a caller is told whose move it is: the client's (HTTP) or the operator's (stdio).
 
 use std::sync::Arc;
 
 use rmcp::RoleServer;
 
 use crate::idem::Idem;
+use crate::rejection::Rejection;
 use crate::scope::Caller;
 
 /// The request context an idempotent rmcp tool reads its caller from.
@@ -47,6 +50,58 @@ pub fn request_caller(idem: &Idem, context: &Context) -> Option<Caller> {
         crate::idem::current_caller().or_else(|| idem.local_caller().cloned())
     })
 }
+
+/// The refusal for a request served without a caller: over HTTP, the client must authenticate
+/// ([`Rejection::NoCaller`]); locally (stdio), the server was started without a local caller
+/// ([`Rejection::NoLocalCaller`]) — logged at WARN too, as only its operator can fix that.
+pub(crate) fn no_caller(context: &Context) -> Rejection {
+    if is_remote(context) {
+        return Rejection::NoCaller;
+    }
+    tracing::warn!(
+        "refused a call over stdio: this server's idem handle has no local caller, so every idempotent tool call \
+         on stdio is refused. Configure one with `Idem::with_local_caller` (and check it at startup with \
+         `idem_runtime::mcp::check_stdio`)"
+    );
+    Rejection::NoLocalCaller
+}
+
+/// Checks, before serving on stdio, that `idem` has a local caller: a request over stdio carries
+/// no authenticated caller, so without [`Idem::with_local_caller`] every idempotent tool call
+/// would be refused (as [`Rejection::NoLocalCaller`]). Call it where your `main` chooses stdio,
+/// so the mistake stops the server at startup with what to do; a server that only serves HTTP
+/// behind an auth layer does not need it.
+///
+/// ```
+/// # use idem_runtime::{Caller, Idem, MemoryLedger, mcp};
+/// let idem = Idem::new(MemoryLedger::new());
+/// assert!(mcp::check_stdio(&idem).is_err());
+/// let idem = idem.with_local_caller(Caller::new("local", "user"));
+/// assert!(mcp::check_stdio(&idem).is_ok());
+/// ```
+///
+/// # Errors
+/// The handle has no local caller.
+pub fn check_stdio(idem: &Idem) -> Result<(), StdioWithoutCaller> {
+    if idem.local_caller().is_some() { Ok(()) } else { Err(StdioWithoutCaller) }
+}
+
+/// A server about to serve on stdio whose idem handle has no local caller (see [`check_stdio`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StdioWithoutCaller;
+
+impl std::fmt::Display for StdioWithoutCaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "refusing to serve on stdio: this server's idem handle has no local caller, and a request over stdio \
+             carries no authenticated one, so every idempotent tool call would be refused. Configure the caller \
+             this server acts for: `Idem::new(ledger).with_local_caller(Caller::try_new(tenant, subject)?)`",
+        )
+    }
+}
+
+impl std::error::Error for StdioWithoutCaller {}
 
 /// A validator for [`require_bearer`](super::require_bearer): a token in, a caller out (or
 /// `None`: 401).

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 
-use super::caller::{Context, caller_of, is_remote};
+use super::caller::{Context, caller_of, is_remote, no_caller};
 use super::outcome::ToolOutcome;
 use crate::idem::{Idem, Operation, Reconciled};
 use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind};
@@ -53,6 +53,7 @@ where
             reference: served.reference,
             replayed: served.replayed,
         },
+        Err(Rejection::NoCaller) => ToolOutcome::Refused(no_caller(context)),
         Err(rejection) => ToolOutcome::Refused(rejection),
     }
 }

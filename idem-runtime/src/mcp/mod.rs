@@ -13,7 +13,9 @@
 //! The caller: over streamable HTTP, the [`Caller`](crate::Caller) an auth middleware put into
 //! the request's extensions ([`require_bearer`] is a small one to replace with your own
 //! validation); over stdio, the handle's configured local identity
-//! ([`Idem::with_local_caller`](crate::Idem::with_local_caller)). Neither: refused.
+//! ([`Idem::with_local_caller`](crate::Idem::with_local_caller)). Neither: refused — over HTTP
+//! with `no_caller` (the client must authenticate), over stdio with `no_local_caller` (the
+//! operator must configure one; [`check_stdio`] catches that at startup).
 
 mod audit;
 mod caller;
@@ -24,7 +26,9 @@ mod outcome;
 mod status;
 
 pub use audit::{AuditError, Backing, audit, backed_meta, checked_router};
-pub use caller::{Context, Validator, caller_of, demo_tokens, is_remote, request_caller};
+pub use caller::{
+    Context, StdioWithoutCaller, Validator, caller_of, check_stdio, demo_tokens, is_remote, request_caller,
+};
 #[cfg(feature = "mcp-http")]
 pub use http::require_bearer;
 pub use outcome::{Json, ToolOutcome, output_schema, refusal};

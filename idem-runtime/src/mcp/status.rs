@@ -13,10 +13,10 @@ use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, Me
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::caller::{Context, request_caller};
+use super::caller::{Context, no_caller, request_caller};
 use super::outcome::refusal;
 use crate::idem::{HasIdem, Idem};
-use crate::rejection::{Rejection, STATUS_TOOL};
+use crate::rejection::STATUS_TOOL;
 
 #[derive(Deserialize)]
 struct StatusArgs {
@@ -57,7 +57,7 @@ pub fn status_tool<S: HasIdem + Send + Sync + 'static>() -> ToolRouter<S> {
 
 async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObject>) -> CallToolResult {
     let Some(caller) = request_caller(idem, context) else {
-        return refusal(&Rejection::NoCaller);
+        return refusal(&no_caller(context));
     };
     let args: StatusArgs = match serde_json::from_value(Value::Object(arguments.unwrap_or_default())) {
         Ok(args) => args,

@@ -1,65 +1,113 @@
-//! How a [`SeaOrmLedger`] comes to be: from a URL, from pool options or from the environment
-//! (each connects and migrates), or around a connection you opened (which does not migrate) —
-//! and which secret a handle without one configured gets from it.
+//! How a [`SeaOrmLedger`] comes to be: from a URL or a plain SQLite path, from pool options or
+//! from the environment (each connects, migrates and logs one line naming the ledger), or around
+//! a connection you opened (which does not migrate) — and which secret a handle without one
+//! configured gets from it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbBackend};
 
 use super::SeaOrmLedger;
 use super::error::failed;
+use super::location::{DATABASE_URL_ENV, Given, Location, Origin, default_path};
 use crate::ledger::LedgerError;
 
-/// The environment variable naming the ledger database.
-pub const DATABASE_URL_ENV: &str = "IDEM_DATABASE_URL";
-
-/// Where the ledger lives when [`DATABASE_URL_ENV`] is unset: a SQLite file under the current
-/// directory.
-pub const DEFAULT_SQLITE_URL: &str = "sqlite://.idem/ledger.sqlite3?mode=rwc";
-
 impl SeaOrmLedger {
-    /// Connects to `url` (`sqlite://path?mode=rwc`, `sqlite::memory:`, `postgres://…`,
-    /// `mysql://…`) with [`SeaOrmLedger::connect_options`], and migrates.
+    /// Connects to `url` with [`SeaOrmLedger::connect_options`], and migrates: a URL
+    /// (`sqlite://path?mode=rwc`, `sqlite::memory:`, `postgres://…`, `mysql://…`), or a plain
+    /// path (`/var/lib/app/ledger.sqlite3`, `./ledger.db`): a SQLite file, created with its
+    /// directory if missing.
     ///
     /// SQLite files are opened in WAL mode with `synchronous=FULL` — a claim lost to a power cut
     /// would be a duplicate waiting to happen, so durability wins over the ~1 ms it costs — and a
-    /// 10 s busy timeout.
+    /// 10 s busy timeout. Logs one line at INFO naming the ledger ([`SeaOrmLedger::describe`]).
     ///
     /// # Errors
-    /// The database cannot be reached, or the tables cannot be created.
+    /// The database cannot be reached, or the tables cannot be created; the message names the
+    /// file or the server (never a password) and says what to check.
     pub async fn connect(url: &str) -> Result<Self, LedgerError> {
-        Self::connect_with(Self::connect_options(url)).await
+        Self::open(Given::parse(url), Origin::Code).await
     }
 
     /// Connects with your own pool options (start from [`SeaOrmLedger::connect_options`]), and
     /// migrates, as [`SeaOrmLedger::connect`] does.
     ///
     /// # Errors
-    /// The database cannot be reached, or the tables cannot be created.
+    /// As [`SeaOrmLedger::connect`].
     pub async fn connect_with(options: ConnectOptions) -> Result<Self, LedgerError> {
-        let url = options.get_url().to_owned();
-        let db = Database::connect(options).await.map_err(failed)?;
-        let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
-        let ledger = Self { db, clock: None, own_secret };
-        ledger.migrate().await?;
-        Ok(ledger)
+        Self::open_with(options, Origin::Code).await
     }
 
-    /// Connects to [`DATABASE_URL_ENV`], or to the SQLite file [`DEFAULT_SQLITE_URL`] (creating
-    /// its directory) when unset, and migrates.
+    /// Connects to [`DATABASE_URL_ENV`] (a URL or a plain SQLite path, as
+    /// [`SeaOrmLedger::connect`] takes), or, when it is unset, to the SQLite file
+    /// [`SeaOrmLedger::default_path`] (creating its directory), and migrates.
     ///
     /// # Errors
-    /// As [`SeaOrmLedger::connect`].
+    /// As [`SeaOrmLedger::connect`]; the message names [`DATABASE_URL_ENV`] or the default.
     pub async fn from_env() -> Result<Self, LedgerError> {
         match std::env::var(DATABASE_URL_ENV) {
-            Ok(url) if !url.trim().is_empty() => Self::connect(url.trim()).await,
+            Ok(url) if !url.trim().is_empty() => Self::open(Given::parse(url.trim()), Origin::Env).await,
             _ => {
-                std::fs::create_dir_all(".idem").map_err(|error| LedgerError::Unavailable {
-                    detail: format!("cannot create the ledger directory `.idem`: {error}"),
-                })?;
-                Self::connect(DEFAULT_SQLITE_URL).await
+                let path = Self::default_path()?;
+                warn_of_the_old_default(&path);
+                Self::open(Given::Path(path), Origin::Default).await
             }
         }
+    }
+
+    /// Where [`SeaOrmLedger::from_env`] keeps the ledger when [`DATABASE_URL_ENV`] is unset:
+    /// `idem/<program>/ledger.sqlite3` under this user's data directory — `$XDG_DATA_HOME` or
+    /// `~/.local/share` (Linux and other Unix), `~/Library/Application Support` (macOS),
+    /// `%LOCALAPPDATA%` (Windows) — where `<program>` is this executable's name, with its
+    /// secret beside it (`ledger.sqlite3.secret`).
+    ///
+    /// Per program, not per working directory: a desktop host starts a stdio server from
+    /// wherever it likes (often `/`, or its own folder), and a ledger that moved with the working
+    /// directory would forget every operation, so a repeat would run again. Renaming the program
+    /// moves its default ledger; set [`DATABASE_URL_ENV`] to pin it.
+    ///
+    /// # Errors
+    /// The data directory's variable is unset (or not an absolute path), or this executable's
+    /// name cannot be known; the message says to set [`DATABASE_URL_ENV`].
+    pub fn default_path() -> Result<std::path::PathBuf, LedgerError> {
+        default_path()
+    }
+
+    /// One line naming this ledger for an operator, never a password — what `connect`,
+    /// `connect_with` and `from_env` log at INFO on connecting:
+    /// `idem ledger: sqlite file /home/u/.local/share/idem/app/ledger.sqlite3 (IDEM_DATABASE_URL
+    /// unset: the default)`, `idem ledger: postgres database app at db.internal:5432 (from
+    /// IDEM_DATABASE_URL)`.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        format!("idem ledger: {}", self.location)
+    }
+
+    /// Opens what was `given`, chosen by `origin`: a plain path gets its directory first.
+    async fn open(given: Given, origin: Origin) -> Result<Self, LedgerError> {
+        if let Given::Path(path) = &given {
+            let dir = std::path::absolute(path).ok().and_then(|path| path.parent().map(std::path::Path::to_owned));
+            if let Some(dir) = dir.filter(|dir| !dir.as_os_str().is_empty()) {
+                std::fs::create_dir_all(&dir).map_err(|error| LedgerError::Unavailable {
+                    detail: Location::of_path(path, origin)
+                        .cannot(&format!("cannot create its directory {}: {error}", dir.display()), None),
+                })?;
+            }
+        }
+        Self::open_with(Self::connect_options(&given.url()), origin).await
+    }
+
+    /// Connects with `options`, chosen by `origin`, migrates, and logs the line naming the ledger.
+    async fn open_with(options: ConnectOptions, origin: Origin) -> Result<Self, LedgerError> {
+        let url = options.get_url().to_owned();
+        let location = Location::of_url(&url, origin);
+        let db = Database::connect(options).await.map_err(|error| location.refused(failed(error), Some(&url)))?;
+        let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
+        let ledger = Self { db, clock: None, own_secret, location: Arc::new(location) };
+        ledger.migrate().await.map_err(|error| ledger.location.refused(error, Some(&url)))?;
+        tracing::info!("{}", ledger.describe());
+        Ok(ledger)
     }
 
     /// Wraps a sea-orm connection (pool) you opened, as it is: it does **not** migrate. Run
@@ -69,25 +117,45 @@ impl SeaOrmLedger {
     /// default secret: configure one.
     #[must_use]
     pub fn from_connection(db: DatabaseConnection) -> Self {
-        let own_secret = OwnSecret::of(db.get_database_backend(), None);
-        Self { db, clock: None, own_secret }
+        let backend = db.get_database_backend();
+        let own_secret = OwnSecret::of(backend, None);
+        Self { db, clock: None, own_secret, location: Arc::new(Location::opened(backend)) }
     }
 
-    /// The connection options [`SeaOrmLedger::connect`] uses for `url`: no statement logging,
+    /// The connection options [`SeaOrmLedger::connect`] uses for `url` (a URL, or a plain
+    /// SQLite path, which becomes `sqlite:<absolute path>?mode=rwc`): no statement logging,
     /// 5 s connect and acquire timeouts, a ping only for connections idle 30 s, and for SQLite
     /// WAL, `synchronous=FULL` and a 10 s busy timeout. Adjust them (the pool size, say) and pass
     /// them to [`SeaOrmLedger::connect_with`].
     #[must_use]
     pub fn connect_options(url: &str) -> ConnectOptions {
-        let mut options = ConnectOptions::new(url.to_owned());
+        let url = Given::parse(url).url();
+        let mut options = ConnectOptions::new(url.clone());
         options.sqlx_logging(false).connect_timeout(Duration::from_secs(5)).acquire_timeout(Duration::from_secs(5));
         // A pooled connection is pinged only after it sat idle: saves a round trip per statement.
         options.test_before_acquire_if_idle_for(Duration::from_secs(30));
         #[cfg(feature = "sqlite")]
         if url.starts_with("sqlite:") {
-            super::sqlite::configure(&mut options, url);
+            super::sqlite::configure(&mut options, &url);
         }
         options
+    }
+}
+
+/// The default used to be `.idem/ledger.sqlite3` under the working directory: a ledger left
+/// there is not used any more, and its operations would run again if repeated — say so, and how
+/// to keep it.
+fn warn_of_the_old_default(default: &std::path::Path) {
+    let old = std::path::Path::new(".idem").join("ledger.sqlite3");
+    if old.is_file() {
+        let old = std::path::absolute(&old).unwrap_or(old);
+        tracing::warn!(
+            "a ledger exists at {}, where idem kept its default before; the default is now {}. To keep using the \
+             old one (its operations are not known to the new), set IDEM_DATABASE_URL={}",
+            old.display(),
+            default.display(),
+            old.display()
+        );
     }
 }
 
@@ -119,5 +187,178 @@ impl OwnSecret {
             }
             (_, None) => Self::Required("a SQLite ledger opened from a connection (its file is unknown)"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::ledger::Ledger;
+
+    /// A fresh directory under the system's temporary one.
+    fn scratch() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("idem-connect-{}", crate::ledger::Token::random().0));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// What a user is told after "the idempotency ledger is unavailable: ".
+    async fn refusal(given: &str, origin: Origin) -> String {
+        let error = SeaOrmLedger::open(Given::parse(given), origin).await.unwrap_err().to_string();
+        error.strip_prefix("the idempotency ledger is unavailable: ").unwrap_or_else(|| panic!("{error}")).to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_plain_path_is_a_sqlite_file_created_with_its_directory_and_its_secret_beside_it() {
+        let dir = scratch();
+        let path = dir.join("nested").join("ledger.db");
+        let ledger = SeaOrmLedger::connect(path.to_str().unwrap()).await.unwrap();
+        assert!(path.is_file());
+        assert_eq!(ledger.describe(), format!("idem ledger: sqlite file {} (given in code)", path.display()));
+        ledger.default_secret().unwrap();
+        assert!(dir.join("nested").join("ledger.db.secret").is_file(), "the secret is kept beside the file");
+        drop(ledger);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_file_that_cannot_be_opened_is_named_with_who_chose_it_and_what_to_do() {
+        let dir = scratch();
+        let blocker = dir.join("a-file");
+        std::fs::write(&blocker, b"not a directory").unwrap();
+        let under = blocker.join("sub").join("ledger.sqlite3");
+        let cause = std::fs::create_dir_all(under.parent().unwrap()).unwrap_err();
+
+        // A plain path (here the default): its directory cannot be created.
+        let said = refusal(under.to_str().unwrap(), Origin::Default).await;
+        assert_eq!(
+            said,
+            format!(
+                "cannot open the SQLite file {} (IDEM_DATABASE_URL unset: the default): cannot create its directory \
+                 {}: {cause}. Check that its directory exists (or can be created) and that this user may write \
+                 there, or set IDEM_DATABASE_URL to a location this user may write (a plain file path will do)",
+                under.display(),
+                under.parent().unwrap().display(),
+            )
+        );
+
+        // A URL: SQLite's own "unable to open database file", with the file and the variable.
+        let url = format!("sqlite://{}?mode=rwc", under.display());
+        let said = refusal(&url, Origin::Env).await;
+        let (head, rest) = said.split_once(": ").unwrap();
+        assert_eq!(head, format!("cannot open the SQLite file {} (from IDEM_DATABASE_URL)", under.display()));
+        assert!(rest.contains("unable to open database file"), "{said}");
+        assert!(
+            said.ends_with(
+                ". Check that its directory exists (or can be created) and that this user may write there, or \
+                 set IDEM_DATABASE_URL to another location"
+            ),
+            "{said}"
+        );
+
+        // Given in code.
+        let said = refusal(&url, Origin::Code).await;
+        assert!(said.contains("(given in code)") && said.ends_with("or connect to another location"), "{said}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unparsable_url_is_quoted_without_its_password() {
+        let said = refusal("postgres://idem:hunter2@db internal:x/app", Origin::Env).await;
+        assert!(!said.contains("hunter2"), "{said}");
+        assert_eq!(
+            said,
+            "cannot connect to the postgres database app at db internal:x (from IDEM_DATABASE_URL: \
+             postgres://idem:***@db internal:x/app): Connection Error: The connection string \
+             'postgres://idem:***@db internal:x/app' cannot be parsed. Check that the server is running and reachable \
+             there and that the user, password and database are right, or set IDEM_DATABASE_URL to another location"
+        );
+    }
+
+    /// Collects what a `tracing_subscriber::fmt` layer writes.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn connecting_logs_one_info_line_naming_the_ledger() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let dir = scratch();
+        let path = dir.join("ledger.sqlite3");
+        let ledger = SeaOrmLedger::open(Given::Path(path.clone()), Origin::Default).await.unwrap();
+        let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let line = format!("idem ledger: sqlite file {} (IDEM_DATABASE_URL unset: the default)", path.display());
+        assert_eq!(logged, format!(" INFO {line}\n"));
+        assert_eq!(ledger.describe(), line, "describe says what the log said");
+        drop(ledger);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_connection_opened_by_the_application_is_described_by_its_backend() {
+        let db = Database::connect(SeaOrmLedger::connect_options("sqlite::memory:")).await.unwrap();
+        let ledger = SeaOrmLedger::from_connection(db);
+        assert_eq!(ledger.describe(), "idem ledger: sqlite through a connection pool (opened by the application)");
+        let memory = SeaOrmLedger::connect("sqlite::memory:").await.unwrap();
+        assert_eq!(
+            memory.describe(),
+            "idem ledger: sqlite in memory (forgotten when the process exits) (given in code)"
+        );
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn a_postgres_server_that_cannot_be_reached_is_named_without_its_password() {
+        let url = "postgres://postgres:hunter2@127.0.0.1:1/ledgerdb";
+        let said = refusal(url, Origin::Env).await;
+        assert!(!said.contains("hunter2"), "{said}");
+        let (head, _) = said.split_once("): ").unwrap();
+        assert_eq!(
+            head,
+            "cannot connect to the postgres database ledgerdb at 127.0.0.1:1 (from IDEM_DATABASE_URL: \
+             postgres://postgres:***@127.0.0.1:1/ledgerdb"
+        );
+        assert!(
+            said.ends_with(
+                ". Check that the server is running and reachable there and that the user, password and database \
+                 are right, or set IDEM_DATABASE_URL to another location"
+            ),
+            "{said}"
+        );
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn a_mysql_server_that_cannot_be_reached_is_named_without_its_password() {
+        let said = refusal("mysql://root:hunter2@127.0.0.1:1/ledgerdb", Origin::Code).await;
+        assert!(!said.contains("hunter2"), "{said}");
+        assert!(
+            said.starts_with(
+                "cannot connect to the mysql database ledgerdb at 127.0.0.1:1 (given in code: \
+                 mysql://root:***@127.0.0.1:1/ledgerdb): "
+            ),
+            "{said}"
+        );
+        assert!(said.ends_with("or connect to another location"), "{said}");
     }
 }

@@ -46,6 +46,7 @@
 
 mod connect;
 mod error;
+mod location;
 mod migrate;
 mod mysql;
 mod postgres;
@@ -60,8 +61,9 @@ use std::time::Duration;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
 
 use self::connect::OwnSecret;
-pub use self::connect::{DATABASE_URL_ENV, DEFAULT_SQLITE_URL};
 use self::error::{corrupt, failed, is_duplicate};
+pub use self::location::DATABASE_URL_ENV;
+use self::location::Location;
 pub use self::migrate::schema;
 use self::row::{
     Found, Row, attempt_value, bytes_opt, insert_values, key_value, millis, state_value, subject_value, tags_bytes,
@@ -88,11 +90,16 @@ pub struct SeaOrmLedger {
     clock: Option<Arc<dyn Clock>>,
     /// Where a handle without a configured secret gets one.
     own_secret: OwnSecret,
+    /// Where it is and who chose it, for the startup line and errors (never a password).
+    location: Arc<Location>,
 }
 
 impl std::fmt::Debug for SeaOrmLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SeaOrmLedger").field("backend", &self.db.get_database_backend()).finish_non_exhaustive()
+        f.debug_struct("SeaOrmLedger")
+            .field("backend", &self.db.get_database_backend())
+            .field("location", &self.location.to_string())
+            .finish_non_exhaustive()
     }
 }
 
