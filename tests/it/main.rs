@@ -5,8 +5,10 @@
 //! `reliability` target; compile errors are the `ui` target.
 //!
 //! Each module was once a binary of its own and now shares this process: a test that touches
-//! process-wide state holds the lock that guards it ([`INSTALLED_HANDLE`]).
+//! process-wide state holds the lock that guards it ([`INSTALLED_HANDLE`]), and `layout` fails
+//! on any source file no target compiles.
 
+mod layout;
 mod ledger_durable;
 mod ledger_memory;
 mod ledger_mysql;
