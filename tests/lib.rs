@@ -69,19 +69,25 @@ pub fn skip(test: &str, why: &str) {
 }
 
 /// Connects a durable ledger for a test, or reports it skipped (`None`) when the server is not
-/// reachable — a failure instead under `CI=true`. The schema is migrated once per process.
+/// reachable — a failure instead under `CI=true`. Each database's schema is migrated once per
+/// process (the PostgreSQL and MariaDB suites share one).
 pub async fn durable(
     test: &str,
     url_env: &str,
     default_url: &str,
 ) -> Option<std::sync::Arc<dyn idem_runtime::ledger::Ledger>> {
     use idem_runtime::ledger::sea::SeaOrmLedger;
-    static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    static MIGRATED: tokio::sync::Mutex<std::collections::BTreeSet<String>> =
+        tokio::sync::Mutex::const_new(std::collections::BTreeSet::new());
     let url = std::env::var(url_env).unwrap_or_else(|_| default_url.to_owned());
     match sea_orm::Database::connect(SeaOrmLedger::connect_options(&url)).await {
         Ok(db) => {
             let ledger = SeaOrmLedger::from_connection(db);
-            MIGRATED.get_or_init(|| async { ledger.migrate().await.expect("migrate the ledger schema") }).await;
+            let mut migrated = MIGRATED.lock().await;
+            if !migrated.contains(&url) {
+                ledger.migrate().await.expect("migrate the ledger schema");
+                migrated.insert(url);
+            }
             Some(std::sync::Arc::new(ledger))
         }
         Err(error) => {

@@ -16,7 +16,7 @@
 //! and exits with status 2.
 
 #[allow(dead_code)] // the counting half is the parent's
-#[path = "../reliability_support/downstream.rs"]
+#[path = "../reliability/support/downstream.rs"]
 mod downstream;
 
 use std::io::{Read, Write};

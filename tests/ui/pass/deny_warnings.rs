@@ -1,4 +1,4 @@
-//! Generated code raises no warnings (clippy's pedantic group is checked by `tests/pedantic.rs`,
+//! Generated code raises no warnings (clippy's pedantic group is checked by `tests/it/pedantic.rs`,
 //! since trybuild runs rustc, not clippy).
 
 #![deny(warnings, clippy::pedantic)]

@@ -2,7 +2,7 @@
 //! and is SIGKILLed at one of three points — after the claim, after the downstream effect but
 //! before the record, after the record. The call is then retried from this process under each
 //! stale-lease policy, and the downstream (a directory both processes share, see
-//! `reliability_support/downstream.rs`) is counted.
+//! `support/downstream.rs`) is counted.
 //!
 //! Promised, per backend (SQLite file, PostgreSQL, MariaDB) and per point × policy:
 //! - duplicate effects at the downstream: 0 (takeover, because the downstream dedupes by the
@@ -12,9 +12,6 @@
 //!   after the effect ends with the child's receipt, not a new one);
 //! - operations stuck: 0 (every operation ends completed: `takeover` and `reconcile` by the
 //!   retry itself, `hold` through the documented operator path `Idem::resolve`).
-
-#[path = "reliability_support/mod.rs"]
-mod support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -27,8 +24,10 @@ use idem_runtime::ledger::Resolution;
 use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::{Caller, Idem, Key, Recipe, Reconciled, StalePolicy, State, current_operation};
 use serde_json::json;
-use support::downstream::FileDownstream;
-use support::{RelError, scale, stored_ok, unique};
+
+use crate::support;
+use crate::support::downstream::FileDownstream;
+use crate::support::{RelError, scale, stored_ok, unique};
 
 /// One tool, declared once, whose stale policy each run configures (as the child's does): one
 /// declaration site, so one handle accepts all three.

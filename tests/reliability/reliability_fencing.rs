@@ -14,9 +14,6 @@
 //!   result never overwrites it. (A skewed clock no longer fakes a lapsed lease: each replica
 //!   states its times on the ledger's clock.)
 
-#[path = "reliability_support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -25,8 +22,10 @@ use idem_runtime::ledger::{
 };
 use idem_runtime::{Caller, Clock, Key, MemoryLedger, Recipe, Ref, StalePolicy, SystemClock, TenantTag};
 use serde_json::json;
-use support::scale;
-use support::{RelError, unique};
+
+use crate::support;
+use crate::support::scale;
+use crate::support::{RelError, unique};
 
 macro_rules! on_every_ledger {
     ($($case:ident),* $(,)?) => {

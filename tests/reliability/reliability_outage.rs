@@ -26,9 +26,6 @@
 //! `lost_claim_answer_*` follow a claim whose answer is lost on the wire, and
 //! `a_silent_ledger_is_answered_within_a_bound` a ledger that never answers (see RELIABILITY.md).
 
-#[path = "reliability_support/mod.rs"]
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -41,7 +38,9 @@ use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::{Caller, Idem, Key, Recipe, StalePolicy, State, current_operation};
 use sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
 use serde_json::{Value, json};
-use support::{RelError, scale, unique};
+
+use crate::support;
+use crate::support::{RelError, scale, unique};
 
 static CHARGE: Recipe = Recipe::new("rel_outage_charge", &["order_id"]).stale(StalePolicy::Takeover);
 static CHARGE_HOLD: Recipe = Recipe::new("rel_outage_charge", &["order_id"]);

@@ -9,9 +9,6 @@
 //!
 //! Positive controls: A sees its own records, B sees its own.
 
-#[path = "reliability_support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -21,7 +18,9 @@ use idem_runtime::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use support::{scale, unique};
+
+use crate::support;
+use crate::support::{scale, unique};
 
 static CHARGE: Recipe = Recipe::new("rel_isolation_charge", &["order_id"]);
 

@@ -12,9 +12,6 @@
 //!   the handler's own error or `in_flight` — the claim always settles, never
 //!   `ledger_unavailable`.
 
-#[path = "reliability_support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,7 +19,9 @@ use std::time::Duration;
 
 use idem_runtime::{Caller, Recipe, Reconciled, StalePolicy, current_operation};
 use serde_json::json;
-use support::{RelError, scale, unique};
+
+use crate::support;
+use crate::support::{RelError, scale, unique};
 
 static STORM: Recipe = Recipe::new("rel_storm_charge", &["order_id"]);
 

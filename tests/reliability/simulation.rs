@@ -4,19 +4,17 @@
 //!
 //! - `IDEM_SIM_SEED=N` replays one seed (on each ledger its test uses) and prints its digest.
 //! - `IDEM_SIM_SEEDS=N` (and `IDEM_SIM_FIRST=K`) runs seeds `K..K+N` instead of the short run;
-//!   the long run is `IDEM_SIM_SEEDS=100000 cargo test --release -p idem-tests --test simulation
+//!   the long run is `IDEM_SIM_SEEDS=100000 cargo test --release -p idem-tests --test reliability
 //!   -- --nocapture simulation_memory`.
 //!
 //! A failing seed is printed with the command that replays it; "replays exactly" means the same
 //! seed gives the same sequence of events (the digest), on memory and on SQLite alike: SQLite's
 //! statements run one at a time on their own runtime while simulated time stands still.
 
-mod sim;
-
 use std::time::Instant;
 
-use sim::world::Counts;
-use sim::{Which, run_seed};
+use crate::sim::world::Counts;
+use crate::sim::{Which, run_seed};
 
 fn seeds(default: u64) -> std::ops::Range<u64> {
     let var = |name: &str| std::env::var(name).ok().and_then(|value| value.parse::<u64>().ok());

@@ -14,7 +14,7 @@ pub mod ledger;
 pub mod world;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_runtime::ledger::memory::MemoryLedger;
@@ -365,7 +365,10 @@ pub fn run_seed(seed: u64, which: Which) -> Report {
                 .enable_all()
                 .build()
                 .expect("a runtime for SQLite");
-            let dir = std::env::temp_dir().join(format!("idem-sim-{}-{seed}", std::process::id()));
+            // One directory per run, not per seed: two tests of this process may run one seed at once.
+            static RUNS: AtomicU64 = AtomicU64::new(0);
+            let run = RUNS.fetch_add(1, Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!("idem-sim-{}-{seed}-{run}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).expect("a directory for the SQLite file");
             let url = format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display());

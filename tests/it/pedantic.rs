@@ -159,6 +159,7 @@ fn rmcp_tools_are_listed_with_their_hints() {
 
 #[tokio::test]
 async fn free_functions_run() {
+    let _installed = crate::INSTALLED_HANDLE.lock().await;
     let idem = Idem::new(MemoryLedger::new());
     assert_eq!(charge_struct(&idem, &charge_args("tok")).await, Ok(100));
     let explicit = Idem::new(MemoryLedger::new());

@@ -8,9 +8,6 @@
 //!
 //! Property cases: 1,000 per property in the short run, 100,000 in the long run.
 
-#[path = "reliability_support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -27,7 +24,9 @@ use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde::Serialize;
 use serde_json::{Map, Number, Value, json};
 use sha2::{Digest, Sha256};
-use support::{RelError, scale, stored_ok, unique};
+
+use crate::support;
+use crate::support::{RelError, scale, stored_ok, unique};
 
 /// HMAC-SHA256 (RFC 2104) for a key of one block or less, written out here so the definition is
 /// checked against an independent implementation.

@@ -214,6 +214,7 @@ async fn charge(card: String, amount_cents: u64, memo: Option<String>) -> Result
 
 #[tokio::test]
 async fn free_functions_use_the_installed_handle_and_the_caller_in_scope() {
+    let _installed = crate::INSTALLED_HANDLE.lock().await;
     Idem::new(MemoryLedger::new()).install();
     let bob = Caller::new("acme", "bob");
     let before = CHARGES.load(Ordering::SeqCst);

@@ -1,0 +1,25 @@
+//! The idem test suite in one binary — one link of sea-orm, sqlx and rmcp instead of one per
+//! file: the ledger conformance suite on every backend, what only a durable ledger shows, the
+//! macros' behaviour (and their code under `clippy::pedantic`), rmcp, security, and the end to
+//! end run with a real MCP client. The long reliability suites and the simulation are the
+//! `reliability` target; compile errors are the `ui` target.
+//!
+//! Each module was once a binary of its own and now shares this process: a test that touches
+//! process-wide state holds the lock that guards it ([`INSTALLED_HANDLE`]), and `layout` fails
+//! on any source file no target compiles.
+
+mod layout;
+mod ledger_durable;
+mod ledger_memory;
+mod ledger_mysql;
+mod ledger_postgres;
+mod ledger_sqlite;
+mod macro_behaviour;
+mod mcp_e2e;
+mod pedantic;
+mod rmcp_tools;
+mod security;
+
+/// Held by every test that calls `Idem::install`: the installed handle is one per process, so a
+/// second test's install would otherwise swap the ledger under the first one's free functions.
+static INSTALLED_HANDLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
