@@ -8,6 +8,7 @@
 //! process-wide state holds the lock that guards it ([`INSTALLED_HANDLE`]), and `layout` fails
 //! on any source file no target compiles.
 
+mod architecture;
 mod layout;
 mod ledger_durable;
 mod ledger_memory;
