@@ -103,7 +103,7 @@ impl Shop {
     }
 
     async fn check(&self, operation: Operation) -> Reconciled<String, ShopError> {
-        // Stands in for asking the downstream about `operation.key()`.
+        // Stands in for asking the downstream about `operation.ledger_key()`.
         tokio::task::yield_now().await;
         let _ = (&self.idem, operation.reference());
         Reconciled::NothingHappened

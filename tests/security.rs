@@ -424,7 +424,7 @@ impl Keyed {
     #[idem_runtime::idempotent(key = "id")]
     async fn create(&self, id: String) -> Result<String, Error> {
         let _ = id;
-        Ok(idem_runtime::current_operation().unwrap().key().to_string())
+        Ok(idem_runtime::current_operation().unwrap().ledger_key().to_string())
     }
 }
 

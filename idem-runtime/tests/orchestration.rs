@@ -170,7 +170,7 @@ async fn the_handler_reads_its_key_to_forward_it() {
         .call(&CHARGE, Some(&alice()), &charge(500, "x"), || async {
             let operation = current_operation().expect("inside an idempotent handler");
             assert_eq!(operation.tool(), "charge_card");
-            Ok::<_, ToolError>(operation.key().to_string())
+            Ok::<_, ToolError>(operation.ledger_key().to_string())
         })
         .await
         .unwrap();

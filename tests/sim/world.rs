@@ -635,7 +635,7 @@ impl Sim {
 
     /// A handler starts as `operation` for `call` on `replica`; returns its run and its plan.
     pub fn handler_started(&self, call: usize, replica: usize, operation: &Operation) -> (usize, Work) {
-        let key = *operation.key();
+        let key = *operation.ledger_key();
         let token = operation.token();
         let mut w = self.world();
         w.counts.handler_runs += 1;
@@ -693,7 +693,7 @@ impl Sim {
     /// The handler, having asked `lease_lost()` and been told no, acts on the downstream with the
     /// forwarded key; returns the downstream's receipt (the first one, for a repeated key).
     pub fn effect(&self, run: usize, operation: &Operation) -> String {
-        let key = *operation.key();
+        let key = *operation.ledger_key();
         let now = self.now();
         let pre = self.lookup(key, now);
         let mut w = self.world();

@@ -93,7 +93,7 @@ pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArgumen
 impl Idem {
     /// The key a call of `recipe` by `caller` with `arguments` (a JSON object, as for
     /// [`Idem::call`]) has under this handle's current secret: what the handler would see as
-    /// [`Operation::key`](super::Operation::key), and whose [`Key::reference`] the caller would
+    /// [`Operation::ledger_key`](super::Operation::ledger_key), and whose [`Key::reference`] the caller would
     /// be given. For operators and tests; a secret-less derivation does not exist.
     ///
     /// # Errors

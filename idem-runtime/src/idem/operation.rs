@@ -55,10 +55,12 @@ pub(super) struct LeaseState {
 }
 
 impl Operation {
-    /// The operation's ledger key. It is the same in every window; forward
-    /// [`Operation::idempotency_key`] downstream instead.
+    /// The operation's key in the ledger — **never forward this**: it is the same in every
+    /// window, so a downstream that dedupes on it would answer a new operation (after the window
+    /// ended) with an old one's result. Forward [`Operation::idempotency_key`] instead. For
+    /// operators and tests that look the record up ([`Ledger::lookup`](crate::Ledger::lookup)).
     #[must_use]
-    pub const fn key(&self) -> &Key {
+    pub const fn ledger_key(&self) -> &Key {
         &self.key
     }
 
