@@ -131,7 +131,7 @@ async fn main() {
     row("same key, different note", &conflict, count());
 
     let bob = Caller::new("acme", "bob");
-    let other = idem_runtime::with_caller(bob, charge(&order, 1250, "order 17")).await;
+    let other = idem_runtime::run_as(bob, charge(&order, 1250, "order 17")).await;
     row("same call, another caller", &other, count());
 
     // Restart: a new process opens the same ledger file and repeats the first call.

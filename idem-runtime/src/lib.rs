@@ -77,7 +77,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use idem::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,
-    StatusError, current_caller, current_operation, with_caller,
+    StatusError, current_caller, current_operation, run_as,
 };
 pub use key::{Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
@@ -151,7 +151,7 @@ pub use window::{WindowError, parse_window};
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
 /// | `name = "charge"` | the tool name in the key, with the namespace ([`Idem::with_namespace`], else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. One handle refuses two handlers with one name in one namespace (`duplicate_tool`) | `#[tool(name = ...)]`, else the function's name |
 /// | `idem = self.payments_idem` | the [`Idem`] handle to use | [`HasIdem`] for methods, [`Idem::install`] for free functions |
-/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`with_caller`], or the idempotent handler this one runs inside), else [`Idem::with_local_caller`]; none: refused |
+/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Idem::with_local_caller`]; none: refused |
 /// | `crate = my_reexport::idem_runtime` | the path to this crate, for re-exporters | `::idem_runtime` |
 ///
 /// # With rmcp

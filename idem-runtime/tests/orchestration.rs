@@ -9,7 +9,7 @@ use idem_runtime::ledger::{
 };
 use idem_runtime::{
     Caller, ErrorClass, Idem, IdempotentError, Key, ManualClock, MemoryLedger, Recipe, Reconciled, Ref, Rejection,
-    StalePolicy, State, TenantTag, current_operation, with_caller,
+    StalePolicy, State, TenantTag, current_operation, run_as,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -217,7 +217,7 @@ async fn a_call_without_a_caller_fails_closed() {
     assert_eq!(processor.count(), 0);
     // A caller in scope, or a configured local identity, is used when none is passed.
     let args = charge(500, "x");
-    let scoped = with_caller(alice(), idem.call(&CHARGE, None, &args, || processor.charge(500)));
+    let scoped = run_as(alice(), idem.call(&CHARGE, None, &args, || processor.charge(500)));
     assert!(!scoped.await.unwrap().replayed);
     let local = idem.clone().with_local_caller(alice());
     assert!(local.call(&CHARGE, None, &charge(500, "x"), || processor.charge(500)).await.unwrap().replayed);

@@ -52,7 +52,7 @@ pub enum Reconciled<T, E> {
 impl Idem {
     /// Runs `handler` as the operation `recipe` derives from `caller` and `arguments`, at most
     /// once per key, and answers repeats from the ledger. `caller` falls back to the one in
-    /// scope ([`with_caller`](super::with_caller)) and then to the local caller; with none, the
+    /// scope ([`run_as`](super::run_as)) and then to the local caller; with none, the
     /// call is refused.
     ///
     /// `arguments` must be a JSON object of the tool's arguments by name. Build it from Rust
@@ -189,7 +189,7 @@ impl Idem {
     }
 
     /// The caller of a call: the one given, else (with `fallback`) the one in scope
-    /// ([`with_caller`](super::with_caller), an outer idempotent handler's), else the local
+    /// ([`run_as`](super::run_as), an outer idempotent handler's), else the local
     /// identity; none: refused.
     fn caller<'c>(&self, caller: Option<&'c Caller>, fallback: bool) -> Result<Cow<'c, Caller>, Rejection> {
         match caller {

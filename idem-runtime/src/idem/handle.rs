@@ -230,7 +230,7 @@ impl Idem {
     }
 
     /// The caller to use when none is given and none is in scope
-    /// ([`with_caller`](super::with_caller)): the configured identity of a local, single-user
+    /// ([`run_as`](super::run_as)): the configured identity of a local, single-user
     /// transport such as stdio.
     #[must_use]
     pub fn with_local_caller(self, caller: Caller) -> Self {

@@ -168,12 +168,12 @@ pub fn current_operation() -> Option<Operation> {
 /// Runs `future` with `caller` as the authenticated caller of every idempotent call inside it
 /// that is not given one explicitly. Transports (your middleware) call this; every idempotent
 /// handler runs this way as its own caller, so operations nested in it are its caller's.
-pub async fn with_caller<F: Future>(caller: Caller, future: F) -> F::Output {
+pub async fn run_as<F: Future>(caller: Caller, future: F) -> F::Output {
     CALLER.scope(caller, future).await
 }
 
 /// The caller in scope: the caller of the idempotent handler running now (nested operations and
-/// anything else the handler calls act for it), or the one given to [`with_caller`].
+/// anything else the handler calls act for it), or the one given to [`run_as`].
 #[must_use]
 pub fn current_caller() -> Option<Caller> {
     CALLER.try_with(Clone::clone).ok()
