@@ -13,7 +13,12 @@
 //!   change a key.
 //! - [`Key`], [`Ref`], [`Fingerprint`]: what a call is, derived from a [`Recipe`] and a [`Scope`].
 //! - [`Ledger`]: the atomic claim and the record's state machine; [`MemoryLedger`] for tests.
-//! - [`Idem`]: the handle that runs a handler under a recipe ([`Idem::call`]).
+//! - [`Idem`]: the handle that runs a handler under a recipe ([`Idem::call`]), and the
+//!   operator's paths ([`Idem::status`], [`Idem::resolve`] with a [`Resolution`], [`Idem::sweep`]).
+//!
+//! Everything `Idem`'s and [`Operation`]'s methods take or return is named at this root; what
+//! only a ledger implementation needs lives in [`ledger`], what only an rmcp server needs in
+//! `mcp` (feature `rmcp`).
 //!
 //! ```
 //! use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Rejection};
@@ -81,12 +86,12 @@ pub use idem::{
 };
 pub use key::{Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
-pub use ledger::{Ledger, LedgerError, State, StatusReport};
+pub use ledger::{Ledger, LedgerError, Resolution, State, StatusReport, Token};
 pub use recipe::{Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL};
 pub use scope::{Caller, CallerError, Scope, SubjectTag, TenantTag};
 pub use secret::{Secret, SecretError};
-pub use window::{WindowError, parse_window};
+pub use window::{MAX_WINDOW, WindowError, parse_window};
 
 /// Makes an async handler safe to repeat: derive a key, claim it, run once, replay the rest.
 ///
