@@ -862,6 +862,19 @@ fn a_ledger_timeout_not_under_the_lease_is_refused() {
         Idem::new(MemoryLedger::new()).with_lease(Duration::from_secs(2)).with_ledger_timeout(Duration::from_secs(5));
 }
 
+/// Settings are refused, never silently raised: a lease too short to renew, a zero ledger timeout.
+#[test]
+#[should_panic(expected = "the lease (2ms) must be at least 3ms")]
+fn a_lease_too_short_to_renew_is_refused() {
+    let _ = Idem::new(MemoryLedger::new()).with_lease(Duration::from_millis(2));
+}
+
+#[test]
+#[should_panic(expected = "the ledger timeout (0ns) must be at least 1ms")]
+fn a_zero_ledger_timeout_is_refused() {
+    let _ = Idem::new(MemoryLedger::new()).with_ledger_timeout(Duration::ZERO);
+}
+
 /// Issue 10.6: a handler slower than its window still gets its result replayed to the repeats
 /// that come right after it settles.
 #[tokio::test]

@@ -91,7 +91,8 @@ impl Idem {
         answer.map_err(StatusError::Ledger)
     }
 
-    /// Deletes expired records, `batch` at a time, until none are left; returns how many.
+    /// Deletes expired records, `batch` at a time (a `batch` of 0 counts as 1), until none are
+    /// left; returns how many.
     ///
     /// # Errors
     /// The ledger's failure; records deleted before it stay deleted.
