@@ -398,10 +398,10 @@ impl Faulty {
     fn fault<T: Send + 'static>(&self) -> Option<BoxFuture<'static, Result<T, LedgerError>>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
-            return Some(Box::pin(async { Err(LedgerError::Unavailable { detail: "connection refused".into() }) }));
+            return Some(Box::pin(async { Err(LedgerError::unavailable("connection refused")) }));
         }
         if self.silent.load(Ordering::SeqCst) {
-            return Some(Box::pin(async { Err(LedgerError::Ambiguous { detail: "connection reset".into() }) }));
+            return Some(Box::pin(async { Err(LedgerError::ambiguous("connection reset")) }));
         }
         None
     }
@@ -415,7 +415,7 @@ impl Ledger for Faulty {
         Box::pin(async move {
             let claim = self.inner.claim(request).await?;
             if self.lose.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-                return Err(LedgerError::Ambiguous { detail: "connection reset".into() });
+                return Err(LedgerError::ambiguous("connection reset"));
             }
             Ok(claim)
         })
@@ -1017,4 +1017,22 @@ async fn a_clock_that_steps_back_is_measured_again_before_it_stamps_a_claim() {
     release.notify_one();
     assert_eq!(running.await.unwrap().unwrap().value, "receipt-1");
     assert_eq!(downstream.effects(), 1);
+}
+
+/// Errors keep their cause typed (`source()`), say the same as before, and convert with `?`.
+#[test]
+fn errors_keep_their_cause_and_their_words() {
+    use std::error::Error as _;
+    let cause = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+    let error = LedgerError::unavailable("connection refused").with_source(cause);
+    assert_eq!(error.to_string(), "the idempotency ledger is unavailable: connection refused");
+    let source = error.source().expect("the cause is kept");
+    assert_eq!(
+        source.downcast_ref::<std::io::Error>().map(std::io::Error::kind),
+        Some(std::io::ErrorKind::ConnectionRefused)
+    );
+    assert_eq!(error, LedgerError::unavailable("connection refused"), "equal when they say the same thing");
+    let status = idem_runtime::StatusError::from(error.clone());
+    assert_eq!(status.to_string(), error.to_string());
+    assert!(status.source().is_some_and(|source| source.is::<std::io::Error>()), "transparent: the cause itself");
 }

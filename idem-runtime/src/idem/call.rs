@@ -457,7 +457,7 @@ impl<'a> Attempt<'a> {
         for pause in [50, 250, 0] {
             match self.idem.complete_once(&self.request, &outcome, recorded, give_back).await {
                 Ok(fenced) => return fenced,
-                Err(LedgerError::Unavailable { detail } | LedgerError::Ambiguous { detail }) => {
+                Err(LedgerError::Unavailable { detail, .. } | LedgerError::Ambiguous { detail, .. }) => {
                     tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
                     tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
                 }

@@ -350,9 +350,10 @@ impl Idem {
     ) -> Result<T, LedgerError> {
         match tokio::time::timeout(self.inner.ledger_timeout, operation).await {
             Ok(result) => result,
-            Err(_) => Err(LedgerError::Ambiguous {
-                detail: format!("no answer within {} ms", self.inner.ledger_timeout.as_millis()),
-            }),
+            Err(elapsed) => {
+                Err(LedgerError::ambiguous(format!("no answer within {} ms", self.inner.ledger_timeout.as_millis()))
+                    .with_source(elapsed))
+            }
         }
     }
 }

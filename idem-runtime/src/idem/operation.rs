@@ -122,11 +122,11 @@ impl Operation {
     /// # use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
     /// # async fn handler(db: &DatabaseConnection) -> Result<String, LedgerError> {
     /// let operation = current_operation().expect("inside an idempotent handler");
-    /// let txn = db.begin().await.map_err(|e| LedgerError::Unavailable { detail: e.to_string() })?;
+    /// let txn = db.begin().await?; // a `DbErr` converts into a `LedgerError`
     /// txn.execute_unprepared("INSERT INTO orders (id) VALUES ('o-1')").await.ok();
     /// let receipt = "order o-1 placed".to_owned();
     /// operation.complete_in(&txn, &receipt).await?;
-    /// txn.commit().await.map_err(|e| LedgerError::Unavailable { detail: e.to_string() })?;
+    /// txn.commit().await?;
     /// Ok(receipt)
     /// # }
     /// ```
@@ -140,8 +140,7 @@ impl Operation {
         C: sea_orm::ConnectionTrait,
         T: serde::Serialize,
     {
-        let bytes =
-            self.idem.encode::<T, ()>(Ok(value)).map_err(|error| LedgerError::Corrupt { detail: error.to_string() })?;
+        let bytes = self.idem.encode::<T, ()>(Ok(value)).map_err(|error| LedgerError::corrupt(error.to_string()))?;
         let keep_until = self.idem.keep_until(self.idem.inner.grace);
         let outcome = crate::ledger::Outcome::Completed(bytes);
         crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, outcome, keep_until).await?;

@@ -54,8 +54,9 @@ impl SeaOrmLedger {
         match std::env::var(DATABASE_URL_ENV) {
             Ok(url) if !url.trim().is_empty() => Self::connect(url.trim()).await,
             _ => {
-                std::fs::create_dir_all(".idem").map_err(|error| LedgerError::Unavailable {
-                    detail: format!("cannot create the ledger directory `.idem`: {error}"),
+                std::fs::create_dir_all(".idem").map_err(|error| {
+                    LedgerError::unavailable(format!("cannot create the ledger directory `.idem`: {error}"))
+                        .with_source(error)
                 })?;
                 Self::connect(DEFAULT_SQLITE_URL).await
             }
