@@ -559,6 +559,16 @@ impl std::error::Error for LedgerError {
 /// and must refuse [`complete`](Ledger::complete), [`renew`](Ledger::renew) and
 /// [`release`](Ledger::release) from anyone but the current token holder. The
 /// `ledger_conformance` tests hold every implementation to the same behaviour.
+///
+/// # Time
+///
+/// Every time a ledger is given or returns is a `u64` count of milliseconds since the Unix
+/// epoch **on the ledger's clock** ([`Ledger::now`]: the database server's), never a
+/// `SystemTime`. Ledger time exists so that leases and windows do not depend on each replica's
+/// clock, and a `SystemTime` would invite exactly the mistake it avoids: reading the local clock.
+/// An integer is also what the SQL backends store (a `BIGINT`, compared and shifted in the
+/// statement itself), and what the simulation and the model check step. Durations are added
+/// before the call (`now + lease`), so a backend only compares.
 pub trait Ledger: Send + Sync + 'static {
     /// Claims `request.key`, or reports the record that stands in the way. See [`Claim`].
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>>;
