@@ -114,7 +114,7 @@ async fn main() {
     }
 
     // A fresh order id per run, so each run starts with a first call.
-    let order = format!("o-{}", idem_runtime::ledger::Token::random().0 % 1_000_000);
+    let order = format!("o-{}", idem_runtime::ledger::Token::random().get() % 1_000_000);
     println!("| {:<36} | {:<24} | {:>17} |", "call", "answer", "charges (process)");
     println!("|{:-<38}|{:-<26}|{:->19}|", "", "", "");
     let count = || payments.charges.load(Ordering::SeqCst);

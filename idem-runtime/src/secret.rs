@@ -161,7 +161,7 @@ impl Secret {
             Err(_) => {}
         }
         let (_, text) = Self::generate(1);
-        let temporary = path.with_extension(format!("tmp{}", crate::ledger::Token::random().0));
+        let temporary = path.with_extension(format!("tmp{}", crate::ledger::Token::random().get()));
         write_private(&temporary, &format!("{text}\n")).map_err(io)?;
         let linked = std::fs::hard_link(&temporary, path);
         let _ = std::fs::remove_file(&temporary);
@@ -389,7 +389,7 @@ mod tests {
     #[test]
     fn a_generated_secret_file_is_owner_only_and_reused() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("idem-secret-{}", crate::ledger::Token::random().0));
+        let dir = std::env::temp_dir().join(format!("idem-secret-{}", crate::ledger::Token::random().get()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ledger.sqlite3.secret");
         let first = Secret::load_or_create(&path).unwrap();

@@ -43,9 +43,23 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// A fencing token: identifies one holder of one claim. Random, so a holder whose record was
 /// swept and claimed anew can never match its successor.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct Token(pub u64);
+pub struct Token(u64);
 
 impl Token {
+    /// The token a ledger stored as [`Token::get`]. Only a ledger reading its own record back
+    /// has a reason to make one: a holder's token comes from its claim.
+    #[must_use]
+    pub const fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// The number a ledger stores. Below 2^63 for tokens made by [`Token::random`], so a SQL
+    /// backend can keep it in a signed `BIGINT` unchanged.
+    #[must_use]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
     /// A fresh token: unpredictable across processes, never repeated within one.
     ///
     /// The process draws one 64-bit seed from the operating system; each token is a counter
@@ -94,7 +108,7 @@ pub enum State {
 impl State {
     /// The compact code a durable backend stores.
     #[must_use]
-    pub const fn code(self) -> i16 {
+    pub(crate) const fn code(self) -> i16 {
         match self {
             Self::InProgress => 1,
             Self::Completed => 2,
@@ -105,7 +119,7 @@ impl State {
 
     /// The state a stored code stands for.
     #[must_use]
-    pub const fn from_code(code: i16) -> Option<Self> {
+    pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {
             1 => Some(Self::InProgress),
             2 => Some(Self::Completed),
@@ -185,7 +199,7 @@ pub enum Won {
 impl Won {
     /// The compact code a durable backend stores in the record's `attempt` column.
     #[must_use]
-    pub const fn code(self) -> i16 {
+    pub(crate) const fn code(self) -> i16 {
         match self {
             Self::Fresh => 0,
             Self::Takeover => 1,
@@ -195,7 +209,7 @@ impl Won {
 
     /// The attempt a stored code stands for.
     #[must_use]
-    pub const fn from_code(code: i16) -> Option<Self> {
+    pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {
             0 => Some(Self::Fresh),
             1 => Some(Self::Takeover),

@@ -174,11 +174,11 @@ pub(super) fn key_value(key: &Key) -> Value {
 }
 
 pub(super) fn tenant_value(tenant: TenantTag) -> Value {
-    Value::BigInt(Some(i64::from_be_bytes(tenant.0)))
+    Value::BigInt(Some(i64::from_be_bytes(*tenant.as_bytes())))
 }
 
 pub(super) fn subject_value(subject: SubjectTag) -> Value {
-    Value::BigInt(Some(i64::from_be_bytes(subject.0)))
+    Value::BigInt(Some(i64::from_be_bytes(*subject.as_bytes())))
 }
 
 pub(super) fn token_value(token: Token) -> Value {
