@@ -64,6 +64,9 @@
 //! # }
 //! ```
 
+// On docs.rs (nightly, `--cfg docsrs`): a badge on every item that needs a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod canonical;
 mod clock;
 mod idem;
