@@ -106,7 +106,8 @@ pub enum State {
 }
 
 impl State {
-    /// The compact code a durable backend stores.
+    /// The compact code a durable backend stores (the SQL ledger's encoding, not public API).
+    #[cfg(any(feature = "sea", test))]
     #[must_use]
     pub(crate) const fn code(self) -> i16 {
         match self {
@@ -118,6 +119,7 @@ impl State {
     }
 
     /// The state a stored code stands for.
+    #[cfg(any(feature = "sea", test))]
     #[must_use]
     pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {
@@ -198,6 +200,7 @@ pub enum Won {
 
 impl Won {
     /// The compact code a durable backend stores in the record's `attempt` column.
+    #[cfg(any(feature = "sea", test))]
     #[must_use]
     pub(crate) const fn code(self) -> i16 {
         match self {
@@ -208,6 +211,7 @@ impl Won {
     }
 
     /// The attempt a stored code stands for.
+    #[cfg(any(feature = "sea", test))]
     #[must_use]
     pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {
