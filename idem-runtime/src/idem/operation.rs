@@ -135,6 +135,7 @@ impl Operation {
     /// The result cannot be serialised or exceeds the size limit, the claim was superseded
     /// ([`LedgerError::Fenced`]), or the statement failed.
     #[cfg(feature = "sea")]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
     pub async fn complete_in<C, T>(&self, conn: &C, value: &T) -> Result<(), LedgerError>
     where
         C: sea_orm::ConnectionTrait,

@@ -26,6 +26,8 @@
 
 pub mod memory;
 #[cfg(feature = "sea")]
+// `sea` is internal: name the features a user turns on.
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub mod sea;
 
 use std::fmt;
