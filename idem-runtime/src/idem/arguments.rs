@@ -30,7 +30,7 @@ impl CallArguments<'static> {
     /// them by the recipe's paths.
     pub(super) fn of<A: Serialize + ?Sized>(recipe: &Recipe, arguments: &A) -> Result<Self, Rejection> {
         let invalid = |error| Rejection::InvalidArguments { error };
-        let Value::Object(all) = canonical::to_value(arguments).map_err(invalid)? else {
+        let Value::Object(all) = canonical::arguments_to_value(arguments).map_err(invalid)? else {
             return Err(invalid(CanonicalError::Invalid { message: "the arguments must be a JSON object".to_owned() }));
         };
         // A missing or null key path is refused: as `null` it would make every call without it
