@@ -6,7 +6,7 @@
 //! ```
 //!
 //! The demo bearer tokens take any `tenant:subject` at its word, so the server refuses to listen
-//! on an address that is not loopback: replace `mcp::demo_tokens()` with real validation first.
+//! on an address that is not loopback: replace `demo_tokens()` with real validation first.
 //!
 //! Options: `--processor-delay-ms N` makes the fake card processor slow (so "in flight" can be
 //! seen). The ledger is `IDEM_DATABASE_URL` (a URL or a SQLite file path), by default the SQLite
@@ -253,6 +253,15 @@ struct Options {
     processor_delay: Duration,
 }
 
+/// The demo validator: a bearer token `tenant:subject` is taken at its word. Replace it with real
+/// validation (a JWT check, a session lookup) before exposing the server.
+fn demo_tokens() -> mcp::Validator {
+    Arc::new(|token: &str| {
+        let (tenant, subject) = token.split_once(':')?;
+        Caller::try_new(tenant, subject).ok()
+    })
+}
+
 fn options() -> Result<Options, String> {
     let mut options = Options { http: None, processor_delay: Duration::ZERO };
     let mut args = std::env::args().skip(1);
@@ -302,7 +311,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 return Err(format!(
                     "refusing to serve on {address}: it is not a loopback address, and this example's demo bearer \
                      tokens accept any `tenant:subject` at its word. Serve on 127.0.0.1 or [::1], or replace \
-                     `mcp::demo_tokens()` with real token validation before exposing the server"
+                     `demo_tokens()` with real token validation before exposing the server"
                 )
                 .into());
             }
@@ -316,7 +325,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
             let app = axum::Router::new()
                 .nest_service("/mcp", service)
-                .layer(axum::middleware::from_fn_with_state(mcp::demo_tokens(), mcp::require_bearer));
+                .layer(axum::middleware::from_fn_with_state(demo_tokens(), mcp::require_bearer));
             let listener = tokio::net::TcpListener::bind(resolved.as_slice()).await?;
             tracing::info!("serving streamable HTTP at http://{}/mcp", listener.local_addr()?);
             axum::serve(listener, app).with_graceful_shutdown(async { drop(tokio::signal::ctrl_c().await) }).await?;

@@ -122,7 +122,7 @@ async fn main() {
     }
 
     // A fresh order id per run, so each run starts with a first call.
-    let order = format!("o-{}", idem_runtime::ledger::Token::random().0 % 1_000_000);
+    let order = format!("o-{}", idem_runtime::ledger::Token::random().get() % 1_000_000);
     println!("| {:<36} | {:<24} | {:>17} |", "call", "answer", "charges (process)");
     println!("|{:-<38}|{:-<26}|{:->19}|", "", "", "");
     let count = || payments.charges.load(Ordering::SeqCst);
@@ -139,7 +139,7 @@ async fn main() {
     row("same key, different note", &conflict, count());
 
     let bob = Caller::new("acme", "bob");
-    let other = idem_runtime::with_caller(bob, charge(&order, 1250, "order 17")).await;
+    let other = idem_runtime::run_as(bob, charge(&order, 1250, "order 17")).await;
     row("same call, another caller", &other, count());
 
     // Restart: a new process opens the same ledger file and repeats the first call.

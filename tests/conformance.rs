@@ -24,7 +24,7 @@ const NO_GRACE: u64 = 0;
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
     for chunk in bytes.chunks_mut(8) {
-        let token = Token::random().0.to_le_bytes();
+        let token = Token::random().get().to_le_bytes();
         chunk.copy_from_slice(&token[..chunk.len()]);
     }
     bytes
@@ -34,8 +34,8 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 fn request(now: u64) -> ClaimRequest {
     ClaimRequest {
         key: Key::from_bytes(random_bytes()),
-        tenant: TenantTag(random_bytes()),
-        subject: SubjectTag(random_bytes()),
+        tenant: TenantTag::from_bytes(random_bytes()),
+        subject: SubjectTag::from_bytes(random_bytes()),
         fingerprint: [7; 32],
         arg_tags: vec![[1, 1, 2, 2], [3, 3, 4, 4]],
         token: Token::random(),
@@ -472,7 +472,7 @@ pub async fn status_is_scoped_to_the_tenant(ledger: Arc<dyn Ledger>) {
     let reference = first.key.reference();
     let own = ledger.status(first.tenant, first.subject, reference, T0 + 1).await.unwrap();
     assert_eq!(own.map(|s| (s.reference, s.state)), Some((reference, State::Completed)));
-    let other_tenant = TenantTag(random_bytes());
+    let other_tenant = TenantTag::from_bytes(random_bytes());
     assert_eq!(ledger.status(other_tenant, first.subject, reference, T0 + 1).await.unwrap(), None);
     assert_eq!(
         ledger.resolve(other_tenant, reference, Resolution::NothingHappened, T0 + 1, T0 + 1).await,
@@ -491,7 +491,7 @@ pub async fn status_is_scoped_to_the_subject(ledger: Arc<dyn Ledger>) {
     let mine = request(T0);
     claim(&*ledger, &mine).await;
     complete(&*ledger, &mine, Outcome::Completed(b"mine".to_vec())).await;
-    let colleague = SubjectTag(random_bytes());
+    let colleague = SubjectTag::from_bytes(random_bytes());
     let reference = mine.key.reference();
     assert!(ledger.status(mine.tenant, mine.subject, reference, T0 + 1).await.unwrap().is_some());
     assert_eq!(ledger.status(mine.tenant, colleague, reference, T0 + 1).await.unwrap(), None, "a colleague's lookup");

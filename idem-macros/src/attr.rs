@@ -118,7 +118,7 @@ pub fn parse(cx: &mut Ctxt, tokens: TokenStream) -> Args {
     args
 }
 
-fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta) -> syn::Result<()> {
+fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
     let span = meta.path.segments.first().map_or_else(Span::call_site, |s| s.ident.span());
     let Some(name) = meta.path.get_ident().map(ToString::to_string) else {
         cx.error(span, format!("unknown option; the options are {OPTIONS}"));
@@ -149,7 +149,7 @@ fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta) -> syn::Res
 }
 
 /// Sets a string option from `option = "..."`; any other value is reported and skipped.
-fn set_string(cx: &mut Ctxt, meta: &ParseNestedMeta, span: Span, attr: &mut Attr<LitStr>) -> syn::Result<()> {
+fn set_string(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut Attr<LitStr>) -> syn::Result<()> {
     let mut value = meta.value()?.parse::<Expr>()?;
     // A `$key:literal` or `$key:expr` from `macro_rules!` arrives in an invisible group.
     while let Expr::Group(group) = value {
@@ -174,7 +174,7 @@ fn set_string(cx: &mut Ctxt, meta: &ParseNestedMeta, span: Span, attr: &mut Attr
 }
 
 /// Consumes the value of an option that will not be used: `= expr`, `(...)`, or nothing.
-fn skip_value(meta: &ParseNestedMeta) -> syn::Result<()> {
+fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
     if meta.input.peek(syn::Token![=]) {
         meta.value()?.parse::<Expr>()?;
     } else if meta.input.peek(syn::token::Paren) {

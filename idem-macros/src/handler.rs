@@ -17,7 +17,7 @@ pub struct Handler {
 }
 
 impl Parse for Handler {
-    fn parse(input: ParseStream) -> syn::Result<Self> {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let attrs = input.call(Attribute::parse_outer)?;
         let vis = input.parse()?;
         let sig: Signature = input.parse()?;

@@ -33,7 +33,7 @@ pub use handle::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, Idem,
 };
-pub use operation::{Operation, current_caller, current_operation, with_caller};
+pub use operation::{Operation, current_caller, current_operation, run_as};
 pub use stored::ResultSeal;
 
 /// Gives `#[idempotent]` methods their [`Idem`] handle: implement it for your server type.

@@ -187,15 +187,32 @@ impl std::error::Error for RefError {}
 /// path is refused by `Idem::call` unless the recipe declares it optional.)
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Fingerprint<'a> {
-    /// HMAC-SHA256 over the canonical object of the fingerprinted arguments.
-    pub digest: [u8; 32],
-    /// One tag per top-level argument, sorted by argument name (canonical order).
-    pub tags: Vec<[u8; 4]>,
-    /// The argument names, in the order of `tags`. Not stored.
-    pub names: Vec<&'a str>,
+    digest: [u8; 32],
+    tags: Vec<[u8; 4]>,
+    names: Vec<&'a str>,
 }
 
 impl<'a> Fingerprint<'a> {
+    /// HMAC-SHA256 over the canonical object of the fingerprinted arguments: what decides a
+    /// conflict.
+    #[must_use]
+    pub const fn digest(&self) -> &[u8; 32] {
+        &self.digest
+    }
+
+    /// One tag per top-level argument, sorted by argument name (canonical order): what names
+    /// the arguments that differ.
+    #[must_use]
+    pub fn tags(&self) -> &[[u8; 4]] {
+        &self.tags
+    }
+
+    /// The argument names, in the order of [`Fingerprint::tags`]. Not stored.
+    #[must_use]
+    pub fn names(&self) -> &[&'a str] {
+        &self.names
+    }
+
     /// Fingerprints the top-level members of `arguments` except the `ignore`d names and those
     /// whose value is `null` (absent and `null` are one state of an optional argument).
     ///

@@ -13,7 +13,12 @@
 //!   change a key.
 //! - [`Key`], [`Ref`], [`Fingerprint`]: what a call is, derived from a [`Recipe`] and a [`Scope`].
 //! - [`Ledger`]: the atomic claim and the record's state machine; [`MemoryLedger`] for tests.
-//! - [`Idem`]: the handle that runs a handler under a recipe ([`Idem::call`]).
+//! - [`Idem`]: the handle that runs a handler under a recipe ([`Idem::call`]), and the
+//!   operator's paths ([`Idem::status`], [`Idem::resolve`] with a [`Resolution`], [`Idem::sweep`]).
+//!
+//! Everything `Idem`'s and [`Operation`]'s methods take or return is named at this root; what
+//! only a ledger implementation needs lives in [`ledger`], what only an rmcp server needs in
+//! `mcp` (feature `rmcp`).
 //!
 //! ```
 //! use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Rejection};
@@ -59,6 +64,9 @@
 //! # }
 //! ```
 
+// On docs.rs (nightly, `--cfg docsrs`): a badge on every item that needs a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod canonical;
 mod clock;
 mod idem;
@@ -77,16 +85,16 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use idem::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,
-    StatusError, current_caller, current_operation, with_caller,
+    StatusError, current_caller, current_operation, run_as,
 };
 pub use key::{Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
-pub use ledger::{Ledger, LedgerError, State, StatusReport};
+pub use ledger::{Ledger, LedgerError, Resolution, State, StatusReport, Token};
 pub use recipe::{Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL};
 pub use scope::{Caller, CallerError, Scope, SubjectTag, TenantTag};
 pub use secret::{Secret, SecretError};
-pub use window::{WindowError, parse_window};
+pub use window::{MAX_WINDOW, WindowError, parse_window};
 
 /// Makes an async handler safe to repeat: derive a key, claim it, run once, replay the rest.
 ///
@@ -151,7 +159,7 @@ pub use window::{WindowError, parse_window};
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
 /// | `name = "charge"` | the tool name in the key, with the namespace ([`Idem::with_namespace`], else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. One handle refuses two handlers with one name in one namespace (`duplicate_tool`) | `#[tool(name = ...)]`, else the function's name |
 /// | `idem = self.payments_idem` | the [`Idem`] handle to use | [`HasIdem`] for methods, [`Idem::install`] for free functions |
-/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`with_caller`], or the idempotent handler this one runs inside), else [`Idem::with_local_caller`]; none: refused |
+/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Idem::with_local_caller`]; none: refused |
 /// | `crate = my_reexport::idem_runtime` | the path to this crate, for re-exporters | `::idem_runtime` |
 ///
 /// # With rmcp

@@ -165,9 +165,21 @@ impl Scope {
 /// A short keyed tag of a tenant, stored with each record so status lookups by ref only ever
 /// see the caller's own tenant.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct TenantTag(pub [u8; 8]);
+pub struct TenantTag([u8; 8]);
 
 impl TenantTag {
+    /// The tag a ledger stored as [`TenantTag::as_bytes`].
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; 8]) -> Self {
+        Self(bytes)
+    }
+
+    /// The bytes a ledger stores.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8; 8] {
+        &self.0
+    }
+
     /// The tag of `tenant` under `secret`.
     #[must_use]
     pub fn of(secret: &Secret, tenant: &str) -> Self {
@@ -182,11 +194,23 @@ impl TenantTag {
 /// ref only shows a caller its own operations — or, for records made with `scope = "tenant"`
 /// ([`SubjectTag::TENANT`]), the tenant's.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct SubjectTag(pub [u8; 8]);
+pub struct SubjectTag([u8; 8]);
 
 impl SubjectTag {
     /// The tag of records visible to the whole tenant (those made under `scope = "tenant"`).
     pub const TENANT: Self = Self([0; 8]);
+
+    /// The tag a ledger stored as [`SubjectTag::as_bytes`].
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; 8]) -> Self {
+        Self(bytes)
+    }
+
+    /// The bytes a ledger stores.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8; 8] {
+        &self.0
+    }
 
     /// The tag of `subject` of `tenant` under `secret` (never [`SubjectTag::TENANT`]).
     #[must_use]

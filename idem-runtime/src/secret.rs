@@ -154,14 +154,14 @@ impl Secret {
     /// # Errors
     /// The file cannot be read or written, or holds something that is not a secret.
     pub fn load_or_create(path: &Path) -> Result<Self, SecretError> {
-        let io = |error: std::io::Error| SecretError::Io { path: path.to_owned(), error: error.to_string() };
+        let io = |error: std::io::Error| SecretError::Io { path: path.to_owned(), error: std::sync::Arc::new(error) };
         match std::fs::read_to_string(path) {
             Ok(text) => return Self::parse(&text).map_err(|error| error.in_file(path)),
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(io(error)),
             Err(_) => {}
         }
         let (_, text) = Self::generate(1);
-        let temporary = path.with_extension(format!("tmp{}", crate::ledger::Token::random().0));
+        let temporary = path.with_extension(format!("tmp{}", crate::ledger::Token::random().get()));
         write_private(&temporary, &format!("{text}\n")).map_err(io)?;
         let linked = std::fs::hard_link(&temporary, path);
         let _ = std::fs::remove_file(&temporary);
@@ -217,8 +217,8 @@ pub(crate) fn ephemeral() -> Secret {
     EPHEMERAL.get_or_init(|| Secret::generate(1).0).clone()
 }
 
-/// Why there is no usable secret.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why there is no usable secret. Two errors are equal when they say the same thing.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum SecretError {
     /// None is configured, and the ledger is shared by replicas, which must share one.
@@ -240,8 +240,8 @@ pub enum SecretError {
     Io {
         /// The file.
         path: PathBuf,
-        /// The system's words.
-        error: String,
+        /// The system's error.
+        error: std::sync::Arc<std::io::Error>,
     },
     /// A malformed secret in an environment variable or file.
     In {
@@ -286,7 +286,32 @@ impl fmt::Display for SecretError {
     }
 }
 
-impl std::error::Error for SecretError {}
+impl std::error::Error for SecretError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Io { error, .. } => Some(&**error),
+            Self::In { error, .. } => Some(&**error),
+            Self::Required { .. } | Self::TooShort { .. } | Self::Malformed { .. } => None,
+        }
+    }
+}
+
+impl PartialEq for SecretError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Required { ledger: a }, Self::Required { ledger: b }) => a == b,
+            (Self::TooShort { bytes: a }, Self::TooShort { bytes: b }) => a == b,
+            (Self::Malformed { why: a }, Self::Malformed { why: b }) => a == b,
+            (Self::Io { path: a, error: x }, Self::Io { path: b, error: y }) => {
+                a == b && x.kind() == y.kind() && x.to_string() == y.to_string()
+            }
+            (Self::In { place: a, error: x }, Self::In { place: b, error: y }) => a == b && x == y,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for SecretError {}
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
@@ -364,7 +389,7 @@ mod tests {
     #[test]
     fn a_generated_secret_file_is_owner_only_and_reused() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("idem-secret-{}", crate::ledger::Token::random().0));
+        let dir = std::env::temp_dir().join(format!("idem-secret-{}", crate::ledger::Token::random().get()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ledger.sqlite3.secret");
         let first = Secret::load_or_create(&path).unwrap();

@@ -169,6 +169,35 @@ fn rust_integers_of_any_width_keep_their_digits() {
     }
 }
 
+/// `Idem::call` takes any `Serialize` and canonicalises it as `#[idempotent]` does: a NaN or an
+/// infinity is refused, never keyed as `null`; a struct and the same `Value` are one call.
+#[tokio::test]
+async fn typed_arguments_are_canonicalised_and_non_finite_numbers_refused() {
+    #[derive(Serialize)]
+    struct Reading {
+        order_id: &'static str,
+        celsius: f64,
+    }
+    let (idem, downstream, alice) = (Idem::new(MemoryLedger::new()), Downstream::default(), alice());
+    for celsius in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let reading = Reading { order_id: "o-1", celsius };
+        match idem.call(&SHIP, Some(&alice), &reading, || downstream.act()).await {
+            Err(ToolError::Rejected { code, message }) => {
+                assert_eq!(code, "invalid_arguments", "{message}");
+                assert!(message.contains("celsius"), "{message}");
+            }
+            Ok(_) => panic!("{celsius} was keyed"),
+        }
+    }
+    assert_eq!(downstream.effects(), 0);
+    let reading = Reading { order_id: "o-1", celsius: 21.5 };
+    let first = idem.call(&SHIP, Some(&alice), &reading, || downstream.act()).await.unwrap();
+    let as_json = json!({ "celsius": 21.5, "order_id": "o-1" });
+    let again = idem.call(&SHIP, Some(&alice), &as_json, || downstream.act()).await.unwrap();
+    assert!(again.replayed && again.reference == first.reference);
+    assert_eq!(downstream.effects(), 1);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Key paths that are missing or null
 // ---------------------------------------------------------------------------------------------

@@ -81,14 +81,14 @@ fn fingerprint_names_what_differs_and_respects_ignore() {
     let fewer_args = object(json!({ "card": "c" }));
     let stored = Fingerprint::of(&secret(), &first, &["note"]).unwrap();
     let same_but_note = Fingerprint::of(&secret(), &note_changed, &["note"]).unwrap();
-    assert_eq!(stored.digest, same_but_note.digest, "ignored arguments do not count");
+    assert_eq!(stored.digest(), same_but_note.digest(), "ignored arguments do not count");
     let changed = Fingerprint::of(&secret(), &changed_args, &["note"]).unwrap();
-    assert_ne!(stored.digest, changed.digest);
-    let (differing, missing) = changed.differing(&stored.tags);
+    assert_ne!(stored.digest(), changed.digest());
+    let (differing, missing) = changed.differing(stored.tags());
     assert_eq!(differing, vec!["amount".to_owned(), "memo".to_owned()]);
     assert_eq!(missing, 0);
     let fewer = Fingerprint::of(&secret(), &fewer_args, &[]).unwrap();
-    assert_eq!(fewer.differing(&stored.tags), (vec![], 1));
+    assert_eq!(fewer.differing(stored.tags()), (vec![], 1));
 }
 
 #[test]
@@ -127,8 +127,8 @@ fn integers_beyond_2_53_are_keyed_by_their_exact_digits() {
     let at = object(json!({ "at_ns": 1_700_000_000_123_456_789u64 }));
     let later = object(json!({ "at_ns": 1_700_000_000_123_456_790u64 }));
     assert_ne!(
-        Fingerprint::of(&secret(), &at, &[]).unwrap().digest,
-        Fingerprint::of(&secret(), &later, &[]).unwrap().digest
+        Fingerprint::of(&secret(), &at, &[]).unwrap().digest(),
+        Fingerprint::of(&secret(), &later, &[]).unwrap().digest()
     );
 }
 
@@ -139,27 +139,27 @@ fn a_null_argument_fingerprints_like_an_absent_one() {
     let explicit = object(json!({ "order_id": "o-1", "amount": 5, "note": null, "trace": null }));
     let (a, b) =
         (Fingerprint::of(&secret(), &omitted, &[]).unwrap(), Fingerprint::of(&secret(), &explicit, &[]).unwrap());
-    assert_eq!(a.digest, b.digest);
-    assert_eq!((&a.tags, &a.names), (&b.tags, &b.names));
-    assert_eq!(b.differing(&a.tags), (vec![], 0));
-    assert_eq!(a.differing(&b.tags), (vec![], 0));
+    assert_eq!(a.digest(), b.digest());
+    assert_eq!((a.tags(), a.names()), (b.tags(), b.names()));
+    assert_eq!(b.differing(a.tags()), (vec![], 0));
+    assert_eq!(a.differing(b.tags()), (vec![], 0));
     // The digest is the one of the object without its null members.
     let (only_null, empty) = (object(json!({ "note": null })), Map::new());
     assert_eq!(
-        Fingerprint::of(&secret(), &only_null, &[]).unwrap().digest,
-        Fingerprint::of(&secret(), &empty, &[]).unwrap().digest
+        Fingerprint::of(&secret(), &only_null, &[]).unwrap().digest(),
+        Fingerprint::of(&secret(), &empty, &[]).unwrap().digest()
     );
     // Setting it is a change, named; so is a null inside a value (that is data, not an absent
     // parameter).
     let noted = object(json!({ "order_id": "o-1", "amount": 5, "note": "x" }));
     let noted = Fingerprint::of(&secret(), &noted, &[]).unwrap();
-    assert_ne!(noted.digest, b.digest);
-    assert_eq!(noted.differing(&b.tags), (vec!["note".to_owned()], 0));
+    assert_ne!(noted.digest(), b.digest());
+    assert_eq!(noted.differing(b.tags()), (vec!["note".to_owned()], 0));
     let inner_null = object(json!({ "address": { "line2": null } }));
     let inner_absent = object(json!({ "address": {} }));
     assert_ne!(
-        Fingerprint::of(&secret(), &inner_null, &[]).unwrap().digest,
-        Fingerprint::of(&secret(), &inner_absent, &[]).unwrap().digest
+        Fingerprint::of(&secret(), &inner_null, &[]).unwrap().digest(),
+        Fingerprint::of(&secret(), &inner_absent, &[]).unwrap().digest()
     );
 }
 
@@ -230,7 +230,7 @@ proptest! {
             key("t", "s", "tool", reparsed.clone())
         );
         let (all, again) = (object(original), object(reparsed));
-        prop_assert_eq!(Fingerprint::of(&secret(), &all, &[]).unwrap().digest, Fingerprint::of(&secret(), &again, &[]).unwrap().digest);
+        prop_assert_eq!(*Fingerprint::of(&secret(), &all, &[]).unwrap().digest(), *Fingerprint::of(&secret(), &again, &[]).unwrap().digest());
     }
 
     /// Changing any selected value always changes the key.
@@ -268,7 +268,7 @@ fn colliding_name_tags_never_name_an_unchanged_argument() {
         let mut one = serde_json::Map::new();
         one.insert(name.to_owned(), serde_json::json!(1));
         let fingerprint = idem_runtime::Fingerprint::of(&secret(), &one, &[]).unwrap();
-        [fingerprint.tags[0][0], fingerprint.tags[0][1]]
+        [fingerprint.tags()[0][0], fingerprint.tags()[0][1]]
     };
     let mut seen = std::collections::HashMap::new();
     let (a, b) = (0..100_000)
@@ -279,5 +279,5 @@ fn colliding_name_tags_never_name_an_unchanged_argument() {
     arguments.insert(a.clone(), serde_json::json!("first value"));
     arguments.insert(b.clone(), serde_json::json!(["another", 2]));
     let fingerprint = idem_runtime::Fingerprint::of(&secret(), &arguments, &[]).unwrap();
-    assert_eq!(fingerprint.differing(&fingerprint.tags), (Vec::<String>::new(), 0), "{a} and {b}");
+    assert_eq!(fingerprint.differing(fingerprint.tags()), (Vec::<String>::new(), 0), "{a} and {b}");
 }

@@ -9,7 +9,7 @@ use idem_runtime::ledger::{
 };
 use idem_runtime::{
     Caller, ErrorClass, Idem, IdempotentError, Key, ManualClock, MemoryLedger, Recipe, Reconciled, Ref, Rejection,
-    StalePolicy, State, TenantTag, current_operation, with_caller,
+    StalePolicy, State, TenantTag, current_operation, run_as,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -170,7 +170,7 @@ async fn the_handler_reads_its_key_to_forward_it() {
         .call(&CHARGE, Some(&alice()), &charge(500, "x"), || async {
             let operation = current_operation().expect("inside an idempotent handler");
             assert_eq!(operation.tool(), "charge_card");
-            Ok::<_, ToolError>(operation.key().to_string())
+            Ok::<_, ToolError>(operation.ledger_key().to_string())
         })
         .await
         .unwrap();
@@ -217,7 +217,7 @@ async fn a_call_without_a_caller_fails_closed() {
     assert_eq!(processor.count(), 0);
     // A caller in scope, or a configured local identity, is used when none is passed.
     let args = charge(500, "x");
-    let scoped = with_caller(alice(), idem.call(&CHARGE, None, &args, || processor.charge(500)));
+    let scoped = run_as(alice(), idem.call(&CHARGE, None, &args, || processor.charge(500)));
     assert!(!scoped.await.unwrap().replayed);
     let local = idem.clone().with_local_caller(alice());
     assert!(local.call(&CHARGE, None, &charge(500, "x"), || processor.charge(500)).await.unwrap().replayed);
@@ -398,10 +398,10 @@ impl Faulty {
     fn fault<T: Send + 'static>(&self) -> Option<BoxFuture<'static, Result<T, LedgerError>>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
-            return Some(Box::pin(async { Err(LedgerError::Unavailable { detail: "connection refused".into() }) }));
+            return Some(Box::pin(async { Err(LedgerError::unavailable("connection refused")) }));
         }
         if self.silent.load(Ordering::SeqCst) {
-            return Some(Box::pin(async { Err(LedgerError::Ambiguous { detail: "connection reset".into() }) }));
+            return Some(Box::pin(async { Err(LedgerError::ambiguous("connection reset")) }));
         }
         None
     }
@@ -415,7 +415,7 @@ impl Ledger for Faulty {
         Box::pin(async move {
             let claim = self.inner.claim(request).await?;
             if self.lose.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-                return Err(LedgerError::Ambiguous { detail: "connection reset".into() });
+                return Err(LedgerError::ambiguous("connection reset"));
             }
             Ok(claim)
         })
@@ -862,6 +862,19 @@ fn a_ledger_timeout_not_under_the_lease_is_refused() {
         Idem::new(MemoryLedger::new()).with_lease(Duration::from_secs(2)).with_ledger_timeout(Duration::from_secs(5));
 }
 
+/// Settings are refused, never silently raised: a lease too short to renew, a zero ledger timeout.
+#[test]
+#[should_panic(expected = "the lease (2ms) must be at least 3ms")]
+fn a_lease_too_short_to_renew_is_refused() {
+    let _ = Idem::new(MemoryLedger::new()).with_lease(Duration::from_millis(2));
+}
+
+#[test]
+#[should_panic(expected = "the ledger timeout (0ns) must be at least 1ms")]
+fn a_zero_ledger_timeout_is_refused() {
+    let _ = Idem::new(MemoryLedger::new()).with_ledger_timeout(Duration::ZERO);
+}
+
 /// Issue 10.6: a handler slower than its window still gets its result replayed to the repeats
 /// that come right after it settles.
 #[tokio::test]
@@ -1004,4 +1017,22 @@ async fn a_clock_that_steps_back_is_measured_again_before_it_stamps_a_claim() {
     release.notify_one();
     assert_eq!(running.await.unwrap().unwrap().value, "receipt-1");
     assert_eq!(downstream.effects(), 1);
+}
+
+/// Errors keep their cause typed (`source()`), say the same as before, and convert with `?`.
+#[test]
+fn errors_keep_their_cause_and_their_words() {
+    use std::error::Error as _;
+    let cause = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+    let error = LedgerError::unavailable("connection refused").with_source(cause);
+    assert_eq!(error.to_string(), "the idempotency ledger is unavailable: connection refused");
+    let source = error.source().expect("the cause is kept");
+    assert_eq!(
+        source.downcast_ref::<std::io::Error>().map(std::io::Error::kind),
+        Some(std::io::ErrorKind::ConnectionRefused)
+    );
+    assert_eq!(error, LedgerError::unavailable("connection refused"), "equal when they say the same thing");
+    let status = idem_runtime::StatusError::from(error.clone());
+    assert_eq!(status.to_string(), error.to_string());
+    assert!(status.source().is_some_and(|source| source.is::<std::io::Error>()), "transparent: the cause itself");
 }

@@ -64,7 +64,7 @@ fn row(rows: &mut Vec<Row>, what: impl Into<String>, idem: String, baseline: Str
 /// Raw sqlx, same pool, same statements: the claim and the completion of one fresh key.
 async fn raw_pair(db: &sea_orm::DatabaseConnection, claim_sql: &'static str, complete_sql: &'static str, i: u64) {
     let key = random_key();
-    let token = Token::random().0 as i64;
+    let token = Token::random().get() as i64;
     let now = 1_700_000_000_000 + i as i64;
     let (fp, tags, result) = ([7u8; 32].to_vec(), vec![1u8, 2, 3, 4], vec![b'x'; 200]);
     match db.get_database_backend() {
@@ -173,7 +173,7 @@ async fn raw_read(db: &sea_orm::DatabaseConnection, key: Vec<u8>) {
 fn random_key() -> Vec<u8> {
     let mut key = Vec::with_capacity(32);
     for _ in 0..4 {
-        key.extend_from_slice(&Token::random().0.to_le_bytes());
+        key.extend_from_slice(&Token::random().get().to_le_bytes());
     }
     key
 }
@@ -183,7 +183,7 @@ fn caller() -> Caller {
 }
 
 async fn idem_pair(idem: &Idem, id: u64, value: &str) {
-    let args = json!({ "order_id": format!("{id}-{}", Token::random().0), "amount": 1250, "note": "n" });
+    let args = json!({ "order_id": format!("{id}-{}", Token::random().get()), "amount": 1250, "note": "n" });
     idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(value.to_owned()) }).await.unwrap();
 }
 
@@ -306,7 +306,7 @@ async fn storm(rows: &mut Vec<Row>, name: &str, ledger: Arc<dyn Ledger>) {
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let release = Arc::new(tokio::sync::Notify::new());
     let barrier = Arc::new(tokio::sync::Barrier::new(1000));
-    let args = json!({ "order_id": format!("storm-{}", Token::random().0) });
+    let args = json!({ "order_id": format!("storm-{}", Token::random().get()) });
     let handles: Vec<_> = (0..1000)
         .map(|_| {
             let (idem, runs, release, barrier, args) =
@@ -553,7 +553,7 @@ async fn statements(rows: &mut Vec<Row>, name: &str, url: &str) {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     });
     let idem = idem_tests::idem(SeaOrmLedger::from_connection(db));
-    let args = json!({ "order_id": format!("count-{}", Token::random().0) });
+    let args = json!({ "order_id": format!("count-{}", Token::random().get()) });
     idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(()) }).await.unwrap();
     let first = sent.swap(0, std::sync::atomic::Ordering::SeqCst);
     idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(()) }).await.unwrap();

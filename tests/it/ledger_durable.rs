@@ -35,7 +35,7 @@ fn alice() -> Caller {
 }
 
 fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", idem_runtime::ledger::Token::random().0)
+    format!("{prefix}-{}", idem_runtime::ledger::Token::random().get())
 }
 
 /// The database URL of `backend`, or `None` (reported skipped; a failure under CI).
@@ -319,11 +319,11 @@ async fn a_first_schema_table_is_upgraded_by_migrate() {
         "INSERT INTO idem_records VALUES (?, ?, 2, 1, ?, ?, 0, ?, ?, ?)",
         vec![
             key.as_bytes().to_vec().into(),
-            i64::from_be_bytes(idem_runtime::TenantTag::of(&secret, "acme").0).into(),
+            i64::from_be_bytes(*idem_runtime::TenantTag::of(&secret, "acme").as_bytes()).into(),
             i64::try_from(now).unwrap().into(),
             i64::try_from(now + 3_600_000).unwrap().into(),
-            fingerprint.digest.to_vec().into(),
-            fingerprint.tags.concat().into(),
+            fingerprint.digest().to_vec().into(),
+            fingerprint.tags().concat().into(),
             br#"{"ok":"from the first schema"}"#.to_vec().into(),
         ],
     );

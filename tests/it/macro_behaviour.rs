@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_runtime::{
-    Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, current_operation, idempotent,
-    with_caller,
+    Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, current_operation, idempotent, run_as,
 };
 use serde::{Deserialize, Serialize};
 
@@ -220,13 +219,13 @@ async fn free_functions_use_the_installed_handle_and_the_caller_in_scope() {
     let before = CHARGES.load(Ordering::SeqCst);
     let no_caller = charge("tok".into(), 5, None).await.unwrap_err();
     assert_eq!(no_caller.code(), "no_caller");
-    let a = with_caller(bob.clone(), charge("tok".into(), 5, Some("first".into()))).await.unwrap();
-    let b = with_caller(bob.clone(), charge("tok".into(), 5, Some("second".into()))).await.unwrap();
+    let a = run_as(bob.clone(), charge("tok".into(), 5, Some("first".into()))).await.unwrap();
+    let b = run_as(bob.clone(), charge("tok".into(), 5, Some("second".into()))).await.unwrap();
     assert_eq!(a, b, "memo is ignored: a replay, not a conflict");
     assert_eq!(CHARGES.load(Ordering::SeqCst) - before, 1);
-    let declined = with_caller(bob.clone(), charge("tok".into(), 2_000_000, None)).await.unwrap_err();
+    let declined = run_as(bob.clone(), charge("tok".into(), 2_000_000, None)).await.unwrap_err();
     assert_eq!(declined, ShopError::Declined);
-    let replayed = with_caller(bob, charge("tok".into(), 2_000_000, None)).await.unwrap_err();
+    let replayed = run_as(bob, charge("tok".into(), 2_000_000, None)).await.unwrap_err();
     assert_eq!(replayed, ShopError::Declined, "a final error is replayed");
     assert_eq!(CHARGES.load(Ordering::SeqCst) - before, 1);
 }

@@ -6,7 +6,7 @@
 
 use idem_runtime::{
     Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Operation, Reconciled, Rejection,
-    audit_idempotent, idempotent, with_caller,
+    audit_idempotent, idempotent, run_as,
 };
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
@@ -103,7 +103,7 @@ impl Shop {
     }
 
     async fn check(&self, operation: Operation) -> Reconciled<String, ShopError> {
-        // Stands in for asking the downstream about `operation.key()`.
+        // Stands in for asking the downstream about `operation.ledger_key()`.
         tokio::task::yield_now().await;
         let _ = (&self.idem, operation.reference());
         Reconciled::NothingHappened
@@ -165,7 +165,7 @@ async fn free_functions_run() {
     let explicit = Idem::new(MemoryLedger::new());
     explicit.install();
     let caller = Caller::new("acme", "bob");
-    assert_eq!(with_caller(caller.clone(), charge("tok".to_owned(), 5, None)).await, Ok(5));
-    assert_eq!(with_caller(caller.clone(), underscored("tok".to_owned(), None)).await, Ok("tok".to_owned()));
-    assert_eq!(with_caller(caller, store(1, vec!["a".to_owned()])).await, Ok(vec!["a".to_owned()]));
+    assert_eq!(run_as(caller.clone(), charge("tok".to_owned(), 5, None)).await, Ok(5));
+    assert_eq!(run_as(caller.clone(), underscored("tok".to_owned(), None)).await, Ok("tok".to_owned()));
+    assert_eq!(run_as(caller, store(1, vec!["a".to_owned()])).await, Ok(vec!["a".to_owned()]));
 }

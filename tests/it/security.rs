@@ -107,7 +107,7 @@ async fn with_the_secret_the_same_search_finds_the_amount() {
         })
         .filter(|amount| {
             let candidate = json!({ "card": CARD, "amount_cents": amount });
-            Fingerprint::of(&secret, candidate.as_object().unwrap(), &[]).unwrap().digest[..] == fingerprint[..]
+            Fingerprint::of(&secret, candidate.as_object().unwrap(), &[]).unwrap().digest()[..] == fingerprint[..]
         })
         .collect();
     assert_eq!(found, vec![AMOUNT]);
@@ -199,7 +199,7 @@ async fn replicas_mid_rotation_never_both_run_one_operation() {
 /// file, owner-only, and reused after a restart (so the restarted process replays).
 #[tokio::test]
 async fn the_sqlite_default_keeps_its_own_secret_beside_the_file() {
-    let dir = std::env::temp_dir().join(format!("idem-security-{}", idem_runtime::ledger::Token::random().0));
+    let dir = std::env::temp_dir().join(format!("idem-security-{}", idem_runtime::ledger::Token::random().get()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("ledger.sqlite3");
     let url = format!("sqlite://{}?mode=rwc", file.display());
@@ -424,7 +424,7 @@ impl Keyed {
     #[idem_runtime::idempotent(key = "id")]
     async fn create(&self, id: String) -> Result<String, Error> {
         let _ = id;
-        Ok(idem_runtime::current_operation().unwrap().key().to_string())
+        Ok(idem_runtime::current_operation().unwrap().ledger_key().to_string())
     }
 }
 
@@ -744,7 +744,7 @@ fn the_demo_tokens_refuse_a_non_loopback_address() {
     let profile = exe.parent().and_then(std::path::Path::parent).unwrap();
     let server = profile.join("examples").join(format!("mcp_server{}", std::env::consts::EXE_SUFFIX));
     assert!(server.is_file(), "build the example first: cargo build --example mcp_server");
-    let dir = std::env::temp_dir().join(format!("idem-demo-{}", idem_runtime::ledger::Token::random().0));
+    let dir = std::env::temp_dir().join(format!("idem-demo-{}", idem_runtime::ledger::Token::random().get()));
     std::fs::create_dir_all(&dir).unwrap();
     for address in ["0.0.0.0:0", "[::]:0"] {
         let mut child = std::process::Command::new(&server)

@@ -49,7 +49,7 @@ async fn ledger(backend: &str, test: &str) -> Option<Arc<dyn Ledger>> {
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
     for chunk in bytes.chunks_mut(8) {
-        chunk.copy_from_slice(&Token::random().0.to_le_bytes()[..chunk.len()]);
+        chunk.copy_from_slice(&Token::random().get().to_le_bytes()[..chunk.len()]);
     }
     bytes
 }
@@ -60,7 +60,7 @@ fn requests() -> (ClaimRequest, ClaimRequest) {
     let now = SystemClock.now_ms();
     let a = ClaimRequest {
         key: Key::from_bytes(random_bytes()),
-        tenant: TenantTag(random_bytes()),
+        tenant: TenantTag::from_bytes(random_bytes()),
         subject: idem_runtime::SubjectTag::TENANT,
         fingerprint: [3; 32],
         arg_tags: vec![[1, 2, 3, 4]],

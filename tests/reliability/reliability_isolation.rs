@@ -54,7 +54,7 @@ macro_rules! on_every_ledger {
 on_every_ledger!(tenants_never_see_each_other);
 
 fn random_ref() -> String {
-    format!("{:016x}", idem_runtime::ledger::Token::random().0 ^ (idem_runtime::ledger::Token::random().0 << 1))
+    format!("{:016x}", idem_runtime::ledger::Token::random().get() ^ (idem_runtime::ledger::Token::random().get() << 1))
 }
 
 async fn tenants_never_see_each_other(backend: &str) {

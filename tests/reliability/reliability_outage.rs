@@ -191,7 +191,7 @@ async fn call_once(idem: &Idem, caller: &Caller, order: &str, downstream: &Downs
         .call(&CHARGE, Some(caller), &arguments, || async {
             started.store(true, Ordering::SeqCst);
             let operation = current_operation().unwrap();
-            tally.started.lock().unwrap().push((order.to_owned(), operation.key().to_string()));
+            tally.started.lock().unwrap().push((order.to_owned(), operation.ledger_key().to_string()));
             // The downstream dedupes on what users forward.
             let receipt = downstream.charge(&operation.idempotency_key(), order);
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -349,7 +349,7 @@ async fn outage(test: &str, url: &str, fault: Fault) {
             let result = idem
                 .call(&CHARGE, Some(&caller), &arguments, || async {
                     let operation = current_operation().unwrap();
-                    tally.started.lock().unwrap().push((order.clone(), operation.key().to_string()));
+                    tally.started.lock().unwrap().push((order.clone(), operation.ledger_key().to_string()));
                     Ok::<_, RelError>(downstream.charge(&operation.idempotency_key(), order))
                 })
                 .await;

@@ -167,7 +167,7 @@ async fn many_keys(backend: &str) {
     let Some((_, ledger)) = support::connect(backend, "reliability_storm::many_keys").await else { return };
     let idem = idem_tests::idem(ledger);
     let (calls, keys, workers) = (scale(2_000, 10_000), 100usize, 32usize);
-    let seed = idem_runtime::ledger::Token::random().0 | 1;
+    let seed = idem_runtime::ledger::Token::random().get() | 1;
     let mut rng = Rng(seed);
     let prefix = unique("order");
     let plan: Arc<Vec<String>> = Arc::new(

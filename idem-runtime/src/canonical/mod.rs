@@ -14,7 +14,8 @@
 //!   `null`), a member name emitted twice is an error (serde_json keeps the last), an integer
 //!   beyond the 64-bit range that a double cannot hold exactly is an error (rounding would put
 //!   two integers on one key), and so is nesting beyond [`MAX_DEPTH`]. `#[idempotent]` builds
-//!   a handler's arguments with it.
+//!   a handler's arguments with it, and [`Idem::call`](crate::Idem::call) canonicalises the
+//!   arguments it is given with it.
 //! * **The strict parser** ([`parse_strict`]) turns JSON *text* into a `Value`, for callers who
 //!   hold text: it refuses a member name twice in one object (a parser would silently keep one
 //!   of them) and rounds every number exactly. idem does not call it itself: rmcp hands tools
@@ -63,6 +64,7 @@ mod serialize;
 pub use encode::{to_canonical_vec, utf16_cmp, write_canonical, write_canonical_str};
 pub use error::CanonicalError;
 pub use parse::parse_strict;
+pub(crate) use serialize::arguments_to_value;
 pub use serialize::to_value;
 
 use error::Path;

@@ -8,8 +8,8 @@
 //! must equal a double exactly, map keys must be string-like, and nesting is bounded by
 //! [`MAX_DEPTH`](super::MAX_DEPTH). Every value it returns, the encoder accepts.
 //!
-//! This is how `#[idempotent]` turns a handler's parameters into arguments, and what
-//! [`Idem::call`](crate::Idem::call) asks callers building arguments from Rust values to use.
+//! This is how `#[idempotent]` turns a handler's parameters into arguments, and how
+//! [`Idem::call`](crate::Idem::call) canonicalises the arguments it is given.
 
 use std::fmt;
 
@@ -37,7 +37,15 @@ use super::error::{CanonicalError, Path};
 /// within it) is kept exactly, and [`write_canonical`](super::write_canonical) writes its exact
 /// digits: snowflake ids and nanosecond timestamps are accepted.
 pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Result<Value, CanonicalError> {
-    value.serialize(ValueSerializer { path: &Path::Root, depth: 0 }).map_err(|Failure(error)| error)
+    value.serialize(ValueSerializer { path: &Path::Root, depth: 0, arguments: false }).map_err(|Failure(error)| error)
+}
+
+/// [`to_value`] for a call's arguments, an object of arguments by name: each argument is bounded
+/// by [`MAX_DEPTH`](super::MAX_DEPTH) on its own, as if serialised alone (the object holding
+/// them is not a level of any argument), so an argument is accepted whether it arrives alone or
+/// in a JSON object of arguments.
+pub(crate) fn arguments_to_value<T: Serialize + ?Sized>(value: &T) -> Result<Value, CanonicalError> {
+    value.serialize(ValueSerializer { path: &Path::Root, depth: 0, arguments: true }).map_err(|Failure(error)| error)
 }
 
 /// serde needs an error type implementing `serde::ser::Error`; wrapping keeps
@@ -74,6 +82,8 @@ const LEN_HINT_CAP: usize = 1024;
 struct ValueSerializer<'p> {
     path: &'p Path<'p>,
     depth: usize,
+    /// The object of a call's arguments (see [`arguments_to_value`]): it adds no level.
+    arguments: bool,
 }
 
 /// `{variant: inner}`, the externally tagged form serde_json uses for enums.
@@ -95,7 +105,7 @@ impl<'p> ValueSerializer<'p> {
 
     /// Opens an object, or an object holding an object for struct variants.
     fn open_map(self, variant: Option<&'static str>) -> Result<MapBuilder<'p>, Failure> {
-        let mut depth = enter(self.path, self.depth)?;
+        let mut depth = if self.arguments && variant.is_none() { self.depth } else { enter(self.path, self.depth)? };
         if let Some(name) = variant {
             depth = enter(&Path::Key(self.path, name), depth)?;
         }
@@ -222,7 +232,8 @@ impl<'p> ser::Serializer for ValueSerializer<'p> {
         value: &T,
     ) -> Result<Value, Failure> {
         let depth = enter(self.path, self.depth)?;
-        let inner = value.serialize(ValueSerializer { path: &Path::Key(self.path, variant), depth })?;
+        let inner =
+            value.serialize(ValueSerializer { path: &Path::Key(self.path, variant), depth, arguments: false })?;
         Ok(tagged(variant, inner))
     }
 
@@ -286,8 +297,11 @@ impl SeqBuilder<'_> {
             }
             None => self.parent,
         };
-        let item =
-            value.serialize(ValueSerializer { path: &Path::Index(base, self.items.len()), depth: self.depth })?;
+        let item = value.serialize(ValueSerializer {
+            path: &Path::Index(base, self.items.len()),
+            depth: self.depth,
+            arguments: false,
+        })?;
         self.items.push(item);
         Ok(())
     }
@@ -387,8 +401,9 @@ impl MapBuilder<'_> {
             return Err(ser::Error::custom("serialize_value was called before serialize_key"));
         };
         let depth = self.depth;
-        let member =
-            self.with_object_path(|path| value.serialize(ValueSerializer { path: &Path::Key(path, &key), depth }))?;
+        let member = self.with_object_path(|path| {
+            value.serialize(ValueSerializer { path: &Path::Key(path, &key), depth, arguments: false })
+        })?;
         self.map.insert(key, member);
         Ok(())
     }

@@ -33,7 +33,34 @@ impl std::fmt::Display for StatusError {
     }
 }
 
-impl std::error::Error for StatusError {}
+/// Transparent, as its message is: the wrapped error's own cause.
+impl std::error::Error for StatusError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Ref(error) => error.source(),
+            Self::Ledger(error) => error.source(),
+            Self::Secret(error) => error.source(),
+        }
+    }
+}
+
+impl From<RefError> for StatusError {
+    fn from(error: RefError) -> Self {
+        Self::Ref(error)
+    }
+}
+
+impl From<LedgerError> for StatusError {
+    fn from(error: LedgerError) -> Self {
+        Self::Ledger(error)
+    }
+}
+
+impl From<SecretError> for StatusError {
+    fn from(error: SecretError) -> Self {
+        Self::Secret(error)
+    }
+}
 
 impl Idem {
     /// The status of operation `reference`, if the caller may see it: its own operations, and
@@ -42,14 +69,13 @@ impl Idem {
     /// # Errors
     /// A malformed ref, or the ledger's failure.
     pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
-        let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
-        let keyring = self.keyring().map_err(StatusError::Secret)?;
-        let (now, _) = self.ledger_time().await.map_err(StatusError::Ledger)?;
+        let reference = Ref::parse(reference)?;
+        let keyring = self.keyring()?;
+        let (now, _) = self.ledger_time().await?;
         for secret in keyring.all() {
             let tenant = TenantTag::of(secret, caller.tenant());
             let subject = SubjectTag::of(secret, caller.tenant(), caller.subject());
-            let report =
-                self.inner.ledger.status(tenant, subject, reference, now).await.map_err(StatusError::Ledger)?;
+            let report = self.inner.ledger.status(tenant, subject, reference, now).await?;
             if let Some(mut report) = report {
                 // An unopenable result is not shown (the error is logged); its state still is.
                 report.result = report.result.and_then(|stored| self.open(stored, report.reference).ok());
@@ -66,16 +92,14 @@ impl Idem {
     /// # Errors
     /// A malformed ref, no such operation, or one that is not unknown.
     pub async fn resolve(&self, caller: &Caller, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
-        let reference = Ref::parse(reference).map_err(StatusError::Ref)?;
-        let keyring = self.keyring().map_err(StatusError::Secret)?;
+        let reference = Ref::parse(reference)?;
+        let keyring = self.keyring()?;
         // A resolve acts on time (is the holder's lease over?): only on a settled clock.
-        let now = self.trusted_time().await.map_err(StatusError::Ledger)?;
+        let now = self.trusted_time().await?;
         let keep_until = clamp(now.saturating_add(millis(self.inner.verdict_retention)));
         let resolution = match resolution {
             Resolution::Completed(plain) => {
-                let sealed = self
-                    .seal(plain)
-                    .map_err(|error| StatusError::Ledger(LedgerError::Corrupt { detail: error.to_string() }))?;
+                let sealed = self.seal(plain).map_err(|error| LedgerError::corrupt(error.to_string()))?;
                 Resolution::Completed(sealed)
             }
             other => other,
@@ -88,10 +112,11 @@ impl Idem {
                 break;
             }
         }
-        answer.map_err(StatusError::Ledger)
+        Ok(answer?)
     }
 
-    /// Deletes expired records, `batch` at a time, until none are left; returns how many.
+    /// Deletes expired records, `batch` at a time (a `batch` of 0 counts as 1), until none are
+    /// left; returns how many.
     ///
     /// # Errors
     /// The ledger's failure; records deleted before it stay deleted.

@@ -2,9 +2,10 @@
 //! input), the key's arguments by path, the task id — and the scope and moment a key is
 //! derived in ([`Derive`]).
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::canonical::CanonicalError;
+use crate::canonical::{self, CanonicalError};
 use crate::key::Key;
 use crate::recipe::{Recipe, ScopeRule};
 use crate::rejection::Rejection;
@@ -24,20 +25,20 @@ pub(crate) struct CallArguments<'a> {
     pub(crate) task: Option<Value>,
 }
 
-impl<'a> CallArguments<'a> {
-    /// Splits a JSON object of arguments by the recipe's paths.
-    pub(super) fn from_json(recipe: &Recipe, arguments: &'a Value) -> Result<Self, Rejection> {
-        let Value::Object(all) = arguments else {
-            return Err(Rejection::InvalidArguments {
-                error: CanonicalError::Invalid { message: "the arguments must be a JSON object".to_owned() },
-            });
+impl CallArguments<'static> {
+    /// Canonicalises `arguments` (an object of arguments by name, refused otherwise) and splits
+    /// them by the recipe's paths.
+    pub(super) fn of<A: Serialize + ?Sized>(recipe: &Recipe, arguments: &A) -> Result<Self, Rejection> {
+        let invalid = |error| Rejection::InvalidArguments { error };
+        let Value::Object(all) = canonical::arguments_to_value(arguments).map_err(invalid)? else {
+            return Err(invalid(CanonicalError::Invalid { message: "the arguments must be a JSON object".to_owned() }));
         };
         // A missing or null key path is refused: as `null` it would make every call without it
         // (a typo, a forgetful client) one operation. Only the recipe's optional key paths take
         // "absent" as a value, and then absent and null are one value.
         let mut selected = Map::with_capacity(recipe.key_paths().len());
         for path in recipe.key_paths() {
-            let value = match lookup(all, path) {
+            let value = match lookup(&all, path) {
                 Some(value) if !value.is_null() => value.clone(),
                 _ if recipe.is_optional_key(path) => Value::Null,
                 _ => {
@@ -49,10 +50,10 @@ impl<'a> CallArguments<'a> {
             selected.insert((*path).to_owned(), value);
         }
         let task = match recipe.scope_rule() {
-            ScopeRule::Task(path) => lookup(all, path).cloned(),
+            ScopeRule::Task(path) => lookup(&all, path).cloned(),
             _ => None,
         };
-        Ok(Self { all: std::borrow::Cow::Borrowed(all), selected, task })
+        Ok(Self { all: std::borrow::Cow::Owned(all), selected, task })
     }
 }
 
@@ -91,16 +92,21 @@ pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArgumen
 }
 
 impl Idem {
-    /// The key a call of `recipe` by `caller` with `arguments` (a JSON object, as for
-    /// [`Idem::call`]) has under this handle's current secret: what the handler would see as
-    /// [`Operation::key`](super::Operation::key), and whose [`Key::reference`] the caller would
-    /// be given. For operators and tests; a secret-less derivation does not exist.
+    /// The key a call of `recipe` by `caller` with `arguments` (as given to [`Idem::call`]) has
+    /// under this handle's current secret: what the handler would see as
+    /// [`Operation::ledger_key`](super::Operation::ledger_key), and whose [`Key::reference`] the
+    /// caller would be given. For operators and tests; a secret-less derivation does not exist.
     ///
     /// # Errors
     /// As [`Idem::call`] refuses: no secret, invalid arguments, a missing task id.
-    pub fn key_of(&self, recipe: &Recipe, caller: &Caller, arguments: &Value) -> Result<Key, Rejection> {
+    pub fn key_of(
+        &self,
+        recipe: &Recipe,
+        caller: &Caller,
+        arguments: &(impl Serialize + ?Sized),
+    ) -> Result<Key, Rejection> {
         let keyring = self.keyring().map_err(|error| no_secret(&error))?;
-        let arguments = CallArguments::from_json(recipe, arguments)?;
+        let arguments = CallArguments::of(recipe, arguments)?;
         let scope = scope_of(recipe, caller, &arguments)?;
         Key::derive(&keyring.current, self.namespace(recipe), &scope, recipe.tool(), &arguments.selected)
             .map_err(|error| Rejection::InvalidArguments { error })

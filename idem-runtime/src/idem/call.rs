@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
 
 use crate::key::{Fingerprint, Key, Ref};
 use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won};
@@ -52,12 +51,13 @@ pub enum Reconciled<T, E> {
 impl Idem {
     /// Runs `handler` as the operation `recipe` derives from `caller` and `arguments`, at most
     /// once per key, and answers repeats from the ledger. `caller` falls back to the one in
-    /// scope ([`with_caller`](super::with_caller)) and then to the local caller; with none, the
+    /// scope ([`run_as`](super::run_as)) and then to the local caller; with none, the
     /// call is refused.
     ///
-    /// `arguments` must be a JSON object of the tool's arguments by name. Build it from Rust
-    /// values with [`crate::canonical::to_value`], not `serde_json::json!`/`to_value`: those turn
-    /// NaN and infinities into `null` before idem can refuse them. (`#[idempotent]` does this.)
+    /// `arguments` are the tool's arguments by name: anything that serialises to an object (a
+    /// struct, a map, a `serde_json::Value` object). They are canonicalised here, as
+    /// `#[idempotent]` does ([`crate::canonical::to_value`]): NaN, infinities and other values
+    /// without a canonical form are refused (`invalid_arguments`), never keyed as `null`.
     ///
     /// # Errors
     /// The handler's own error, or `E::from_rejection` of why it did not run.
@@ -65,7 +65,7 @@ impl Idem {
         &self,
         recipe: &Recipe,
         caller: Option<&Caller>,
-        arguments: &Value,
+        arguments: &(impl Serialize + ?Sized),
         handler: F,
     ) -> Result<Served<T>, E>
     where
@@ -87,7 +87,7 @@ impl Idem {
         &self,
         recipe: &Recipe,
         caller: Option<&Caller>,
-        arguments: &Value,
+        arguments: &(impl Serialize + ?Sized),
         reconcile: R,
         handler: F,
     ) -> Result<Served<T>, E>
@@ -99,7 +99,7 @@ impl Idem {
         R: FnOnce(Operation) -> RFut,
         RFut: Future<Output = Reconciled<T, E>>,
     {
-        let arguments = CallArguments::from_json(recipe, arguments);
+        let arguments = CallArguments::of(recipe, arguments);
         match self.execute(recipe, caller, true, arguments, reconcile, handler).await {
             Ok(Served { value: Ok(value), replayed, reference }) => Ok(Served { value, replayed, reference }),
             Ok(Served { value: Err(error), .. }) => Err(error),
@@ -189,7 +189,7 @@ impl Idem {
     }
 
     /// The caller of a call: the one given, else (with `fallback`) the one in scope
-    /// ([`with_caller`](super::with_caller), an outer idempotent handler's), else the local
+    /// ([`run_as`](super::run_as), an outer idempotent handler's), else the local
     /// identity; none: refused.
     fn caller<'c>(&self, caller: Option<&'c Caller>, fallback: bool) -> Result<Cow<'c, Caller>, Rejection> {
         match caller {
@@ -232,8 +232,8 @@ impl<'a> Attempt<'a> {
             key,
             tenant: at.scope.tenant_tag(secret),
             subject: at.scope.subject_tag(secret),
-            fingerprint: fingerprint.digest,
-            arg_tags: fingerprint.tags.clone(),
+            fingerprint: *fingerprint.digest(),
+            arg_tags: fingerprint.tags().to_vec(),
             token: Token::random(),
             now,
             window_end,
@@ -457,7 +457,7 @@ impl<'a> Attempt<'a> {
         for pause in [50, 250, 0] {
             match self.idem.complete_once(&self.request, &outcome, recorded, give_back).await {
                 Ok(fenced) => return fenced,
-                Err(LedgerError::Unavailable { detail } | LedgerError::Ambiguous { detail }) => {
+                Err(LedgerError::Unavailable { detail, .. } | LedgerError::Ambiguous { detail, .. }) => {
                     tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
                     tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
                 }

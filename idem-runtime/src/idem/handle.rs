@@ -34,10 +34,20 @@ pub const DEFAULT_VERDICT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long an operation that never settled (unknown, or in progress under a dead holder) is
 /// kept past its window for an operator, before the sweep may delete it.
 pub const DEFAULT_UNSETTLED_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The shortest lease [`Idem::with_lease`] accepts: it is renewed every third of it, in whole
+/// milliseconds.
+const MIN_LEASE: Duration = Duration::from_millis(3);
+/// The shortest ledger timeout [`Idem::with_ledger_timeout`] accepts.
+const MIN_LEDGER_TIMEOUT: Duration = Duration::from_millis(1);
 /// The namespace of keys when none is configured.
 const DEFAULT_NAMESPACE: &str = "default";
 
 /// The handle that runs handlers under recipes: a ledger, a clock and the limits. Cheap to clone.
+///
+/// The `with_*` builders refuse (panic) a value that cannot work, and say so under `# Panics`;
+/// they change no value silently, with two rules that hold for every duration: ledger time
+/// counts whole milliseconds (a sub-millisecond part is dropped), and a time beyond what a
+/// signed 64-bit count of milliseconds holds (some 292 million years) stays at that end.
 #[derive(Clone)]
 pub struct Idem {
     pub(super) inner: Arc<Inner>,
@@ -147,15 +157,19 @@ impl Idem {
     /// How long a claim is held before a repeat may treat its holder as dead (default 30 s).
     /// A running handler renews it every third of this, so it bounds detection of a crash, not
     /// the handler's running time. A ledger timeout left at its default is lowered to half the
-    /// lease.
+    /// lease (a ledger timeout set by hand is never changed: see below).
     ///
     /// # Panics
-    /// If a ledger timeout set with [`Idem::with_ledger_timeout`] is not under half of `lease`:
+    /// If `lease` is under 3 ms: the renewer renews every third of it, in whole milliseconds.
+    /// If a ledger timeout set with [`Idem::with_ledger_timeout`] is more than half of `lease`:
     /// a claim whose answer could take longer than its lease could be taken over before its
     /// holder learns it won.
     #[must_use]
     pub fn with_lease(self, lease: Duration) -> Self {
-        let lease = lease.max(Duration::from_millis(3));
+        assert!(
+            lease >= MIN_LEASE,
+            "the lease ({lease:?}) must be at least {MIN_LEASE:?}: a running handler renews it every third of it"
+        );
         self.configure(|inner| {
             inner.lease = lease;
             if inner.ledger_timeout > lease / 2 {
@@ -212,11 +226,15 @@ impl Idem {
     /// caller is told so.
     ///
     /// # Panics
-    /// If `timeout` is not under half the lease: a claim answered after its lease ran out
-    /// could already belong to someone else. Set a longer lease first ([`Idem::with_lease`]).
+    /// If `timeout` is under 1 ms (no statement answers in no time), or more than half the
+    /// lease: a claim answered after its lease ran out could already belong to someone else.
+    /// Set a longer lease first ([`Idem::with_lease`]).
     #[must_use]
     pub fn with_ledger_timeout(self, timeout: Duration) -> Self {
-        let timeout = timeout.max(Duration::from_millis(1));
+        assert!(
+            timeout >= MIN_LEDGER_TIMEOUT,
+            "the ledger timeout ({timeout:?}) must be at least {MIN_LEDGER_TIMEOUT:?}: no statement answers in no time"
+        );
         self.configure(|inner| {
             assert!(
                 timeout <= inner.lease / 2,
@@ -230,7 +248,7 @@ impl Idem {
     }
 
     /// The caller to use when none is given and none is in scope
-    /// ([`with_caller`](super::with_caller)): the configured identity of a local, single-user
+    /// ([`run_as`](super::run_as)): the configured identity of a local, single-user
     /// transport such as stdio.
     #[must_use]
     pub fn with_local_caller(self, caller: Caller) -> Self {
@@ -332,9 +350,10 @@ impl Idem {
     ) -> Result<T, LedgerError> {
         match tokio::time::timeout(self.inner.ledger_timeout, operation).await {
             Ok(result) => result,
-            Err(_) => Err(LedgerError::Ambiguous {
-                detail: format!("no answer within {} ms", self.inner.ledger_timeout.as_millis()),
-            }),
+            Err(elapsed) => {
+                Err(LedgerError::ambiguous(format!("no answer within {} ms", self.inner.ledger_timeout.as_millis()))
+                    .with_source(elapsed))
+            }
         }
     }
 }

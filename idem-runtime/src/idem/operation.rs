@@ -55,10 +55,12 @@ pub(super) struct LeaseState {
 }
 
 impl Operation {
-    /// The operation's ledger key. It is the same in every window; forward
-    /// [`Operation::idempotency_key`] downstream instead.
+    /// The operation's key in the ledger — **never forward this**: it is the same in every
+    /// window, so a downstream that dedupes on it would answer a new operation (after the window
+    /// ended) with an old one's result. Forward [`Operation::idempotency_key`] instead. For
+    /// operators and tests that look the record up ([`Ledger::lookup`](crate::Ledger::lookup)).
     #[must_use]
-    pub const fn key(&self) -> &Key {
+    pub const fn ledger_key(&self) -> &Key {
         &self.key
     }
 
@@ -120,11 +122,11 @@ impl Operation {
     /// # use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
     /// # async fn handler(db: &DatabaseConnection) -> Result<String, LedgerError> {
     /// let operation = current_operation().expect("inside an idempotent handler");
-    /// let txn = db.begin().await.map_err(|e| LedgerError::Unavailable { detail: e.to_string() })?;
+    /// let txn = db.begin().await?; // a `DbErr` converts into a `LedgerError`
     /// txn.execute_unprepared("INSERT INTO orders (id) VALUES ('o-1')").await.ok();
     /// let receipt = "order o-1 placed".to_owned();
     /// operation.complete_in(&txn, &receipt).await?;
-    /// txn.commit().await.map_err(|e| LedgerError::Unavailable { detail: e.to_string() })?;
+    /// txn.commit().await?;
     /// Ok(receipt)
     /// # }
     /// ```
@@ -133,13 +135,13 @@ impl Operation {
     /// The result cannot be serialised or exceeds the size limit, the claim was superseded
     /// ([`LedgerError::Fenced`]), or the statement failed.
     #[cfg(feature = "sea")]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
     pub async fn complete_in<C, T>(&self, conn: &C, value: &T) -> Result<(), LedgerError>
     where
         C: sea_orm::ConnectionTrait,
         T: serde::Serialize,
     {
-        let bytes =
-            self.idem.encode::<T, ()>(Ok(value)).map_err(|error| LedgerError::Corrupt { detail: error.to_string() })?;
+        let bytes = self.idem.encode::<T, ()>(Ok(value)).map_err(|error| LedgerError::corrupt(error.to_string()))?;
         let keep_until = self.idem.keep_until(self.idem.inner.grace);
         let outcome = crate::ledger::Outcome::Completed(bytes);
         crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, outcome, keep_until).await?;
@@ -166,12 +168,12 @@ pub fn current_operation() -> Option<Operation> {
 /// Runs `future` with `caller` as the authenticated caller of every idempotent call inside it
 /// that is not given one explicitly. Transports (your middleware) call this; every idempotent
 /// handler runs this way as its own caller, so operations nested in it are its caller's.
-pub async fn with_caller<F: Future>(caller: Caller, future: F) -> F::Output {
+pub async fn run_as<F: Future>(caller: Caller, future: F) -> F::Output {
     CALLER.scope(caller, future).await
 }
 
 /// The caller in scope: the caller of the idempotent handler running now (nested operations and
-/// anything else the handler calls act for it), or the one given to [`with_caller`].
+/// anything else the handler calls act for it), or the one given to [`run_as`].
 #[must_use]
 pub fn current_caller() -> Option<Caller> {
     CALLER.try_with(Clone::clone).ok()

@@ -88,9 +88,9 @@ impl Idem {
     pub(super) async fn trusted_time(&self) -> Result<u64, LedgerError> {
         match self.ledger_time().await? {
             (now, true) => Ok(now),
-            (_, false) => Err(LedgerError::Unavailable {
-                detail: "this replica's clock against the ledger's is not settled yet; try again shortly".to_owned(),
-            }),
+            (_, false) => Err(LedgerError::unavailable(
+                "this replica's clock against the ledger's is not settled yet; try again shortly",
+            )),
         }
     }
 

@@ -26,6 +26,8 @@
 
 pub mod memory;
 #[cfg(feature = "sea")]
+// `sea` is internal: name the features a user turns on.
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub mod sea;
 
 use std::fmt;
@@ -43,9 +45,23 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// A fencing token: identifies one holder of one claim. Random, so a holder whose record was
 /// swept and claimed anew can never match its successor.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct Token(pub u64);
+pub struct Token(u64);
 
 impl Token {
+    /// The token a ledger stored as [`Token::get`]. Only a ledger reading its own record back
+    /// has a reason to make one: a holder's token comes from its claim.
+    #[must_use]
+    pub const fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// The number a ledger stores. Below 2^63 for tokens made by [`Token::random`], so a SQL
+    /// backend can keep it in a signed `BIGINT` unchanged.
+    #[must_use]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
     /// A fresh token: unpredictable across processes, never repeated within one.
     ///
     /// The process draws one 64-bit seed from the operating system; each token is a counter
@@ -92,9 +108,10 @@ pub enum State {
 }
 
 impl State {
-    /// The compact code a durable backend stores.
+    /// The compact code a durable backend stores (the SQL ledger's encoding, not public API).
+    #[cfg(any(feature = "sea", test))]
     #[must_use]
-    pub const fn code(self) -> i16 {
+    pub(crate) const fn code(self) -> i16 {
         match self {
             Self::InProgress => 1,
             Self::Completed => 2,
@@ -104,8 +121,9 @@ impl State {
     }
 
     /// The state a stored code stands for.
+    #[cfg(any(feature = "sea", test))]
     #[must_use]
-    pub const fn from_code(code: i16) -> Option<Self> {
+    pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {
             1 => Some(Self::InProgress),
             2 => Some(Self::Completed),
@@ -184,8 +202,9 @@ pub enum Won {
 
 impl Won {
     /// The compact code a durable backend stores in the record's `attempt` column.
+    #[cfg(any(feature = "sea", test))]
     #[must_use]
-    pub const fn code(self) -> i16 {
+    pub(crate) const fn code(self) -> i16 {
         match self {
             Self::Fresh => 0,
             Self::Takeover => 1,
@@ -194,8 +213,9 @@ impl Won {
     }
 
     /// The attempt a stored code stands for.
+    #[cfg(any(feature = "sea", test))]
     #[must_use]
-    pub const fn from_code(code: i16) -> Option<Self> {
+    pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {
             0 => Some(Self::Fresh),
             1 => Some(Self::Takeover),
@@ -419,20 +439,35 @@ pub(crate) fn settled_expiry(state: State, window_end: u64, expires_at: u64, kee
     }
 }
 
+/// What caused a [`LedgerError`], kept typed for [`Error::source`](std::error::Error::source)
+/// (a `sea_orm::DbErr`, an `std::io::Error`); its text is already in the error's `detail`.
+pub type ErrorSource = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A ledger failure.
-#[derive(Clone, PartialEq, Eq, Debug)]
+///
+/// Build one with [`LedgerError::unavailable`], [`LedgerError::ambiguous`] or
+/// [`LedgerError::corrupt`] (plus [`LedgerError::with_source`] for its cause), or from a
+/// `sea_orm::DbErr` with `?` (feature `sqlite`, `postgres` or `mysql`). Two errors are equal when
+/// they say the same thing: their sources are not compared.
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum LedgerError {
     /// The ledger could not be reached or refused the statement. Nothing was written.
+    #[non_exhaustive]
     Unavailable {
         /// The backend's words, for operators.
         detail: String,
+        /// The backend's error, if there is one.
+        source: Option<ErrorSource>,
     },
     /// The statement was sent but its answer never came (a timeout, a connection lost mid-way):
     /// it may have committed.
+    #[non_exhaustive]
     Ambiguous {
         /// The backend's words, for operators.
         detail: String,
+        /// The backend's error, if there is one.
+        source: Option<ErrorSource>,
     },
     /// The caller no longer holds the claim (its lease was taken over); nothing was written.
     Fenced,
@@ -444,13 +479,47 @@ pub enum LedgerError {
         state: State,
     },
     /// A stored record could not be read back.
+    #[non_exhaustive]
     Corrupt {
         /// What was wrong.
         detail: String,
+        /// The error that found it, if there is one.
+        source: Option<ErrorSource>,
     },
 }
 
 impl LedgerError {
+    /// [`LedgerError::Unavailable`]: nothing was written.
+    #[must_use]
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        Self::Unavailable { detail: detail.into(), source: None }
+    }
+
+    /// [`LedgerError::Ambiguous`]: the statement may have committed.
+    #[must_use]
+    pub fn ambiguous(detail: impl Into<String>) -> Self {
+        Self::Ambiguous { detail: detail.into(), source: None }
+    }
+
+    /// [`LedgerError::Corrupt`]: a stored record could not be read back.
+    #[must_use]
+    pub fn corrupt(detail: impl Into<String>) -> Self {
+        Self::Corrupt { detail: detail.into(), source: None }
+    }
+
+    /// The same error, caused by `source` (what [`Error::source`](std::error::Error::source)
+    /// returns). The message does not change: put what the operator needs in the detail.
+    /// Variants without a detail have no source and are returned as they are.
+    #[must_use]
+    pub fn with_source(mut self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        if let Self::Unavailable { source, .. } | Self::Ambiguous { source, .. } | Self::Corrupt { source, .. } =
+            &mut self
+        {
+            *source = Some(std::sync::Arc::new(cause));
+        }
+        self
+    }
+
     /// Whether the failed statement may still have taken effect (its answer was lost).
     #[must_use]
     pub const fn is_ambiguous(&self) -> bool {
@@ -458,11 +527,26 @@ impl LedgerError {
     }
 }
 
+impl PartialEq for LedgerError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Unavailable { detail: a, .. }, Self::Unavailable { detail: b, .. })
+            | (Self::Ambiguous { detail: a, .. }, Self::Ambiguous { detail: b, .. })
+            | (Self::Corrupt { detail: a, .. }, Self::Corrupt { detail: b, .. }) => a == b,
+            (Self::Fenced, Self::Fenced) | (Self::NotFound, Self::NotFound) => true,
+            (Self::NotResolvable { state: a }, Self::NotResolvable { state: b }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for LedgerError {}
+
 impl fmt::Display for LedgerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Unavailable { detail } => write!(f, "the idempotency ledger is unavailable: {detail}"),
-            Self::Ambiguous { detail } => {
+            Self::Unavailable { detail, .. } => write!(f, "the idempotency ledger is unavailable: {detail}"),
+            Self::Ambiguous { detail, .. } => {
                 write!(f, "the idempotency ledger did not answer (the statement may have taken effect): {detail}")
             }
             Self::Fenced => f.write_str(
@@ -472,12 +556,21 @@ impl fmt::Display for LedgerError {
             Self::NotResolvable { state } => {
                 write!(f, "the operation is {state}; only unknown or stale in-progress operations can be resolved")
             }
-            Self::Corrupt { detail } => write!(f, "a ledger record could not be read: {detail}"),
+            Self::Corrupt { detail, .. } => write!(f, "a ledger record could not be read: {detail}"),
         }
     }
 }
 
-impl std::error::Error for LedgerError {}
+impl std::error::Error for LedgerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Unavailable { source, .. } | Self::Ambiguous { source, .. } | Self::Corrupt { source, .. } => {
+                source.as_deref().map(|source| source as &(dyn std::error::Error + 'static))
+            }
+            Self::Fenced | Self::NotFound | Self::NotResolvable { .. } => None,
+        }
+    }
+}
 
 /// Where idempotency records live.
 ///
@@ -486,6 +579,16 @@ impl std::error::Error for LedgerError {}
 /// and must refuse [`complete`](Ledger::complete), [`renew`](Ledger::renew) and
 /// [`release`](Ledger::release) from anyone but the current token holder. The
 /// `ledger_conformance` tests hold every implementation to the same behaviour.
+///
+/// # Time
+///
+/// Every time a ledger is given or returns is a `u64` count of milliseconds since the Unix
+/// epoch **on the ledger's clock** ([`Ledger::now`]: the database server's), never a
+/// `SystemTime`. Ledger time exists so that leases and windows do not depend on each replica's
+/// clock, and a `SystemTime` would invite exactly the mistake it avoids: reading the local clock.
+/// An integer is also what the SQL backends store (a `BIGINT`, compared and shifted in the
+/// statement itself), and what the simulation and the model check step. Durations are added
+/// before the call (`now + lease`), so a backend only compares.
 pub trait Ledger: Send + Sync + 'static {
     /// Claims `request.key`, or reports the record that stands in the way. See [`Claim`].
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>>;

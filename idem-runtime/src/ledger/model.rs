@@ -57,7 +57,7 @@ impl Snap {
 
     fn record(&self) -> Record {
         Record {
-            tenant: TenantTag([7; 8]),
+            tenant: TenantTag::from_bytes([7; 8]),
             subject: crate::key::SubjectTag::TENANT,
             fingerprint: [0; 32],
             arg_tags: Vec::new(),
@@ -196,7 +196,7 @@ impl Sys {
         let window_end = sent_at + WINDOW;
         ClaimRequest {
             key: key(),
-            tenant: TenantTag([7; 8]),
+            tenant: TenantTag::from_bytes([7; 8]),
             subject: crate::key::SubjectTag::TENANT,
             fingerprint: [0; 32],
             arg_tags: Vec::new(),
@@ -557,8 +557,13 @@ impl Model for LedgerModel {
                 };
                 let ledger = s.ledger();
                 let keep_until = s.time + GRACE;
-                let answer =
-                    ready(ledger.resolve(TenantTag([7; 8]), key().reference(), resolution.clone(), s.time, keep_until));
+                let answer = ready(ledger.resolve(
+                    TenantTag::from_bytes([7; 8]),
+                    key().reference(),
+                    resolution.clone(),
+                    s.time,
+                    keep_until,
+                ));
                 s.store(&ledger);
                 if answer.is_ok()
                     && let Resolution::Completed(bytes) = resolution

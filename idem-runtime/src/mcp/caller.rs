@@ -1,7 +1,7 @@
 //! Where an rmcp tool's caller comes from: the request context's authenticated [`Caller`], or,
 //! over stdio only, the caller in scope or the handle's local identity; what a request without
-//! one is told, and the startup check that a stdio server has a local caller — and the
-//! validators that turn a bearer token into a caller.
+//! one is told, and the startup check that a stdio server has a local caller — and the shape of
+//! a validator that turns a bearer token into a caller.
 //!
 //! Guarantees: a request that arrived over HTTP is served for its authenticated caller only,
 //! never the local identity nor a caller in scope; without one, none. A request refused for
@@ -104,15 +104,6 @@ impl std::fmt::Display for StdioWithoutCaller {
 impl std::error::Error for StdioWithoutCaller {}
 
 /// A validator for [`require_bearer`](super::require_bearer): a token in, a caller out (or
-/// `None`: 401).
+/// `None`: 401). Check the token for real (a JWT's signature and audience, a session lookup):
+/// whatever it returns is who every idempotent call of the request acts for.
 pub type Validator = Arc<dyn Fn(&str) -> Option<Caller> + Send + Sync>;
-
-/// The demo validator: a bearer token `tenant:subject` is taken at its word. Replace it with
-/// real validation (a JWT check, a session lookup) before exposing a server.
-#[must_use]
-pub fn demo_tokens() -> Validator {
-    Arc::new(|token: &str| {
-        let (tenant, subject) = token.split_once(':')?;
-        Caller::try_new(tenant, subject).ok()
-    })
-}

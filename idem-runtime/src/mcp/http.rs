@@ -7,7 +7,8 @@ use super::caller::Validator;
 /// [`Caller`](crate::Caller) in the request extensions, where idempotent tools find it; anything
 /// else is answered 401.
 ///
-/// `router.layer(axum::middleware::from_fn_with_state(demo_tokens(), require_bearer))`
+/// `router.layer(axum::middleware::from_fn_with_state(validator, require_bearer))`, where
+/// `validator` is your [`Validator`](super::Validator).
 pub async fn require_bearer(
     axum::extract::State(validate): axum::extract::State<Validator>,
     mut request: axum::extract::Request,

@@ -26,9 +26,7 @@ mod outcome;
 mod status;
 
 pub use audit::{AuditError, Backing, audit, backed_meta, checked_router};
-pub use caller::{
-    Context, StdioWithoutCaller, Validator, caller_of, check_stdio, demo_tokens, is_remote, request_caller,
-};
+pub use caller::{Context, StdioWithoutCaller, Validator, caller_of, check_stdio, is_remote, request_caller};
 #[cfg(feature = "mcp-http")]
 pub use http::require_bearer;
 pub use outcome::{Json, ToolOutcome, output_schema, refusal};

@@ -93,7 +93,7 @@ impl SimLedger {
         kind: Kind,
         exec: impl FnOnce(&Sim, u64) -> Result<T, LedgerError> + Send,
     ) -> Result<T, LedgerError> {
-        let unavailable = |detail: &str| Err(LedgerError::Unavailable { detail: detail.to_owned() });
+        let unavailable = |detail: &str| Err(LedgerError::unavailable(detail));
         if self.crashed() {
             return unavailable("the replica crashed");
         }
@@ -124,7 +124,7 @@ impl SimLedger {
                 }
                 answer
             }
-            _ => Err(LedgerError::Ambiguous { detail: "connection reset".to_owned() }),
+            _ => Err(LedgerError::ambiguous("connection reset")),
         }
     }
 }

@@ -433,7 +433,7 @@ impl Sim {
             "{} claim {} tok {} now {} trusted {} pre {} -> {answer:?} post {}",
             now - EPOCH,
             key.reference(),
-            request.token.0 % 100_000,
+            request.token.get() % 100_000,
             request.now.saturating_sub(EPOCH),
             request.clock_trusted,
             brief(pre.as_ref()),
@@ -453,7 +453,7 @@ impl Sim {
                     let fresh = !w.ops.contains_key(&op);
                     if fresh {
                         if let Some(previous) = previous {
-                            w.superseded_ok.insert(previous.0);
+                            w.superseded_ok.insert(previous.get());
                         }
                         if let Some(done) = w.completed.remove(&key)
                             && now + TOLERANCE_MS < done.live_until
@@ -468,7 +468,7 @@ impl Sim {
                     } else if let Some(pre) = &pre {
                         w.check_stale_action(&request, pre, "took over");
                     }
-                    w.won.insert(request.token.0, Won { op, takeover: !fresh });
+                    w.won.insert(request.token.get(), Won { op, takeover: !fresh });
                 }
                 let _ = policy;
             }
@@ -496,7 +496,7 @@ impl Sim {
             "{} renew {} tok {} until {} -> {answer:?}",
             now - EPOCH,
             key.reference(),
-            token.0 % 100_000,
+            token.get() % 100_000,
             until.saturating_sub(EPOCH)
         ));
         if answer.is_ok() && w.holder.get(&key) != Some(&token) {
@@ -522,7 +522,7 @@ impl Sim {
             "{} complete {} tok {} {:?} keep {} pre {} -> {answer:?}",
             now - EPOCH,
             key.reference(),
-            token.0 % 100_000,
+            token.get() % 100_000,
             outcome.state(),
             keep_until.saturating_sub(EPOCH),
             brief(pre.as_ref())
@@ -539,7 +539,7 @@ impl Sim {
                 }
             }
             Ok(()) => {
-                if !w.superseded_ok.contains(&token.0) {
+                if !w.superseded_ok.contains(&token.get()) {
                     w.violate(
                         Invariant::SupersededHolderNeverOverwrites,
                         "a holder whose claim was taken over completed it".into(),
@@ -567,13 +567,13 @@ impl Sim {
             "{} release {} tok {} -> {answer:?} post {}",
             now - EPOCH,
             key.reference(),
-            token.0 % 100_000,
+            token.get() % 100_000,
             brief(post.as_ref())
         ));
         if answer.is_ok() {
             if w.holder.get(&key) != Some(&token) {
                 w.violate(Invariant::SupersededHolderNeverOverwrites, "a superseded holder released a claim".into());
-            } else if w.won.get(&token.0).is_some_and(|won| won.takeover)
+            } else if w.won.get(&token.get()).is_some_and(|won| won.takeover)
                 && post.is_none_or(|post| post.state != State::InProgress)
             {
                 w.violate(
@@ -635,7 +635,7 @@ impl Sim {
 
     /// A handler starts as `operation` for `call` on `replica`; returns its run and its plan.
     pub fn handler_started(&self, call: usize, replica: usize, operation: &Operation) -> (usize, Work) {
-        let key = *operation.key();
+        let key = *operation.ledger_key();
         let token = operation.token();
         let mut w = self.world();
         w.counts.handler_runs += 1;
@@ -643,16 +643,16 @@ impl Sim {
             "{} handler call {call} replica {replica} {} tok {} window {} lease_lost {}",
             self.now() - EPOCH,
             key.reference(),
-            token.0 % 100_000,
+            token.get() % 100_000,
             operation.window_end() - EPOCH,
             operation.lease_lost()
         ));
         w.note(&("run", call));
         let policy = w.keys.get(&key).map_or(StalePolicy::Hold, |(policy, _, _)| *policy);
-        if w.holder.get(&key) != Some(&token) || !w.won.contains_key(&token.0) {
+        if w.holder.get(&key) != Some(&token) || !w.won.contains_key(&token.get()) {
             w.violate(Invariant::HandlerRunsOnlyWithWonClaim, format!("call {call}'s handler runs without the claim"));
         }
-        let op = w.won.get(&token.0).map_or((key, operation.window_end()), |won| won.op);
+        let op = w.won.get(&token.get()).map_or((key, operation.window_end()), |won| won.op);
         if operation.window_end() != op.1 {
             w.violate(
                 Invariant::ForwardedKeyNamesTheOperation,
@@ -693,7 +693,7 @@ impl Sim {
     /// The handler, having asked `lease_lost()` and been told no, acts on the downstream with the
     /// forwarded key; returns the downstream's receipt (the first one, for a repeated key).
     pub fn effect(&self, run: usize, operation: &Operation) -> String {
-        let key = *operation.key();
+        let key = *operation.ledger_key();
         let now = self.now();
         let pre = self.lookup(key, now);
         let mut w = self.world();
@@ -705,7 +705,7 @@ impl Sim {
             "{} effect call {call} {} tok {} pre {}",
             now - EPOCH,
             key.reference(),
-            token.0 % 100_000,
+            token.get() % 100_000,
             brief(pre.as_ref())
         ));
         let holds = w.holder.get(&key) == Some(&token)

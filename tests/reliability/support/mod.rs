@@ -24,7 +24,7 @@ pub fn scale(short: usize, long: usize) -> usize {
 
 /// A random name, so tests share the database and its table without meeting.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:016x}", idem_runtime::ledger::Token::random().0)
+    format!("{prefix}-{:016x}", idem_runtime::ledger::Token::random().get())
 }
 
 pub fn postgres_url() -> String {

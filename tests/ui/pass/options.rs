@@ -61,7 +61,7 @@ impl Processor {
     #[idempotent(key = "card, amount_cents", window = "15m", ignore = "memo", stale = "takeover")]
     #[tool(description = "Charge; the processor dedupes by the forwarded key")]
     async fn charge(&self, Parameters(args): Parameters<Charge>) -> Result<String, ChargeError> {
-        let key = idem_runtime::current_operation().map(|operation| operation.key().to_string());
+        let key = idem_runtime::current_operation().map(|operation| operation.ledger_key().to_string());
         Ok(format!("charged {} to {} with key {key:?}", args.amount_cents, args.card))
     }
 
@@ -87,7 +87,7 @@ impl Processor {
     }
 
     async fn check(&self, operation: Operation) -> Reconciled<String, ChargeError> {
-        let _ = (&self.idem, operation.key());
+        let _ = (&self.idem, operation.ledger_key());
         Reconciled::NothingHappened
     }
 }

@@ -89,9 +89,10 @@ impl SeaOrmLedger {
         if let Given::Path(path) = &given {
             let dir = std::path::absolute(path).ok().and_then(|path| path.parent().map(std::path::Path::to_owned));
             if let Some(dir) = dir.filter(|dir| !dir.as_os_str().is_empty()) {
-                std::fs::create_dir_all(&dir).map_err(|error| LedgerError::Unavailable {
-                    detail: Location::of_path(path, origin)
-                        .cannot(&format!("cannot create its directory {}: {error}", dir.display()), None),
+                std::fs::create_dir_all(&dir).map_err(|error| {
+                    let detail = Location::of_path(path, origin)
+                        .cannot(&format!("cannot create its directory {}: {error}", dir.display()), None);
+                    LedgerError::unavailable(detail).with_source(error)
                 })?;
             }
         }

@@ -16,20 +16,29 @@ pub(super) fn is_duplicate(error: &DbErr) -> bool {
 pub(super) fn failed(error: DbErr) -> LedgerError {
     use sea_orm::sqlx::Error as Sqlx;
     let detail = error.to_string();
-    match &error {
+    let failure = match &error {
         DbErr::Exec(sea_orm::RuntimeErr::SqlxError(inner)) | DbErr::Query(sea_orm::RuntimeErr::SqlxError(inner))
             if matches!(
                 **inner,
                 Sqlx::Io(_) | Sqlx::Protocol(_) | Sqlx::Tls(_) | Sqlx::WorkerCrashed | Sqlx::Decode(_)
             ) =>
         {
-            LedgerError::Ambiguous { detail }
+            LedgerError::ambiguous(detail)
         }
-        _ => LedgerError::Unavailable { detail },
-    }
+        _ => LedgerError::unavailable(detail),
+    };
+    failure.with_source(error)
 }
 
 /// A value that cannot be read back as what it should be.
 pub(super) fn corrupt(error: DbErr) -> LedgerError {
-    LedgerError::Corrupt { detail: error.to_string() }
+    LedgerError::corrupt(error.to_string()).with_source(error)
+}
+
+/// A failed statement in a handler's own transaction (`Operation::complete_in`) reads as the
+/// ledger's would: nothing written, or maybe written.
+impl From<DbErr> for LedgerError {
+    fn from(error: DbErr) -> Self {
+        failed(error)
+    }
 }

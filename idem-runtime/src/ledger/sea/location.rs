@@ -62,12 +62,10 @@ impl Origin {
 pub(super) fn default_path() -> Result<PathBuf, LedgerError> {
     let exe = std::env::current_exe().map_err(|error| format!("this program's path cannot be known ({error})"));
     exe.and_then(|exe| default_path_for(std::env::consts::OS, &|name| std::env::var_os(name), &exe)).map_err(|why| {
-        LedgerError::Unavailable {
-            detail: format!(
-                "cannot choose the default ledger file: {why}. Set IDEM_DATABASE_URL to a file path (say \
-                 /var/lib/<app>/ledger.sqlite3) or a database URL"
-            ),
-        }
+        LedgerError::unavailable(format!(
+            "cannot choose the default ledger file: {why}. Set IDEM_DATABASE_URL to a file path (say \
+             /var/lib/<app>/ledger.sqlite3) or a database URL"
+        ))
     })
 }
 
@@ -216,9 +214,11 @@ impl Location {
     /// place, who chose it and what to do; an error that is not about reaching the ledger is left
     /// as it is.
     pub(super) fn refused(&self, error: LedgerError, raw: Option<&str>) -> LedgerError {
+        // The driver's error is dropped, not kept as the source: its text may quote the URL with
+        // its password, and this message already carries its words, redacted.
         match error {
-            LedgerError::Unavailable { detail } => LedgerError::Unavailable { detail: self.cannot(&detail, raw) },
-            LedgerError::Ambiguous { detail } => LedgerError::Ambiguous { detail: self.cannot(&detail, raw) },
+            LedgerError::Unavailable { detail, .. } => LedgerError::unavailable(self.cannot(&detail, raw)),
+            LedgerError::Ambiguous { detail, .. } => LedgerError::ambiguous(self.cannot(&detail, raw)),
             other => other,
         }
     }

@@ -52,7 +52,7 @@ impl SeaOrmLedger {
             if has(name).await? != wanted && self.db.execute_unprepared(change).await.is_err() {
                 // Another replica may have made the same change meanwhile.
                 if has(name).await? != wanted {
-                    return Err(LedgerError::Unavailable { detail: format!("could not migrate the index {name}") });
+                    return Err(LedgerError::unavailable(format!("could not migrate the index {name}")));
                 }
             }
         }

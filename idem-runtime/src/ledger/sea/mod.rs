@@ -192,7 +192,7 @@ impl SeaOrmLedger {
             }
             tracing::debug!(reference = %request.key.reference(), "claim raced a concurrent change; re-running");
         }
-        Err(LedgerError::Unavailable { detail: "the claim did not settle under concurrent changes".to_owned() })
+        Err(LedgerError::unavailable("the claim did not settle under concurrent changes"))
     }
 
     /// One statement: claim an absent key, or return the record in the way.

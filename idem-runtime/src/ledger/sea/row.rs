@@ -71,8 +71,7 @@ pub(super) struct Found {
 impl Found {
     pub(super) fn read(row: &QueryResult) -> Result<Self, LedgerError> {
         let key: Vec<u8> = row.try_get_by_index(0).map_err(corrupt)?;
-        let key: [u8; 32] =
-            key.try_into().map_err(|_| LedgerError::Corrupt { detail: "a key is not 32 bytes".into() })?;
+        let key: [u8; 32] = key.try_into().map_err(|_| LedgerError::corrupt("a key is not 32 bytes"))?;
         let int = |at: usize| row.try_get_by_index::<i64>(at).map_err(corrupt).map(to_u64);
         Ok(Self {
             key: Key::from_bytes(key),
@@ -155,11 +154,11 @@ fn ref_range(reference: Ref) -> (Vec<u8>, Vec<u8>) {
 }
 
 fn state_of(code: i16) -> Result<State, LedgerError> {
-    State::from_code(code).ok_or_else(|| LedgerError::Corrupt { detail: format!("unknown record state {code}") })
+    State::from_code(code).ok_or_else(|| LedgerError::corrupt(format!("unknown record state {code}")))
 }
 
 fn attempt_of(code: i16) -> Result<Won, LedgerError> {
-    Won::from_code(code).ok_or_else(|| LedgerError::Corrupt { detail: format!("unknown claim attempt {code}") })
+    Won::from_code(code).ok_or_else(|| LedgerError::corrupt(format!("unknown claim attempt {code}")))
 }
 
 pub(super) fn state_value(state: State) -> Value {
@@ -175,11 +174,11 @@ pub(super) fn key_value(key: &Key) -> Value {
 }
 
 pub(super) fn tenant_value(tenant: TenantTag) -> Value {
-    Value::BigInt(Some(i64::from_be_bytes(tenant.0)))
+    Value::BigInt(Some(i64::from_be_bytes(*tenant.as_bytes())))
 }
 
 pub(super) fn subject_value(subject: SubjectTag) -> Value {
-    Value::BigInt(Some(i64::from_be_bytes(subject.0)))
+    Value::BigInt(Some(i64::from_be_bytes(*subject.as_bytes())))
 }
 
 pub(super) fn token_value(token: Token) -> Value {
