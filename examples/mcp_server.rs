@@ -30,51 +30,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::mcp::{self, Json};
-use idem_runtime::{
-    Caller, ErrorClass, HasIdem, Idem, IdempotentError, Rejection, audit_idempotent, current_operation, idempotent,
-};
+use idem_runtime::mcp::{self, Json, ToolError};
+use idem_runtime::{Caller, HasIdem, Idem, audit_idempotent, current_operation, idempotent};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{ServerCapabilities, ServerConfig};
 use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-/// A tool error, with what it means for a repeat decided here, per variant.
-#[derive(Debug, Serialize, Deserialize)]
-enum ToolError {
-    /// The input was refused before anything was sent.
-    Invalid(String),
-    /// The processor declined the card: the final answer to this operation.
-    Declined(String),
-    /// idem's own answer (in flight, conflict, ...), already in words for the agent.
-    Idem(String),
-}
-
-impl IdempotentError for ToolError {
-    fn classify(&self) -> ErrorClass {
-        match self {
-            Self::Invalid(_) | Self::Idem(_) => ErrorClass::NothingHappened,
-            Self::Declined(_) => ErrorClass::Final,
-        }
-    }
-
-    fn from_rejection(rejection: Rejection) -> Self {
-        Self::Idem(rejection.to_string())
-    }
-}
-
-impl rmcp::model::IntoContents for ToolError {
-    fn into_contents(self) -> Vec<rmcp::model::ContentBlock> {
-        let text = match self {
-            Self::Invalid(why) => format!("invalid request, nothing was done: {why}"),
-            Self::Declined(why) => format!("the card was declined: {why}"),
-            Self::Idem(text) => text,
-        };
-        vec![rmcp::model::ContentBlock::text(text)]
-    }
-}
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 struct Charge {
@@ -170,14 +133,15 @@ impl Payments {
     #[tool(description = "Charge a card. Safe to repeat: a repeat returns the original receipt.")]
     async fn charge_card(&self, Parameters(charge): Parameters<Charge>) -> Result<Json<Receipt>, ToolError> {
         if charge.amount_cents == 0 {
-            return Err(ToolError::Invalid("amount_cents must be positive".into()));
+            return Err(ToolError::invalid("amount_cents must be positive"));
         }
         let reference = forwarded_key();
         // The operation's caller, in scope while the handler runs.
         let tenant = idem_runtime::current_caller().map(|caller| caller.tenant().to_owned()).unwrap_or_default();
         tokio::time::sleep(self.processor_delay).await;
         if charge.card == "tok_declined" {
-            return Err(ToolError::Declined("insufficient funds".into()));
+            // The processor's answer to this operation: stored, and replayed to every repeat.
+            return Err(ToolError::final_answer("the card was declined: insufficient funds"));
         }
         let mut charges = self.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let charge_id = format!("ch_{}", charges.len() + 1);
@@ -216,7 +180,7 @@ impl Payments {
     #[tool(description = "Send an email. The same message to the same recipient within a day is sent once.")]
     async fn send_email(&self, Parameters(email): Parameters<Email>) -> Result<Json<Sent>, ToolError> {
         if !email.to.contains('@') {
-            return Err(ToolError::Invalid(format!("`{}` is not an email address", email.to)));
+            return Err(ToolError::invalid(format!("`{}` is not an email address", email.to)));
         }
         let mut emails = self.downstream.emails.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         emails.push(format!("{} / {} / {}", email.to, email.subject, email.body.len()));

@@ -10,6 +10,10 @@
 //!   `_meta.idem = {"code": "in_flight" | "conflict" | …, "ref": "…", "statusTool": "idem_status",
 //!   "executed": false, "retry": "no" | "safe"}`.
 //!
+//! [`ToolError`] is a ready error type for such tools (each constructor says what the error
+//! means for a repeat); your own type works too, if it implements
+//! [`IdempotentError`](crate::IdempotentError) and rmcp's `IntoContents`.
+//!
 //! The caller: over streamable HTTP, the [`Caller`](crate::Caller) an auth middleware put into
 //! the request's extensions ([`require_bearer`] is a small one to replace with your own
 //! validation); over stdio, the handle's configured local identity
@@ -17,6 +21,7 @@
 
 mod audit;
 mod caller;
+mod error;
 #[cfg(feature = "mcp-http")]
 mod http;
 pub(crate) mod macro_support;
@@ -25,6 +30,7 @@ mod status;
 
 pub use audit::{AuditError, Backing, audit, backed_meta, checked_router};
 pub use caller::{Context, Validator, caller_of, demo_tokens, is_remote, request_caller};
+pub use error::ToolError;
 #[cfg(feature = "mcp-http")]
 pub use http::require_bearer;
 pub use outcome::{Json, ToolOutcome, output_schema, refusal};
