@@ -30,12 +30,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::mcp::{self, Json, ToolError};
+use idem_runtime::mcp::{self, ToolError};
 use idem_runtime::{Caller, HasIdem, Idem, audit_idempotent, current_operation, idempotent};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{ServerCapabilities, ServerConfig};
-use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use rmcp::{Json, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -191,12 +191,12 @@ impl Payments {
         description = "List every charge the card processor really made for your tenant.",
         annotations(read_only_hint = true)
     )]
-    async fn list_charges(&self, context: mcp::Context) -> Result<rmcp::Json<Charges>, String> {
+    async fn list_charges(&self, context: mcp::Context) -> Result<Json<Charges>, String> {
         let caller = mcp::request_caller(&self.idem, &context)
             .ok_or("the caller is not authenticated: send a bearer token and call again")?;
         let charges = self.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let charges = charges.iter().filter(|charge| charge.tenant == caller.tenant()).cloned().collect();
-        Ok(rmcp::Json(Charges { charges }))
+        Ok(Json(Charges { charges }))
     }
 }
 

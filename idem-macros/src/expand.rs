@@ -232,7 +232,8 @@ impl Arguments {
     fn collect(cx: &mut Ctxt, recipe: &Recipe, item: &mut Handler) -> Self {
         let mut rebinds = Vec::new();
         let mut params: Vec<Param> = Vec::new();
-        let mut params_struct: Option<(TokenStream, Vec<Attribute>)> = None;
+        // The arguments struct: how to reach it, its `cfg`s, and where to report it (its type).
+        let mut params_struct: Option<(TokenStream, Vec<Attribute>, Span)> = None;
         let ignored_param = |name: &str| recipe.ignore.iter().any(|path| path.text == name);
         for (index, input) in item.sig.inputs.iter_mut().enumerate() {
             let FnArg::Typed(typed) = input else { continue };
@@ -281,7 +282,7 @@ impl Arguments {
                 );
             }
             if is_params && params_struct.is_none() {
-                params_struct = Some((quote!(#binding.0), cfgs));
+                params_struct = Some((quote!(#binding.0), cfgs, typed.ty.span()));
             } else {
                 params.push(Param {
                     binding,
@@ -306,7 +307,7 @@ impl Arguments {
             && !paths().any(|path| path.text.split('.').next() == Some(single.name.as_str()))
         {
             let binding = &single.binding;
-            params_struct = Some((quote!(#binding), single.cfgs.clone()));
+            params_struct = Some((quote!(#binding), single.cfgs.clone(), binding.span()));
             root_param = Some(single.name.clone());
         }
         let args = Ident::new("idem_args", Span::mixed_site());
@@ -323,8 +324,12 @@ impl Arguments {
         };
         let mut statements = vec![quote!(use #private::kinds::*;)];
         let named = |param: &Param| param.nameable.then(|| param.name.clone());
-        if let Some((root, cfgs)) = &params_struct {
-            statements.push(quote!(#(#cfgs)* #args.all(&#root);));
+        if let Some((root, cfgs, span)) = &params_struct {
+            // Through a name located at the struct's type, so that a struct that is not
+            // `Serialize` is reported there (see `ArgumentsStruct`).
+            let whole = Ident::new("idem_arguments_struct", Span::mixed_site().located_at(*span));
+            statements.push(quote!(#(#cfgs)* let #whole = &#root;));
+            statements.push(quote!(#(#cfgs)* #args.all(#whole);));
             for key in &recipe.keys {
                 let text = &key.text;
                 let value = path_expr(root, &key.segments, key.span);

@@ -181,10 +181,19 @@ fn path_list(cx: &mut Ctxt, lit: &LitStr, option: &str) -> Vec<ArgPath> {
     paths
 }
 
-/// A field or argument name from a key path, spanned at the literal: `order_id`, or a keyword
+/// A field or argument name from a key path, located at the literal: `order_id`, or a keyword
 /// written plainly (`type`) or raw (`r#type`), which becomes the raw identifier `r#type`.
 /// `None` for anything that cannot name a field (and never a panic: `Ident::new` would).
-fn field_name(segment: &str, span: Span) -> Option<Ident> {
+///
+/// The name resolves at the macro's mixed site, not at the literal: a misspelt field is then
+/// reported at the literal ("no field `titel` on type `Ticket`") without rustc's "a field with a
+/// similar name exists" fix, which would replace the whole literal with the bare field name
+/// (`key = title`, dropping the quotes and the other names). Stable Rust cannot point into a
+/// string literal (`Literal::subspan` is unstable), so no span makes that fix correct; the
+/// price is that rustc then lists no available fields either (it lists only fields it may
+/// suggest at the access's span).
+fn field_name(segment: &str, literal: Span) -> Option<Ident> {
+    let span = Span::mixed_site().located_at(literal);
     if segment.trim() != segment {
         return None;
     }

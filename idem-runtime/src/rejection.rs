@@ -211,9 +211,12 @@ pub enum ErrorClass {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not say what its errors mean for a repeated call",
     label = "the error type of this `#[idempotent]` handler",
-    note = "implement `idem_runtime::IdempotentError` for `{Self}`: `classify` tells, per error, whether \
-            nothing happened, the error is final (stored and replayed), or the outcome is unknown; \
-            `from_rejection` turns idem's own answers (in flight, conflict, unknown, ledger unavailable) into `{Self}`"
+    note = "if `{Self}` is your own type, implement `idem_runtime::IdempotentError` for it: `classify` tells, \
+            per error, whether nothing happened, the error is final (stored and replayed), or the outcome is \
+            unknown; `from_rejection` turns idem's own answers (in flight, conflict, unknown, ledger unavailable) \
+            into `{Self}`",
+    note = "a type from another crate (`rmcp::ErrorData`, `String`, `Box<dyn Error>`) cannot implement it: define \
+            your own error type, or use `idem_runtime::mcp::ToolError` (feature `rmcp`), which is ready for rmcp tools"
 )]
 pub trait IdempotentError: Serialize + DeserializeOwned + Sized {
     /// What this error means for the operation.

@@ -5,17 +5,19 @@
 
 use std::future::Future;
 
+use rmcp::handler::server::tool::IntoCallToolResult;
+
 use super::caller::{Context, caller_of, is_remote};
 use super::outcome::ToolOutcome;
 use crate::idem::{Idem, Operation, Reconciled};
-use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind};
+use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Storable};
 use crate::recipe::Recipe;
-use crate::rejection::Rejection;
+use crate::rejection::{IdempotentError, Rejection};
 use crate::scope::Caller;
 
 /// Runs an rmcp tool's handler under `recipe`, with the caller from the request context (else
 /// the handle's local identity), keeping idem's refusals for the agent-facing result.
-pub async fn run_mcp<R, F, Fut, C, CFut>(
+pub async fn run_mcp<R, M, F, Fut, C, CFut>(
     idem: Option<&Idem>,
     recipe: &Recipe,
     context: &Context,
@@ -25,7 +27,10 @@ pub async fn run_mcp<R, F, Fut, C, CFut>(
     handler: F,
 ) -> ToolOutcome<R>
 where
-    R: HandlerResult,
+    R: HandlerResult<M>,
+    R::Success: ToolSuccess,
+    R::Ok: Storable,
+    R::Err: IdempotentError + ToolErrorContents,
     F: FnOnce() -> Fut,
     Fut: Future<Output = R>,
     C: FnOnce(Operation) -> CFut,
@@ -56,6 +61,43 @@ where
         Err(rejection) => ToolOutcome::Refused(rejection),
     }
 }
+
+/// The [`HandlerResult`] shape of rmcp's `Result<Json<T>, E>`: the inner `T` is stored and
+/// replayed, and wrapped in `Json` again for rmcp (structured content, the inferred schema).
+pub struct RmcpJson;
+
+impl<T, E> HandlerResult<RmcpJson> for Result<rmcp::Json<T>, E> {
+    type Success = rmcp::Json<T>;
+    type Ok = T;
+    type Err = E;
+    fn into_result(self) -> Result<T, E> {
+        self.map(|json| json.0)
+    }
+    fn from_result(result: Result<T, E>) -> Self {
+        result.map(rmcp::Json)
+    }
+}
+
+/// What rmcp can send as a tool's result, checked where idem runs the tool so that a type rmcp
+/// cannot send is named in idem's words before rmcp's own error about the tool's route.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the result of an rmcp tool",
+    label = "the success type of this tool",
+    note = "return `rmcp::Json<{Self}>` for structured output (with `schemars::JsonSchema` derived for `{Self}`), \
+            or a `String`, a `CallToolResult` or a type that implements `rmcp::model::IntoContents`"
+)]
+pub trait ToolSuccess {}
+impl<T: IntoCallToolResult> ToolSuccess for T {}
+
+/// What rmcp can send as a tool's error (see [`ToolSuccess`]).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the error of an rmcp tool: rmcp does not know what to show the model",
+    label = "the error type of this tool",
+    note = "implement `rmcp::model::IntoContents` for `{Self}` (the words the model reads), or return \
+            `idem_runtime::mcp::ToolError`, which does"
+)]
+pub trait ToolErrorContents {}
+impl<T: IntoCallToolResult> ToolErrorContents for T {}
 
 /// A reconcile function that never finds anything (the type of `no_reconcile`).
 pub type NoReconcile<T, E> = fn(Operation) -> std::future::Ready<Reconciled<T, E>>;

@@ -33,5 +33,7 @@ pub use caller::{Context, Validator, caller_of, demo_tokens, is_remote, request_
 pub use error::ToolError;
 #[cfg(feature = "mcp-http")]
 pub use http::require_bearer;
-pub use outcome::{Json, ToolOutcome, output_schema, refusal};
+#[allow(deprecated)]
+pub use outcome::Json;
+pub use outcome::{ToolOutcome, output_schema, refusal};
 pub use status::status_tool;

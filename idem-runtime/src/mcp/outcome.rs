@@ -1,6 +1,7 @@
 //! What an idempotent rmcp tool returns to the agent: its own result with the operation's ref
 //! in `_meta.idem`, or idem's refusal as an `isError` result in words the model can act on,
-//! with codes in `_meta.idem`; and [`Json`], structured output idem can store and replay.
+//! with codes in `_meta.idem`; and the deprecated `Json` (rmcp's own `Json` is stored and replayed
+//! directly now).
 
 use std::sync::Arc;
 
@@ -72,10 +73,16 @@ pub fn refusal(rejection: &Rejection) -> CallToolResult {
 
 /// Structured output that idem can store and replay: like rmcp's `Json<T>` (the value goes to
 /// `structuredContent` and a text block), and `Serialize + Deserialize` itself.
+///
+/// Deprecated: return rmcp's own `rmcp::Json<T>`; `#[idempotent]` stores and replays its inner
+/// `T`. Both store the same JSON (this one is transparent), so switching keeps the records
+/// already in a ledger readable.
+#[deprecated(note = "return `rmcp::Json<T>`: `#[idempotent]` stores and replays its inner `T` (the same stored JSON)")]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Json<T>(pub T);
 
+#[allow(deprecated)]
 impl<T: Serialize + schemars::JsonSchema + 'static> IntoCallToolResult for Json<T> {
     fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
         rmcp::Json(self.0).into_call_tool_result()
