@@ -283,3 +283,56 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+/// A tool is an ordinary method: a unit test calls it with `ToolContext::local()` (as over
+/// stdio) or `ToolContext::for_caller(..)` (as an authenticated HTTP request) in place of the
+/// request rmcp would pass, and `into_result()` gives back the tool's own `Result`.
+#[cfg(test)]
+mod tests {
+    use idem_runtime::MemoryLedger;
+    use idem_runtime::mcp::ToolContext;
+
+    use super::*;
+
+    fn server() -> Payments {
+        let idem = Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"));
+        Payments::new(idem, Duration::ZERO).expect("every hinted tool has a recipe")
+    }
+
+    fn charge(card: &str) -> Parameters<Charge> {
+        Parameters(Charge { card: card.to_owned(), amount_cents: 1250, description: None })
+    }
+
+    fn processor_charges(server: &Payments) -> usize {
+        server.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    #[tokio::test]
+    async fn a_repeated_charge_reaches_the_processor_once() {
+        let server = server();
+        let first = server.charge_card(ToolContext::local(), charge("tok_visa")).await.into_result().expect("charged");
+        let again = server.charge_card(ToolContext::local(), charge("tok_visa")).await.into_result().expect("replayed");
+        assert_eq!(again.0.charge_id, first.0.charge_id, "the repeat gets the first receipt");
+        assert_eq!(processor_charges(&server), 1, "the processor charged once");
+    }
+
+    #[tokio::test]
+    async fn a_declined_card_is_the_answer_to_every_repeat() {
+        let server = server();
+        let first = server.charge_card(ToolContext::local(), charge("tok_declined")).await.into_result();
+        let again = server.charge_card(ToolContext::local(), charge("tok_declined")).await.into_result();
+        let (Err(first), Err(again)) = (first, again) else { panic!("a declined card is an error") };
+        assert_eq!(again, first, "the stored final answer is replayed");
+        assert_eq!(processor_charges(&server), 0);
+    }
+
+    #[tokio::test]
+    async fn each_caller_has_its_own_operations() {
+        let server = server();
+        for tenant in ["acme", "globex"] {
+            let caller = ToolContext::for_caller(Caller::new(tenant, "alice"));
+            server.charge_card(caller, charge("tok_visa")).await.into_result().expect("charged");
+        }
+        assert_eq!(processor_charges(&server), 2, "the same arguments from two tenants are two charges");
+    }
+}

@@ -103,14 +103,14 @@ fn find_ident(tokens: TokenStream, name: &str) -> Option<Span> {
 ///
 /// ```text
 /// // Input:  async fn charge(&self, p: Parameters<Charge>) -> Result<Receipt, E>
-/// // Output: async fn charge(&self, idem_context: Context, p: Parameters<Charge>) -> ToolOutcome<Result<Receipt, E>>
+/// // Output: async fn charge(&self, idem_context: ToolContext, p: Parameters<Charge>) -> ToolOutcome<Result<Receipt, E>>
 /// ```
 fn into_mcp_tool(recipe: &Recipe, item: &mut Handler, ret: &Type) {
     let krate = &recipe.krate;
     let context = Ident::new("idem_context", Span::mixed_site());
     let position = usize::from(item.sig.receiver().is_some());
     let written = item.sig.inputs.len();
-    item.sig.inputs.insert(position, syn::parse_quote!(#context: #krate::mcp::Context));
+    item.sig.inputs.insert(position, syn::parse_quote!(#context: #krate::mcp::ToolContext));
     item.sig.output = syn::parse_quote!(-> #krate::mcp::ToolOutcome<#ret>);
     // The context parameter is ours: clippy should not count it against the user's signature.
     if written == CLIPPY_MAX_ARGUMENTS {

@@ -7,7 +7,7 @@ use std::future::Future;
 
 use rmcp::handler::server::tool::IntoCallToolResult;
 
-use super::caller::{Context, caller_of, is_remote};
+use super::context::ToolContext;
 use super::outcome::ToolOutcome;
 use crate::idem::{Idem, Operation, Reconciled};
 use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Storable};
@@ -20,7 +20,7 @@ use crate::scope::Caller;
 pub async fn run_mcp<R, M, F, Fut, C, CFut>(
     idem: Option<&Idem>,
     recipe: &Recipe,
-    context: &Context,
+    context: &ToolContext,
     caller: Option<Caller>,
     arguments: Arguments,
     reconcile: Option<C>,
@@ -43,8 +43,8 @@ where
     };
     // Over HTTP only the request's authenticated caller counts: no fallback to a caller in
     // scope or the local identity.
-    let fallback = !is_remote(context);
-    let caller = caller.or_else(|| caller_of(context));
+    let fallback = !context.is_remote();
+    let caller = caller.or_else(|| context.caller().cloned());
     let handler = || async { handler().await.into_result() };
     let reconcile = |operation| async move {
         match reconcile {

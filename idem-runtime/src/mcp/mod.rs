@@ -2,8 +2,8 @@
 //! ready status tool, and the startup audit.
 //!
 //! On an rmcp tool (a method with `#[tool]` below `#[idempotent]`), the attribute adds a
-//! [`Context`] parameter to read the caller from, and returns a [`ToolOutcome`] that rmcp turns
-//! into the tool result:
+//! [`ToolContext`] parameter to read the caller from, and returns a [`ToolOutcome`] that rmcp
+//! turns into the tool result:
 //!
 //! - a fresh or replayed result carries `_meta.idem = {"ref": "…", "replayed": true|false}`;
 //! - a refusal is an `isError` result in words for the model, with
@@ -14,6 +14,10 @@
 //! means for a repeat); your own type works too, if it implements
 //! [`IdempotentError`](crate::IdempotentError) and rmcp's `IntoContents`.
 //!
+//! A unit test calls a tool directly, with [`ToolContext::local`] or
+//! [`ToolContext::for_caller`] for the added parameter and [`ToolOutcome::into_result`] for
+//! the tool's own result (see [`ToolContext`]).
+//!
 //! The caller: over streamable HTTP, the [`Caller`](crate::Caller) an auth middleware put into
 //! the request's extensions ([`require_bearer`] is a small one to replace with your own
 //! validation); over stdio, the handle's configured local identity
@@ -21,6 +25,7 @@
 
 mod audit;
 mod caller;
+mod context;
 mod error;
 #[cfg(feature = "mcp-http")]
 mod http;
@@ -30,6 +35,7 @@ mod status;
 
 pub use audit::{AuditError, Backing, audit, backed_meta, checked_router};
 pub use caller::{Context, Validator, caller_of, demo_tokens, is_remote, request_caller};
+pub use context::ToolContext;
 pub use error::ToolError;
 #[cfg(feature = "mcp-http")]
 pub use http::require_bearer;

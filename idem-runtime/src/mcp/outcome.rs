@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::key::Ref;
-use crate::rejection::{Rejection, STATUS_TOOL};
+use crate::macro_support::HandlerResult;
+use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
 
 /// What an idempotent rmcp tool returns: its own result (fresh or replayed), or idem's refusal.
 #[derive(Debug)]
@@ -29,6 +30,22 @@ pub enum ToolOutcome<R> {
     },
     /// idem answered without running the handler.
     Refused(Rejection),
+}
+
+impl<R> ToolOutcome<R> {
+    /// The tool's own result: what it returned (or replayed), or idem's refusal as its error
+    /// type (`from_rejection`). For calling a tool from a unit test (see
+    /// [`ToolContext`](super::ToolContext)).
+    pub fn into_result<M>(self) -> R
+    where
+        R: HandlerResult<M>,
+        R::Err: IdempotentError,
+    {
+        match self {
+            Self::Served { result, .. } => result,
+            Self::Refused(rejection) => R::from_result(Err(R::Err::from_rejection(rejection))),
+        }
+    }
 }
 
 impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
