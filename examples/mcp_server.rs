@@ -250,6 +250,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match options.http {
         None => {
             let server = Payments::new(idem.with_local_caller(Caller::try_new(tenant, subject)?), delay)?;
+            // The router this server serves has `idem_status`, which idem's answers name.
+            mcp::check_status_served(&server)?;
             tracing::info!("serving on stdio");
             server.serve(rmcp::transport::stdio()).await?.waiting().await?;
         }
@@ -268,6 +270,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
             // One server value for every request: the fake downstream is shared, as a real one would be.
             let server = Payments::new(idem, delay)?;
+            mcp::check_status_served(&server)?;
             let service = StreamableHttpService::new(
                 move || Ok(server.clone()),
                 Arc::new(LocalSessionManager::default()),

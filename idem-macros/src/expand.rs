@@ -78,6 +78,13 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream 
         );
         return TokenStream::new();
     }
+    if !is_tool && let Some(span) = recipe.replay_note.1 {
+        cx.error(
+            span,
+            "`replay_note` only applies to an rmcp tool (a method with `#[tool(...)]` below `#[idempotent]`), \
+             whose answers a model reads; remove it here",
+        );
+    }
     let args = Arguments::collect(cx, recipe, &mut item);
     let body = wrap_body(recipe, &tool_name, &item, &args, &ret, is_tool);
     let mut group = Group::new(Delimiter::Brace, body);
@@ -534,6 +541,18 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
         Stale::Reconcile(path) => Some(quote!(move |#operation| #path(#operation))),
         _ => None,
     };
+    // On an rmcp server's tool: at the server's first idempotent call, whether it serves the
+    // status tool its answers name (`mcp::check_status_served` is the check at startup).
+    let status_check = (mcp && has_self).then(|| {
+        let receiver = receiver_ref(item);
+        let tool = Ident::new("idem_tool", Span::mixed_site());
+        quote! {
+            {
+                use #private::server_kinds::*;
+                #private::check_status_once::<Self>(#tool_name, |#tool| (&&#private::Server(#receiver)).idem_serves_status(#tool));
+            }
+        }
+    });
     let run = if mcp {
         let context = Ident::new("idem_context", Span::mixed_site());
         let reconcile = match reconcile {
@@ -541,7 +560,9 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
             None => quote!(#private::no_reconcile()),
         };
         let run = respan(quote!(#private::run_mcp), span);
-        quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, &#context, #caller_expr, #idem_args, #reconcile, #handler).await)
+        let note = recipe.replay_note.0;
+        let call = quote!(#private::ToolCall { context: &#context, caller: #caller_expr, replay_note: #note });
+        quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #call, #idem_args, #reconcile, #handler).await)
     } else if let Some(reconcile) = reconcile {
         let run = respan(quote!(#private::run_reconciling), span);
         quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #caller_expr, #idem_args, #reconcile, #handler).await)
@@ -551,6 +572,7 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
     };
     quote! {
         static __IDEM_RECIPE: #krate::Recipe = #recipe_tokens;
+        #status_check
         let mut #idem_args = #private::Arguments::new();
         #(#statements)*
         let #handle: ::core::option::Option<#krate::Idem> = #handle_expr;

@@ -2,7 +2,7 @@
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
-use syn::{Expr, Ident, LitStr, Path};
+use syn::{Expr, Ident, LitBool, LitStr, Path};
 
 use crate::attr::{Args, Ctxt};
 
@@ -34,6 +34,9 @@ pub struct Recipe {
     pub task: Option<ArgPath>,
     pub inherent: Option<LitStr>,
     pub name: Option<LitStr>,
+    /// Whether a replayed answer carries a line of text saying so (rmcp tools); with its span
+    /// when written, for "only on an rmcp tool".
+    pub replay_note: (bool, Option<Span>),
     pub idem: Option<Expr>,
     pub caller: Option<Expr>,
     pub krate: Path,
@@ -57,6 +60,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
             ("reconcile", args.reconcile.span()),
             ("scope", args.scope.span()),
             ("task", args.task.span()),
+            ("replay_note", args.replay_note.span()),
         ];
         for (option, span) in ledger_options {
             if let Some(span) = span {
@@ -121,6 +125,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
         task,
         inherent,
         name: args.name.get().cloned(),
+        replay_note: (args.replay_note.get().is_none_or(LitBool::value), args.replay_note.span()),
         idem: args.idem.get().cloned(),
         caller: args.caller.get().cloned(),
         krate,

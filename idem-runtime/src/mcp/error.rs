@@ -181,7 +181,10 @@ mod tests {
             [block] => block.as_text().map(|text| text.text.clone()).unwrap_or_default(),
             other => panic!("one text block, got {other:?}"),
         };
-        assert_eq!(text(ToolError::nothing_happened("the carrier is closed")), "nothing was executed: the carrier is closed");
+        assert_eq!(
+            text(ToolError::nothing_happened("the carrier is closed")),
+            "nothing was executed: the carrier is closed"
+        );
         assert_eq!(text(ToolError::final_answer("declined")), "declined");
         assert!(text(ToolError::unknown("timeout")).contains("do not retry"));
     }

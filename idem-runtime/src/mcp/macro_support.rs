@@ -1,27 +1,41 @@
 //! What `#[idempotent]` expands to on an rmcp tool (feature `rmcp`): the run that answers with a
-//! [`ToolOutcome`] and takes the caller from the request context, and the argument-kind impls
-//! for rmcp's own parameter types. Reached only through `idem_runtime::__private`, beside
+//! [`ToolOutcome`] and takes the caller from the request context, the checks that a tool's
+//! result and error are types rmcp can send, the first-call check that the server serves the
+//! status tool, and the argument-kind impls for rmcp's own parameter types. Reached only through `idem_runtime::__private`, beside
 //! `crate::macro_support` (the transport-free part); nothing here is public API.
 
+use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::Mutex;
 
+use rmcp::ServerHandler;
 use rmcp::handler::server::tool::IntoCallToolResult;
 
 use super::context::ToolContext;
 use super::outcome::ToolOutcome;
+use super::status::StatusNotServed;
 use crate::idem::{Idem, Operation, Reconciled};
 use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Storable};
 use crate::recipe::Recipe;
-use crate::rejection::{IdempotentError, Rejection};
+use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
 use crate::scope::Caller;
+
+/// Who calls an rmcp tool, and how its answer is shaped.
+pub struct ToolCall<'a> {
+    /// The request.
+    pub context: &'a ToolContext,
+    /// `caller = ...` of the recipe, which comes before the request's.
+    pub caller: Option<Caller>,
+    /// `false` leaves the replay note out of a replay's text (`_meta` still says it).
+    pub replay_note: bool,
+}
 
 /// Runs an rmcp tool's handler under `recipe`, with the caller from the request context (else
 /// the handle's local identity), keeping idem's refusals for the agent-facing result.
 pub async fn run_mcp<R, M, F, Fut, C, CFut>(
     idem: Option<&Idem>,
     recipe: &Recipe,
-    context: &ToolContext,
-    caller: Option<Caller>,
+    call: ToolCall<'_>,
     arguments: Arguments,
     reconcile: Option<C>,
     handler: F,
@@ -43,6 +57,7 @@ where
     };
     // Over HTTP only the request's authenticated caller counts: no fallback to a caller in
     // scope or the local identity.
+    let ToolCall { context, caller, replay_note } = call;
     let fallback = !context.is_remote();
     let caller = caller.or_else(|| context.caller().cloned());
     let handler = || async { handler().await.into_result() };
@@ -57,6 +72,7 @@ where
             result: R::from_result(served.value),
             reference: served.reference,
             replayed: served.replayed,
+            replay_note,
         },
         Err(rejection) => ToolOutcome::Refused(rejection),
     }
@@ -98,6 +114,51 @@ impl<T: IntoCallToolResult> ToolSuccess for T {}
 )]
 pub trait ToolErrorContents {}
 impl<T: IntoCallToolResult> ToolErrorContents for T {}
+
+/// At a server type's first idempotent call, logs an error if the server lists this tool but
+/// not the status tool that idem's answers name (a plain `#[tool_handler]`): rmcp gives idem no
+/// hook when a server starts, so this is the first moment it can tell. Checked once per type.
+pub fn check_status_once<S: ?Sized>(tool: &str, serves_status: impl FnOnce(&str) -> Option<bool>) {
+    static CHECKED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let server = std::any::type_name::<S>();
+    if !CHECKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(server) {
+        return;
+    }
+    if serves_status(tool) == Some(false) {
+        let error = StatusNotServed { server };
+        tracing::error!(%error, "the status tool is not served");
+    }
+}
+
+/// Asks a server whether it serves the status tool, if it is an rmcp `ServerHandler` (else
+/// nothing to ask): `(&&Server(server)).idem_serves_status("tool")`, by autoref as [`Probe`].
+pub struct Server<'a, S: ?Sized>(pub &'a S);
+
+/// The server is a `ServerHandler`: `Some(serves)` when it lists `tool` itself (so its
+/// `get_tool` is meaningful), else `None`.
+pub trait ServerHandlerKind {
+    /// Whether the server serves the status tool.
+    fn idem_serves_status(&self, tool: &str) -> Option<bool>;
+}
+impl<S: ServerHandler> ServerHandlerKind for &Server<'_, S> {
+    fn idem_serves_status(&self, tool: &str) -> Option<bool> {
+        self.0.get_tool(tool).map(|_| self.0.get_tool(STATUS_TOOL).is_some())
+    }
+}
+
+/// Not a `ServerHandler` (its router is served by another type): nothing to ask.
+pub trait OtherServerKind {
+    /// Nothing to ask.
+    fn idem_serves_status(&self, _tool: &str) -> Option<bool> {
+        None
+    }
+}
+impl<S: ?Sized> OtherServerKind for Server<'_, S> {}
+
+/// The server kind traits, for the generated `use`.
+pub mod server_kinds {
+    pub use super::{OtherServerKind as _, ServerHandlerKind as _};
+}
 
 /// A reconcile function that never finds anything (the type of `no_reconcile`).
 pub type NoReconcile<T, E> = fn(Operation) -> std::future::Ready<Reconciled<T, E>>;

@@ -5,7 +5,9 @@
 //! [`ToolContext`] parameter to read the caller from, and returns a [`ToolOutcome`] that rmcp
 //! turns into the tool result:
 //!
-//! - a fresh or replayed result carries `_meta.idem = {"ref": "…", "replayed": true|false}`;
+//! - a fresh or replayed result carries `_meta.idem = {"ref": "…", "replayed": true|false}`; a
+//!   replay also ends with a text block the model reads, [`replay_note`] ("nothing was executed
+//!   again"), unless the tool says `#[idempotent(replay_note = false)]`;
 //! - a refusal is an `isError` result in words for the model, with
 //!   `_meta.idem = {"code": "in_flight" | "conflict" | …, "ref": "…", "statusTool": "idem_status",
 //!   "executed": false, "retry": "no" | "safe"}`.
@@ -41,5 +43,5 @@ pub use error::ToolError;
 pub use http::require_bearer;
 #[allow(deprecated)]
 pub use outcome::Json;
-pub use outcome::{ToolOutcome, output_schema, refusal};
-pub use status::status_tool;
+pub use outcome::{ToolOutcome, output_schema, refusal, replay_note};
+pub use status::{StatusNotServed, check_status_served, status_tool};

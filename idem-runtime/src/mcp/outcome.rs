@@ -1,5 +1,5 @@
 //! What an idempotent rmcp tool returns to the agent: its own result with the operation's ref
-//! in `_meta.idem`, or idem's refusal as an `isError` result in words the model can act on,
+//! in `_meta.idem` (and, on a replay, a line of text saying so), or idem's refusal as an `isError` result in words the model can act on,
 //! with codes in `_meta.idem`; and the deprecated `Json` (rmcp's own `Json` is stored and replayed
 //! directly now).
 
@@ -20,6 +20,7 @@ use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
 #[non_exhaustive]
 pub enum ToolOutcome<R> {
     /// The handler's result, from this call or replayed from the ledger.
+    #[non_exhaustive]
     Served {
         /// The result, as the handler's return type.
         result: R,
@@ -27,6 +28,9 @@ pub enum ToolOutcome<R> {
         reference: Ref,
         /// Whether it was replayed.
         replayed: bool,
+        /// Whether a replay carries [`replay_note`] as a last text block, for hosts that do not
+        /// pass `_meta` to the model (`#[idempotent(replay_note = false)]` turns it off).
+        replay_note: bool,
     },
     /// idem answered without running the handler.
     Refused(Rejection),
@@ -51,8 +55,11 @@ impl<R> ToolOutcome<R> {
 impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
     fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
         match self {
-            Self::Served { result, reference, replayed } => match result.into_call_tool_result()? {
+            Self::Served { result, reference, replayed, replay_note: note } => match result.into_call_tool_result()? {
                 CallToolResponse::Complete(mut result) => {
+                    if replayed && note {
+                        result.content.push(ContentBlock::text(replay_note(reference)));
+                    }
                     let idem = json!({ "ref": reference.to_string(), "replayed": replayed });
                     result.meta.get_or_insert_with(|| MetaObject(JsonObject::new())).0.insert("idem".to_owned(), idem);
                     Ok(CallToolResponse::Complete(result))
@@ -62,6 +69,16 @@ impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
             Self::Refused(rejection) => Ok(CallToolResponse::Complete(refusal(&rejection))),
         }
     }
+}
+
+/// The line a replayed answer ends with, so that a model whose host drops `_meta` does not
+/// take the stored answer for a second execution.
+#[must_use]
+pub fn replay_note(reference: Ref) -> String {
+    format!(
+        "(idem: this is the stored result of an earlier identical call, ref {reference}; nothing was executed \
+         again)"
+    )
 }
 
 /// The tool result an agent gets for a refusal: `isError`, words to act on, codes in `_meta`.
