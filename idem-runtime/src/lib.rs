@@ -83,7 +83,7 @@ pub use key::{Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
 pub use ledger::{Ledger, LedgerError, State, StatusReport};
 pub use recipe::{Recipe, ScopeRule, StalePolicy};
-pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL};
+pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL, StorableError};
 pub use scope::{Caller, CallerError, Scope, SubjectTag, TenantTag};
 pub use secret::{Secret, SecretError};
 pub use window::{WindowError, parse_window};
