@@ -32,51 +32,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::mcp::{self, Json};
-use idem_runtime::{
-    Caller, ErrorClass, HasIdem, Idem, IdempotentError, Rejection, audit_idempotent, current_operation, idempotent,
-};
+use idem_runtime::mcp::{self, ToolError};
+use idem_runtime::{Caller, HasIdem, Idem, audit_idempotent, current_operation, idempotent};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{ServerCapabilities, ServerConfig};
-use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use rmcp::{Json, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-/// A tool error, with what it means for a repeat decided here, per variant.
-#[derive(Debug, Serialize, Deserialize)]
-enum ToolError {
-    /// The input was refused before anything was sent.
-    Invalid(String),
-    /// The processor declined the card: the final answer to this operation.
-    Declined(String),
-    /// idem's own answer (in flight, conflict, ...), already in words for the agent.
-    Idem(String),
-}
-
-impl IdempotentError for ToolError {
-    fn classify(&self) -> ErrorClass {
-        match self {
-            Self::Invalid(_) | Self::Idem(_) => ErrorClass::NothingHappened,
-            Self::Declined(_) => ErrorClass::Final,
-        }
-    }
-
-    fn from_rejection(rejection: Rejection) -> Self {
-        Self::Idem(rejection.to_string())
-    }
-}
-
-impl rmcp::model::IntoContents for ToolError {
-    fn into_contents(self) -> Vec<rmcp::model::ContentBlock> {
-        let text = match self {
-            Self::Invalid(why) => format!("invalid request, nothing was done: {why}"),
-            Self::Declined(why) => format!("the card was declined: {why}"),
-            Self::Idem(text) => text,
-        };
-        vec![rmcp::model::ContentBlock::text(text)]
-    }
-}
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 struct Charge {
@@ -172,14 +135,15 @@ impl Payments {
     #[tool(description = "Charge a card. Safe to repeat: a repeat returns the original receipt.")]
     async fn charge_card(&self, Parameters(charge): Parameters<Charge>) -> Result<Json<Receipt>, ToolError> {
         if charge.amount_cents == 0 {
-            return Err(ToolError::Invalid("amount_cents must be positive".into()));
+            return Err(ToolError::invalid("amount_cents must be positive"));
         }
         let reference = forwarded_key();
         // The operation's caller, in scope while the handler runs.
         let tenant = idem_runtime::current_caller().map(|caller| caller.tenant().to_owned()).unwrap_or_default();
         tokio::time::sleep(self.processor_delay).await;
         if charge.card == "tok_declined" {
-            return Err(ToolError::Declined("insufficient funds".into()));
+            // The processor's answer to this operation: stored, and replayed to every repeat.
+            return Err(ToolError::final_answer("the card was declined: insufficient funds"));
         }
         let mut charges = self.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let charge_id = format!("ch_{}", charges.len() + 1);
@@ -218,7 +182,7 @@ impl Payments {
     #[tool(description = "Send an email. The same message to the same recipient within a day is sent once.")]
     async fn send_email(&self, Parameters(email): Parameters<Email>) -> Result<Json<Sent>, ToolError> {
         if !email.to.contains('@') {
-            return Err(ToolError::Invalid(format!("`{}` is not an email address", email.to)));
+            return Err(ToolError::invalid(format!("`{}` is not an email address", email.to)));
         }
         let mut emails = self.downstream.emails.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         emails.push(format!("{} / {} / {}", email.to, email.subject, email.body.len()));
@@ -229,12 +193,12 @@ impl Payments {
         description = "List every charge the card processor really made for your tenant.",
         annotations(read_only_hint = true)
     )]
-    async fn list_charges(&self, context: mcp::Context) -> Result<rmcp::Json<Charges>, String> {
+    async fn list_charges(&self, context: mcp::Context) -> Result<Json<Charges>, String> {
         let caller = mcp::request_caller(&self.idem, &context)
             .ok_or("the caller is not authenticated: send a bearer token and call again")?;
         let charges = self.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let charges = charges.iter().filter(|charge| charge.tenant == caller.tenant()).cloned().collect();
-        Ok(rmcp::Json(Charges { charges }))
+        Ok(Json(Charges { charges }))
     }
 }
 
@@ -300,6 +264,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let idem = idem.with_local_caller(Caller::try_new(tenant, subject)?);
             mcp::check_stdio(&idem)?;
             let server = Payments::new(idem, delay)?;
+            // The router this server serves has `idem_status`, which idem's answers name.
+            mcp::check_status_served(&server)?;
             tracing::info!("serving on stdio");
             server.serve(rmcp::transport::stdio()).await?.waiting().await?;
         }
@@ -318,6 +284,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
             // One server value for every request: the fake downstream is shared, as a real one would be.
             let server = Payments::new(idem, delay)?;
+            mcp::check_status_served(&server)?;
             let service = StreamableHttpService::new(
                 move || Ok(server.clone()),
                 Arc::new(LocalSessionManager::default()),
@@ -332,4 +299,57 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// A tool is an ordinary method: a unit test calls it with `ToolContext::local()` (as over
+/// stdio) or `ToolContext::for_caller(..)` (as an authenticated HTTP request) in place of the
+/// request rmcp would pass, and `into_result()` gives back the tool's own `Result`.
+#[cfg(test)]
+mod tests {
+    use idem_runtime::MemoryLedger;
+    use idem_runtime::mcp::ToolContext;
+
+    use super::*;
+
+    fn server() -> Payments {
+        let idem = Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"));
+        Payments::new(idem, Duration::ZERO).expect("every hinted tool has a recipe")
+    }
+
+    fn charge(card: &str) -> Parameters<Charge> {
+        Parameters(Charge { card: card.to_owned(), amount_cents: 1250, description: None })
+    }
+
+    fn processor_charges(server: &Payments) -> usize {
+        server.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    #[tokio::test]
+    async fn a_repeated_charge_reaches_the_processor_once() {
+        let server = server();
+        let first = server.charge_card(ToolContext::local(), charge("tok_visa")).await.into_result().expect("charged");
+        let again = server.charge_card(ToolContext::local(), charge("tok_visa")).await.into_result().expect("replayed");
+        assert_eq!(again.0.charge_id, first.0.charge_id, "the repeat gets the first receipt");
+        assert_eq!(processor_charges(&server), 1, "the processor charged once");
+    }
+
+    #[tokio::test]
+    async fn a_declined_card_is_the_answer_to_every_repeat() {
+        let server = server();
+        let first = server.charge_card(ToolContext::local(), charge("tok_declined")).await.into_result();
+        let again = server.charge_card(ToolContext::local(), charge("tok_declined")).await.into_result();
+        let (Err(first), Err(again)) = (first, again) else { panic!("a declined card is an error") };
+        assert_eq!(again, first, "the stored final answer is replayed");
+        assert_eq!(processor_charges(&server), 0);
+    }
+
+    #[tokio::test]
+    async fn each_caller_has_its_own_operations() {
+        let server = server();
+        for tenant in ["acme", "globex"] {
+            let caller = ToolContext::for_caller(Caller::new(tenant, "alice"));
+            server.charge_card(caller, charge("tok_visa")).await.into_result().expect("charged");
+        }
+        assert_eq!(processor_charges(&server), 2, "the same arguments from two tenants are two charges");
+    }
 }

@@ -5,7 +5,7 @@
 
 use proc_macro2::{Span, TokenStream};
 use syn::meta::ParseNestedMeta;
-use syn::{Expr, LitStr, Path};
+use syn::{Expr, LitBool, LitStr, Path};
 
 /// Accumulates errors (as serde_derive's `Ctxt` does).
 #[derive(Default)]
@@ -68,7 +68,7 @@ impl<T> Attr<T> {
 
 /// The accepted options, for the "unknown option" message.
 pub const OPTIONS: &str = "`key`, `window`, `ignore`, `stale`, `reconcile`, `scope`, `task`, `inherent`, `name`, \
-                           `idem`, `caller`, `crate`";
+                           `replay_note`, `idem`, `caller`, `crate`";
 
 /// `#[idempotent(...)]` as written.
 pub struct Args {
@@ -81,6 +81,7 @@ pub struct Args {
     pub task: Attr<LitStr>,
     pub inherent: Attr<LitStr>,
     pub name: Attr<LitStr>,
+    pub replay_note: Attr<LitBool>,
     pub idem: Attr<Expr>,
     pub caller: Attr<Expr>,
     pub krate: Attr<Path>,
@@ -98,6 +99,7 @@ impl Args {
             task: Attr::none("task"),
             inherent: Attr::none("inherent"),
             name: Attr::none("name"),
+            replay_note: Attr::none("replay_note"),
             idem: Attr::none("idem"),
             caller: Attr::none("caller"),
             krate: Attr::none("crate"),
@@ -133,6 +135,7 @@ fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta<'_>) -> syn:
         "task" => return set_string(cx, meta, span, &mut args.task),
         "inherent" => return set_string(cx, meta, span, &mut args.inherent),
         "name" => return set_string(cx, meta, span, &mut args.name),
+        "replay_note" => return set_bool(cx, meta, span, &mut args.replay_note),
         "reconcile" => args.reconcile.set(span, meta.value()?.parse()?),
         "idem" => args.idem.set(span, meta.value()?.parse()?),
         "caller" => args.caller.set(span, meta.value()?.parse()?),
@@ -167,6 +170,30 @@ fn set_string(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut 
             cx.error(
                 syn::spanned::Spanned::span(&other),
                 format!("`{option}` takes a string in double quotes: `{option} = \"...\"`"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Sets a boolean option from `option = true|false`; any other value is reported and skipped.
+fn set_bool(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut Attr<LitBool>) -> syn::Result<()> {
+    let mut value = meta.value()?.parse::<Expr>()?;
+    while let Expr::Group(group) = value {
+        value = *group.expr;
+    }
+    match value {
+        Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(lit), .. }) => {
+            if let Err(error) = attr.set(span, lit) {
+                cx.push(error);
+            }
+        }
+        other => {
+            attr.given = true;
+            let option = attr.name;
+            cx.error(
+                syn::spanned::Spanned::span(&other),
+                format!("`{option}` takes `true` or `false`: `{option} = false`"),
             );
         }
     }

@@ -78,6 +78,13 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream 
         );
         return TokenStream::new();
     }
+    if !is_tool && let Some(span) = recipe.replay_note.1 {
+        cx.error(
+            span,
+            "`replay_note` only applies to an rmcp tool (a method with `#[tool(...)]` below `#[idempotent]`), \
+             whose answers a model reads; remove it here",
+        );
+    }
     let args = Arguments::collect(cx, recipe, &mut item);
     let body = wrap_body(recipe, &tool_name, &item, &args, &ret, is_tool);
     let mut group = Group::new(Delimiter::Brace, body);
@@ -103,14 +110,14 @@ fn find_ident(tokens: TokenStream, name: &str) -> Option<Span> {
 ///
 /// ```text
 /// // Input:  async fn charge(&self, p: Parameters<Charge>) -> Result<Receipt, E>
-/// // Output: async fn charge(&self, idem_context: Context, p: Parameters<Charge>) -> ToolOutcome<Result<Receipt, E>>
+/// // Output: async fn charge(&self, idem_context: ToolContext, p: Parameters<Charge>) -> ToolOutcome<Result<Receipt, E>>
 /// ```
 fn into_mcp_tool(recipe: &Recipe, item: &mut Handler, ret: &Type) {
     let krate = &recipe.krate;
     let context = Ident::new("idem_context", Span::mixed_site());
     let position = usize::from(item.sig.receiver().is_some());
     let written = item.sig.inputs.len();
-    item.sig.inputs.insert(position, syn::parse_quote!(#context: #krate::mcp::Context));
+    item.sig.inputs.insert(position, syn::parse_quote!(#context: #krate::mcp::ToolContext));
     item.sig.output = syn::parse_quote!(-> #krate::mcp::ToolOutcome<#ret>);
     // The context parameter is ours: clippy should not count it against the user's signature.
     if written == CLIPPY_MAX_ARGUMENTS {
@@ -232,7 +239,8 @@ impl Arguments {
     fn collect(cx: &mut Ctxt, recipe: &Recipe, item: &mut Handler) -> Self {
         let mut rebinds = Vec::new();
         let mut params: Vec<Param> = Vec::new();
-        let mut params_struct: Option<(TokenStream, Vec<Attribute>)> = None;
+        // The arguments struct: how to reach it, its `cfg`s, and where to report it (its type).
+        let mut params_struct: Option<(TokenStream, Vec<Attribute>, Span)> = None;
         let ignored_param = |name: &str| recipe.ignore.iter().any(|path| path.text == name);
         for (index, input) in item.sig.inputs.iter_mut().enumerate() {
             let FnArg::Typed(typed) = input else { continue };
@@ -281,7 +289,7 @@ impl Arguments {
                 );
             }
             if is_params && params_struct.is_none() {
-                params_struct = Some((quote!(#binding.0), cfgs));
+                params_struct = Some((quote!(#binding.0), cfgs, typed.ty.span()));
             } else {
                 params.push(Param {
                     binding,
@@ -306,7 +314,7 @@ impl Arguments {
             && !paths().any(|path| path.text.split('.').next() == Some(single.name.as_str()))
         {
             let binding = &single.binding;
-            params_struct = Some((quote!(#binding), single.cfgs.clone()));
+            params_struct = Some((quote!(#binding), single.cfgs.clone(), binding.span()));
             root_param = Some(single.name.clone());
         }
         let args = Ident::new("idem_args", Span::mixed_site());
@@ -323,8 +331,12 @@ impl Arguments {
         };
         let mut statements = vec![quote!(use #private::kinds::*;)];
         let named = |param: &Param| param.nameable.then(|| param.name.clone());
-        if let Some((root, cfgs)) = &params_struct {
-            statements.push(quote!(#(#cfgs)* #args.all(&#root);));
+        if let Some((root, cfgs, span)) = &params_struct {
+            // Through a name located at the struct's type, so that a struct that is not
+            // `Serialize` is reported there (see `ArgumentsStruct`).
+            let whole = Ident::new("idem_arguments_struct", Span::mixed_site().located_at(*span));
+            statements.push(quote!(#(#cfgs)* let #whole = &#root;));
+            statements.push(quote!(#(#cfgs)* #args.all(#whole);));
             for key in &recipe.keys {
                 let text = &key.text;
                 let value = path_expr(root, &key.segments, key.span);
@@ -529,6 +541,18 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
         Stale::Reconcile(path) => Some(quote!(move |#operation| #path(#operation))),
         _ => None,
     };
+    // On an rmcp server's tool: at the server's first idempotent call, whether it serves the
+    // status tool its answers name (`mcp::check_status_served` is the check at startup).
+    let status_check = (mcp && has_self).then(|| {
+        let receiver = receiver_ref(item);
+        let tool = Ident::new("idem_tool", Span::mixed_site());
+        quote! {
+            {
+                use #private::server_kinds::*;
+                #private::check_status_once::<Self>(#tool_name, |#tool| (&&#private::Server(#receiver)).idem_serves_status(#tool));
+            }
+        }
+    });
     let run = if mcp {
         let context = Ident::new("idem_context", Span::mixed_site());
         let reconcile = match reconcile {
@@ -536,7 +560,9 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
             None => quote!(#private::no_reconcile()),
         };
         let run = respan(quote!(#private::run_mcp), span);
-        quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, &#context, #caller_expr, #idem_args, #reconcile, #handler).await)
+        let note = recipe.replay_note.0;
+        let call = quote!(#private::ToolCall { context: &#context, caller: #caller_expr, replay_note: #note });
+        quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #call, #idem_args, #reconcile, #handler).await)
     } else if let Some(reconcile) = reconcile {
         let run = respan(quote!(#private::run_reconciling), span);
         quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #caller_expr, #idem_args, #reconcile, #handler).await)
@@ -546,6 +572,7 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
     };
     quote! {
         static __IDEM_RECIPE: #krate::Recipe = #recipe_tokens;
+        #status_check
         let mut #idem_args = #private::Arguments::new();
         #(#statements)*
         let #handle: ::core::option::Option<#krate::Idem> = #handle_expr;

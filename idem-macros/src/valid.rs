@@ -2,7 +2,7 @@
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
-use syn::{Expr, Ident, LitStr, Path};
+use syn::{Expr, Ident, LitBool, LitStr, Path};
 
 use crate::attr::{Args, Ctxt};
 
@@ -34,6 +34,9 @@ pub struct Recipe {
     pub task: Option<ArgPath>,
     pub inherent: Option<LitStr>,
     pub name: Option<LitStr>,
+    /// Whether a replayed answer carries a line of text saying so (rmcp tools); with its span
+    /// when written, for "only on an rmcp tool".
+    pub replay_note: (bool, Option<Span>),
     pub idem: Option<Expr>,
     pub caller: Option<Expr>,
     pub krate: Path,
@@ -57,6 +60,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
             ("reconcile", args.reconcile.span()),
             ("scope", args.scope.span()),
             ("task", args.task.span()),
+            ("replay_note", args.replay_note.span()),
         ];
         for (option, span) in ledger_options {
             if let Some(span) = span {
@@ -121,6 +125,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
         task,
         inherent,
         name: args.name.get().cloned(),
+        replay_note: (args.replay_note.get().is_none_or(LitBool::value), args.replay_note.span()),
         idem: args.idem.get().cloned(),
         caller: args.caller.get().cloned(),
         krate,
@@ -181,10 +186,19 @@ fn path_list(cx: &mut Ctxt, lit: &LitStr, option: &str) -> Vec<ArgPath> {
     paths
 }
 
-/// A field or argument name from a key path, spanned at the literal: `order_id`, or a keyword
+/// A field or argument name from a key path, located at the literal: `order_id`, or a keyword
 /// written plainly (`type`) or raw (`r#type`), which becomes the raw identifier `r#type`.
 /// `None` for anything that cannot name a field (and never a panic: `Ident::new` would).
-fn field_name(segment: &str, span: Span) -> Option<Ident> {
+///
+/// The name resolves at the macro's mixed site, not at the literal: a misspelt field is then
+/// reported at the literal ("no field `titel` on type `Ticket`") without rustc's "a field with a
+/// similar name exists" fix, which would replace the whole literal with the bare field name
+/// (`key = title`, dropping the quotes and the other names). Stable Rust cannot point into a
+/// string literal (`Literal::subspan` is unstable), so no span makes that fix correct; the
+/// price is that rustc then lists no available fields either (it lists only fields it may
+/// suggest at the access's span).
+fn field_name(segment: &str, literal: Span) -> Option<Ident> {
+    let span = Span::mixed_site().located_at(literal);
     if segment.trim() != segment {
         return None;
     }

@@ -16,23 +16,36 @@ use crate::rejection::{IdempotentError, Rejection};
 use crate::scope::Caller;
 
 /// A handler's result type, split into what is stored and what is classified.
+///
+/// `M` tells the shapes apart without overlapping impls: [`Plain`] for `Result<T, E>` whose `T`
+/// is stored as it is, and (feature `rmcp`) `RmcpJson` for rmcp's `Result<Json<T>, E>`, whose
+/// inner `T` is stored. The generated code never names `M`: it is inferred, as exactly one
+/// impl applies to a given type. Whether `Ok` can be stored and `Err` classified is required
+/// where the result is run, so that rustc names the type that falls short.
 #[diagnostic::on_unimplemented(
     message = "an `#[idempotent]` handler must return `Result<T, E>`, not `{Self}`",
     label = "this return type",
-    note = "`T` is stored and replayed to repeats (serde); `E` implements `idem_runtime::IdempotentError`"
+    note = "`T` is stored and replayed to repeats (serde; on an rmcp tool, `rmcp::Json<T>` stores its `T`); \
+            `E` implements `idem_runtime::IdempotentError`"
 )]
-pub trait HandlerResult: Sized {
-    /// The success type.
-    type Ok: Storable;
+pub trait HandlerResult<M>: Sized {
+    /// The success type as the handler returns it (`rmcp::Json<T>` for a stored `T`).
+    type Success;
+    /// The success type, as it is stored.
+    type Ok;
     /// The error type.
-    type Err: IdempotentError;
+    type Err;
     /// As a plain `Result`.
     fn into_result(self) -> Result<Self::Ok, Self::Err>;
     /// From a plain `Result`.
     fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
 }
 
-impl<T: Storable, E: IdempotentError> HandlerResult for Result<T, E> {
+/// The [`HandlerResult`] shape of a `Result<T, E>` whose `T` is stored as it is.
+pub struct Plain;
+
+impl<T: Storable, E> HandlerResult<Plain> for Result<T, E> {
+    type Success = T;
     type Ok = T;
     type Err = E;
     fn into_result(self) -> Self {
@@ -53,6 +66,19 @@ impl<T: Storable, E: IdempotentError> HandlerResult for Result<T, E> {
 pub trait Storable: Serialize + DeserializeOwned {}
 
 impl<T: Serialize + DeserializeOwned> Storable for T {}
+
+/// A handler's arguments struct (rmcp's `Parameters<T>`), which must serialise: rmcp itself
+/// only needs `Deserialize`, so this is where a missing `Serialize` is explained.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the arguments of an `#[idempotent]` handler: it does not implement \
+               `serde::Serialize`",
+    label = "the arguments of this handler",
+    note = "arguments are part of the operation's identity (its key and its conflict fingerprint), so they must \
+            be `Serialize`: derive `serde::Serialize` for `{Self}` beside `Deserialize`"
+)]
+pub trait ArgumentsStruct: Serialize {}
+
+impl<T: Serialize + ?Sized> ArgumentsStruct for T {}
 
 /// Collects a call's arguments from the handler's parameters.
 #[derive(Debug, Default)]
@@ -79,7 +105,7 @@ impl Arguments {
     }
 
     /// All arguments at once: the handler's arguments struct (rmcp's `Parameters<T>`).
-    pub fn all<T: Serialize + ?Sized>(&mut self, value: &T) {
+    pub fn all<T: ArgumentsStruct + ?Sized>(&mut self, value: &T) {
         match self.value("", value) {
             Some(Value::Object(map)) => self.arguments.all = std::borrow::Cow::Owned(map),
             Some(_) => {
@@ -142,7 +168,7 @@ fn no_idem<E: IdempotentError>() -> E {
 }
 
 /// Runs a handler under `recipe`.
-pub async fn run<R, F, Fut>(
+pub async fn run<R, M, F, Fut>(
     idem: Option<&Idem>,
     recipe: &Recipe,
     caller: Option<Caller>,
@@ -150,7 +176,9 @@ pub async fn run<R, F, Fut>(
     handler: F,
 ) -> R
 where
-    R: HandlerResult,
+    R: HandlerResult<M>,
+    R::Ok: Storable,
+    R::Err: IdempotentError,
     F: FnOnce() -> Fut,
     Fut: Future<Output = R>,
 {
@@ -159,7 +187,7 @@ where
 }
 
 /// Runs a handler under a `reconcile` recipe.
-pub async fn run_reconciling<R, F, Fut, C, CFut>(
+pub async fn run_reconciling<R, M, F, Fut, C, CFut>(
     idem: Option<&Idem>,
     recipe: &Recipe,
     caller: Option<Caller>,
@@ -168,7 +196,9 @@ pub async fn run_reconciling<R, F, Fut, C, CFut>(
     handler: F,
 ) -> R
 where
-    R: HandlerResult,
+    R: HandlerResult<M>,
+    R::Ok: Storable,
+    R::Err: IdempotentError,
     F: FnOnce() -> Fut,
     Fut: Future<Output = R>,
     C: FnOnce(Operation) -> CFut,

@@ -218,19 +218,63 @@ pub enum ErrorClass {
     Unknown,
 }
 
+/// What idem needs of an error type to store its final errors: JSON both ways. Implemented for
+/// every `Serialize + DeserializeOwned` type; named here so that a missing derive is explained
+/// in idem's words (and `IdempotentError`'s supertrait is one its users can see).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored, and the final errors of an `#[idempotent]` handler are stored and replayed",
+    label = "derive `serde::Serialize` and `serde::Deserialize` for this type",
+    note = "only errors that `classify` calls `ErrorClass::Final` are ever stored: a variant that is never final may \
+            hold a type serde cannot handle (an `std::io::Error`) if you mark it `#[serde(skip)]`"
+)]
+pub trait StorableError: Serialize + DeserializeOwned {}
+
+impl<T: Serialize + DeserializeOwned> StorableError for T {}
+
 /// An error type an `#[idempotent]` handler may return.
 ///
 /// The classification is the error type's, chosen in code per variant — idem never guesses
-/// whether an error left an effect behind. `Serialize + DeserializeOwned` lets a
-/// [`Final`](ErrorClass::Final) error be stored and replayed like a success.
+/// whether an error left an effect behind. `Serialize + DeserializeOwned` ([`StorableError`])
+/// lets a [`Final`](ErrorClass::Final) error be stored and replayed like a success.
+///
+/// Only final errors are ever stored, so a variant that is never final may hold a type serde
+/// cannot handle (a `thiserror` `#[from] std::io::Error`): mark it `#[serde(skip)]`. (Should
+/// `classify` call such a variant final after all, storing it fails and the operation is
+/// recorded as "outcome unknown", never replayed wrong.)
+///
+/// ```
+/// # use idem_runtime::{ErrorClass, IdempotentError, Rejection};
+/// #[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// enum ShipError {
+///     Undeliverable(String),
+///     #[serde(skip)]
+///     Io(std::io::Error),
+///     Refused(String),
+/// }
+///
+/// impl IdempotentError for ShipError {
+///     fn classify(&self) -> ErrorClass {
+///         match self {
+///             Self::Undeliverable(_) => ErrorClass::Final,
+///             Self::Io(_) | Self::Refused(_) => ErrorClass::NothingHappened,
+///         }
+///     }
+///     fn from_rejection(rejection: Rejection) -> Self {
+///         Self::Refused(rejection.to_string())
+///     }
+/// }
+/// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not say what its errors mean for a repeated call",
     label = "the error type of this `#[idempotent]` handler",
-    note = "implement `idem_runtime::IdempotentError` for `{Self}`: `classify` tells, per error, whether \
-            nothing happened, the error is final (stored and replayed), or the outcome is unknown; \
-            `from_rejection` turns idem's own answers (in flight, conflict, unknown, ledger unavailable) into `{Self}`"
+    note = "if `{Self}` is your own type, implement `idem_runtime::IdempotentError` for it: `classify` tells, \
+            per error, whether nothing happened, the error is final (stored and replayed), or the outcome is \
+            unknown; `from_rejection` turns idem's own answers (in flight, conflict, unknown, ledger unavailable) \
+            into `{Self}`",
+    note = "a type from another crate (`rmcp::ErrorData`, `String`, `Box<dyn Error>`) cannot implement it: define \
+            your own error type, or use `idem_runtime::mcp::ToolError` (feature `rmcp`), which is ready for rmcp tools"
 )]
-pub trait IdempotentError: Serialize + DeserializeOwned + Sized {
+pub trait IdempotentError: StorableError + Sized {
     /// What this error means for the operation.
     fn classify(&self) -> ErrorClass;
 

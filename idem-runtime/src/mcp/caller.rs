@@ -54,8 +54,8 @@ pub fn request_caller(idem: &Idem, context: &Context) -> Option<Caller> {
 /// The refusal for a request served without a caller: over HTTP, the client must authenticate
 /// ([`Rejection::NoCaller`]); locally (stdio), the server was started without a local caller
 /// ([`Rejection::NoLocalCaller`]) — logged at WARN too, as only its operator can fix that.
-pub(crate) fn no_caller(context: &Context) -> Rejection {
-    if is_remote(context) {
+pub(crate) fn no_caller(remote: bool) -> Rejection {
+    if remote {
         return Rejection::NoCaller;
     }
     tracing::warn!(

@@ -1,31 +1,51 @@
 //! What `#[idempotent]` expands to on an rmcp tool (feature `rmcp`): the run that answers with a
-//! [`ToolOutcome`] and takes the caller from the request context, and the argument-kind impls
-//! for rmcp's own parameter types. Reached only through `idem_runtime::__private`, beside
+//! [`ToolOutcome`] and takes the caller from the request context, the checks that a tool's
+//! result and error are types rmcp can send, the first-call check that the server serves the
+//! status tool, and the argument-kind impls for rmcp's own parameter types. Reached only through `idem_runtime::__private`, beside
 //! `crate::macro_support` (the transport-free part); nothing here is public API.
 
+use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::Mutex;
 
-use super::caller::{Context, caller_of, is_remote, no_caller};
+use rmcp::ServerHandler;
+use rmcp::handler::server::tool::IntoCallToolResult;
+
+use super::caller::no_caller;
+use super::context::ToolContext;
 use super::outcome::ToolOutcome;
+use super::status::StatusNotServed;
 use crate::idem::{Idem, Operation, Reconciled};
-use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind};
+use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Storable};
 use crate::recipe::Recipe;
-use crate::rejection::Rejection;
+use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
 use crate::scope::Caller;
+
+/// Who calls an rmcp tool, and how its answer is shaped.
+pub struct ToolCall<'a> {
+    /// The request.
+    pub context: &'a ToolContext,
+    /// `caller = ...` of the recipe, which comes before the request's.
+    pub caller: Option<Caller>,
+    /// `false` leaves the replay note out of a replay's text (`_meta` still says it).
+    pub replay_note: bool,
+}
 
 /// Runs an rmcp tool's handler under `recipe`, with the caller from the request context (else
 /// the handle's local identity), keeping idem's refusals for the agent-facing result.
-pub async fn run_mcp<R, F, Fut, C, CFut>(
+pub async fn run_mcp<R, M, F, Fut, C, CFut>(
     idem: Option<&Idem>,
     recipe: &Recipe,
-    context: &Context,
-    caller: Option<Caller>,
+    call: ToolCall<'_>,
     arguments: Arguments,
     reconcile: Option<C>,
     handler: F,
 ) -> ToolOutcome<R>
 where
-    R: HandlerResult,
+    R: HandlerResult<M>,
+    R::Success: ToolSuccess,
+    R::Ok: Storable,
+    R::Err: IdempotentError + ToolErrorContents,
     F: FnOnce() -> Fut,
     Fut: Future<Output = R>,
     C: FnOnce(Operation) -> CFut,
@@ -38,8 +58,9 @@ where
     };
     // Over HTTP only the request's authenticated caller counts: no fallback to a caller in
     // scope or the local identity.
-    let fallback = !is_remote(context);
-    let caller = caller.or_else(|| caller_of(context));
+    let ToolCall { context, caller, replay_note } = call;
+    let fallback = !context.is_remote();
+    let caller = caller.or_else(|| context.caller().cloned());
     let handler = || async { handler().await.into_result() };
     let reconcile = |operation| async move {
         match reconcile {
@@ -52,10 +73,93 @@ where
             result: R::from_result(served.value),
             reference: served.reference,
             replayed: served.replayed,
+            replay_note,
         },
-        Err(Rejection::NoCaller) => ToolOutcome::Refused(no_caller(context)),
+        Err(Rejection::NoCaller) => ToolOutcome::Refused(no_caller(context.is_remote())),
         Err(rejection) => ToolOutcome::Refused(rejection),
     }
+}
+
+/// The [`HandlerResult`] shape of rmcp's `Result<Json<T>, E>`: the inner `T` is stored and
+/// replayed, and wrapped in `Json` again for rmcp (structured content, the inferred schema).
+pub struct RmcpJson;
+
+impl<T, E> HandlerResult<RmcpJson> for Result<rmcp::Json<T>, E> {
+    type Success = rmcp::Json<T>;
+    type Ok = T;
+    type Err = E;
+    fn into_result(self) -> Result<T, E> {
+        self.map(|json| json.0)
+    }
+    fn from_result(result: Result<T, E>) -> Self {
+        result.map(rmcp::Json)
+    }
+}
+
+/// What rmcp can send as a tool's result, checked where idem runs the tool so that a type rmcp
+/// cannot send is named in idem's words before rmcp's own error about the tool's route.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the result of an rmcp tool",
+    label = "the success type of this tool",
+    note = "return `rmcp::Json<{Self}>` for structured output (with `schemars::JsonSchema` derived for `{Self}`), \
+            or a `String`, a `CallToolResult` or a type that implements `rmcp::model::IntoContents`"
+)]
+pub trait ToolSuccess {}
+impl<T: IntoCallToolResult> ToolSuccess for T {}
+
+/// What rmcp can send as a tool's error (see [`ToolSuccess`]).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the error of an rmcp tool: rmcp does not know what to show the model",
+    label = "the error type of this tool",
+    note = "implement `rmcp::model::IntoContents` for `{Self}` (the words the model reads), or return \
+            `idem_runtime::mcp::ToolError`, which does"
+)]
+pub trait ToolErrorContents {}
+impl<T: IntoCallToolResult> ToolErrorContents for T {}
+
+/// At a server type's first idempotent call, logs an error if the server lists this tool but
+/// not the status tool that idem's answers name (a plain `#[tool_handler]`): rmcp gives idem no
+/// hook when a server starts, so this is the first moment it can tell. Checked once per type.
+pub fn check_status_once<S: ?Sized>(tool: &str, serves_status: impl FnOnce(&str) -> Option<bool>) {
+    static CHECKED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let server = std::any::type_name::<S>();
+    if !CHECKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(server) {
+        return;
+    }
+    if serves_status(tool) == Some(false) {
+        let error = StatusNotServed { server };
+        tracing::error!(%error, "the status tool is not served");
+    }
+}
+
+/// Asks a server whether it serves the status tool, if it is an rmcp `ServerHandler` (else
+/// nothing to ask): `(&&Server(server)).idem_serves_status("tool")`, by autoref as [`Probe`].
+pub struct Server<'a, S: ?Sized>(pub &'a S);
+
+/// The server is a `ServerHandler`: `Some(serves)` when it lists `tool` itself (so its
+/// `get_tool` is meaningful), else `None`.
+pub trait ServerHandlerKind {
+    /// Whether the server serves the status tool.
+    fn idem_serves_status(&self, tool: &str) -> Option<bool>;
+}
+impl<S: ServerHandler> ServerHandlerKind for &Server<'_, S> {
+    fn idem_serves_status(&self, tool: &str) -> Option<bool> {
+        self.0.get_tool(tool).map(|_| self.0.get_tool(STATUS_TOOL).is_some())
+    }
+}
+
+/// Not a `ServerHandler` (its router is served by another type): nothing to ask.
+pub trait OtherServerKind {
+    /// Nothing to ask.
+    fn idem_serves_status(&self, _tool: &str) -> Option<bool> {
+        None
+    }
+}
+impl<S: ?Sized> OtherServerKind for Server<'_, S> {}
+
+/// The server kind traits, for the generated `use`.
+pub mod server_kinds {
+    pub use super::{OtherServerKind as _, ServerHandlerKind as _};
 }
 
 /// A reconcile function that never finds anything (the type of `no_reconcile`).

@@ -2,13 +2,23 @@
 //! ready status tool, and the startup audit.
 //!
 //! On an rmcp tool (a method with `#[tool]` below `#[idempotent]`), the attribute adds a
-//! [`Context`] parameter to read the caller from, and returns a [`ToolOutcome`] that rmcp turns
-//! into the tool result:
+//! [`ToolContext`] parameter to read the caller from, and returns a [`ToolOutcome`] that rmcp
+//! turns into the tool result:
 //!
-//! - a fresh or replayed result carries `_meta.idem = {"ref": "…", "replayed": true|false}`;
+//! - a fresh or replayed result carries `_meta.idem = {"ref": "…", "replayed": true|false}`; a
+//!   replay also ends with a text block the model reads, [`replay_note`] ("nothing was executed
+//!   again"), unless the tool says `#[idempotent(replay_note = false)]`;
 //! - a refusal is an `isError` result in words for the model, with
 //!   `_meta.idem = {"code": "in_flight" | "conflict" | …, "ref": "…", "statusTool": "idem_status",
 //!   "executed": false, "retry": "no" | "safe"}`.
+//!
+//! [`ToolError`] is a ready error type for such tools (each constructor says what the error
+//! means for a repeat); your own type works too, if it implements
+//! [`IdempotentError`](crate::IdempotentError) and rmcp's `IntoContents`.
+//!
+//! A unit test calls a tool directly, with [`ToolContext::local`] or
+//! [`ToolContext::for_caller`] for the added parameter and [`ToolOutcome::into_result`] for
+//! the tool's own result (see [`ToolContext`]).
 //!
 //! The caller: over streamable HTTP, the [`Caller`](crate::Caller) an auth middleware put into
 //! the request's extensions ([`require_bearer`] is a small one to replace with your own
@@ -19,6 +29,8 @@
 
 mod audit;
 mod caller;
+mod context;
+mod error;
 #[cfg(feature = "mcp-http")]
 mod http;
 pub(crate) mod macro_support;
@@ -27,7 +39,11 @@ mod status;
 
 pub use audit::{AuditError, Backing, audit, backed_meta, checked_router};
 pub use caller::{Context, StdioWithoutCaller, Validator, caller_of, check_stdio, is_remote, request_caller};
+pub use context::ToolContext;
+pub use error::ToolError;
 #[cfg(feature = "mcp-http")]
 pub use http::require_bearer;
-pub use outcome::{Json, ToolOutcome, output_schema, refusal};
-pub use status::status_tool;
+#[allow(deprecated)]
+pub use outcome::Json;
+pub use outcome::{ToolOutcome, output_schema, refusal, replay_note};
+pub use status::{StatusNotServed, check_status_served, status_tool};

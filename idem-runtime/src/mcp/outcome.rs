@@ -1,6 +1,7 @@
 //! What an idempotent rmcp tool returns to the agent: its own result with the operation's ref
-//! in `_meta.idem`, or idem's refusal as an `isError` result in words the model can act on,
-//! with codes in `_meta.idem`; and [`Json`], structured output idem can store and replay.
+//! in `_meta.idem` (and, on a replay, a line of text saying so), or idem's refusal as an `isError` result in words the model can act on,
+//! with codes in `_meta.idem`; and the deprecated `Json` (rmcp's own `Json` is stored and replayed
+//! directly now).
 
 use std::sync::Arc;
 
@@ -11,13 +12,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::key::Ref;
-use crate::rejection::{Rejection, STATUS_TOOL};
+use crate::macro_support::HandlerResult;
+use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
 
 /// What an idempotent rmcp tool returns: its own result (fresh or replayed), or idem's refusal.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ToolOutcome<R> {
     /// The handler's result, from this call or replayed from the ledger.
+    #[non_exhaustive]
     Served {
         /// The result, as the handler's return type.
         result: R,
@@ -25,16 +28,38 @@ pub enum ToolOutcome<R> {
         reference: Ref,
         /// Whether it was replayed.
         replayed: bool,
+        /// Whether a replay carries [`replay_note`] as a last text block, for hosts that do not
+        /// pass `_meta` to the model (`#[idempotent(replay_note = false)]` turns it off).
+        replay_note: bool,
     },
     /// idem answered without running the handler.
     Refused(Rejection),
 }
 
+impl<R> ToolOutcome<R> {
+    /// The tool's own result: what it returned (or replayed), or idem's refusal as its error
+    /// type (`from_rejection`). For calling a tool from a unit test (see
+    /// [`ToolContext`](super::ToolContext)).
+    pub fn into_result<M>(self) -> R
+    where
+        R: HandlerResult<M>,
+        R::Err: IdempotentError,
+    {
+        match self {
+            Self::Served { result, .. } => result,
+            Self::Refused(rejection) => R::from_result(Err(R::Err::from_rejection(rejection))),
+        }
+    }
+}
+
 impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
     fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
         match self {
-            Self::Served { result, reference, replayed } => match result.into_call_tool_result()? {
+            Self::Served { result, reference, replayed, replay_note: note } => match result.into_call_tool_result()? {
                 CallToolResponse::Complete(mut result) => {
+                    if replayed && note {
+                        result.content.push(ContentBlock::text(replay_note(reference)));
+                    }
                     let idem = json!({ "ref": reference.to_string(), "replayed": replayed });
                     result.meta.get_or_insert_with(|| MetaObject(JsonObject::new())).0.insert("idem".to_owned(), idem);
                     Ok(CallToolResponse::Complete(result))
@@ -44,6 +69,16 @@ impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
             Self::Refused(rejection) => Ok(CallToolResponse::Complete(refusal(&rejection))),
         }
     }
+}
+
+/// The line a replayed answer ends with, so that a model whose host drops `_meta` does not
+/// take the stored answer for a second execution.
+#[must_use]
+pub fn replay_note(reference: Ref) -> String {
+    format!(
+        "(idem: this is the stored result of an earlier identical call, ref {reference}; nothing was executed \
+         again)"
+    )
 }
 
 /// The tool result an agent gets for a refusal: `isError`, words to act on, codes in `_meta`.
@@ -72,10 +107,16 @@ pub fn refusal(rejection: &Rejection) -> CallToolResult {
 
 /// Structured output that idem can store and replay: like rmcp's `Json<T>` (the value goes to
 /// `structuredContent` and a text block), and `Serialize + Deserialize` itself.
+///
+/// Deprecated: return rmcp's own `rmcp::Json<T>`; `#[idempotent]` stores and replays its inner
+/// `T`. Both store the same JSON (this one is transparent), so switching keeps the records
+/// already in a ledger readable.
+#[deprecated(note = "return `rmcp::Json<T>`: `#[idempotent]` stores and replays its inner `T` (the same stored JSON)")]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Json<T>(pub T);
 
+#[allow(deprecated)]
 impl<T: Serialize + schemars::JsonSchema + 'static> IntoCallToolResult for Json<T> {
     fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
         rmcp::Json(self.0).into_call_tool_result()

@@ -1,19 +1,22 @@
 //! The ready, read-only status tool (`idem_status`): an operation's state by ref, answered
-//! from the ledger.
+//! from the ledger; and the check that a server really serves it.
 //!
 //! Guarantees: a lookup is scoped to the request's caller (the tenant only for records made
 //! under `scope = "tenant"`), with the same caller rules as the tools; backend errors are
-//! logged under an incident id, never sent to the agent.
+//! logged under an incident id, never sent to the agent. A server that answers idempotent tools
+//! without serving the status tool (a plain `#[tool_handler]`) is reported: by
+//! [`check_status_served`] at startup, else in the log at its first idempotent call.
 
 use std::sync::Arc;
 
+use rmcp::ServerHandler;
 use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, MetaObject, Tool, ToolAnnotations};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::caller::{Context, no_caller, request_caller};
+use super::caller::{Context, is_remote, no_caller, request_caller};
 use super::outcome::refusal;
 use crate::idem::{HasIdem, Idem};
 use crate::rejection::STATUS_TOOL;
@@ -55,9 +58,43 @@ pub fn status_tool<S: HasIdem + Send + Sync + 'static>() -> ToolRouter<S> {
     ToolRouter::new().with_route(route)
 }
 
+/// A server that does not serve the status tool its idempotent tools' answers name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusNotServed {
+    /// The server's type.
+    pub server: &'static str,
+}
+
+impl std::fmt::Display for StatusNotServed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` does not serve `{STATUS_TOOL}`, the tool that idem's answers (in flight, outcome unknown) tell \
+             agents to call: a plain `#[tool_handler]` serves `Self::tool_router()` alone. Keep \
+             `idem_runtime::mcp::checked_router(Self::tool_router(), Self::idem_backed_tools())` in a field and \
+             serve that one: `#[tool_handler(router = self.tool_router)]`",
+            self.server
+        )
+    }
+}
+
+impl std::error::Error for StatusNotServed {}
+
+/// Checks at startup that `server` serves the status tool (as `#[tool_handler]` lists it):
+/// call it on the server before serving it.
+///
+/// # Errors
+/// The server does not serve `idem_status`; the error says how to serve it.
+pub fn check_status_served<S: ServerHandler>(server: &S) -> Result<(), StatusNotServed> {
+    match server.get_tool(STATUS_TOOL) {
+        Some(_) => Ok(()),
+        None => Err(StatusNotServed { server: std::any::type_name::<S>() }),
+    }
+}
+
 async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObject>) -> CallToolResult {
     let Some(caller) = request_caller(idem, context) else {
-        return refusal(&no_caller(context));
+        return refusal(&no_caller(is_remote(context)));
     };
     let args: StatusArgs = match serde_json::from_value(Value::Object(arguments.unwrap_or_default())) {
         Ok(args) => args,

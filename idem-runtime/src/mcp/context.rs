@@ -1,0 +1,80 @@
+//! [`ToolContext`]: what an idempotent rmcp tool needs from its request — the authenticated
+//! caller, and whether the request came over HTTP — as the rmcp extractor `#[idempotent]` adds
+//! to the tool, and as a value a unit test builds in one call.
+//!
+//! Guarantees: read from a request, it carries exactly what [`caller_of`] and [`is_remote`]
+//! say of that request, so a tool answers as it would with the request in hand.
+
+use rmcp::ErrorData;
+use rmcp::handler::server::common::FromContextPart;
+use rmcp::handler::server::tool::ToolCallContext;
+
+use super::caller::{Context, caller_of, is_remote};
+use crate::scope::Caller;
+
+/// The request an idempotent rmcp tool answers, as idem needs it: `#[idempotent]` adds a
+/// parameter of this type in front of the tool's own (after `&self`), which rmcp fills from
+/// each request.
+///
+/// # Testing a tool
+///
+/// A unit test calls the tool method directly, with a context built here instead of rmcp's
+/// `RequestContext` (which only a running service can make), and
+/// [`ToolOutcome::into_result`](super::ToolOutcome::into_result) turns the answer back into the
+/// tool's own `Result`:
+///
+/// ```text
+/// let server = Payments::new(Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")));
+/// let first = server.charge_card(ToolContext::local(), Parameters(charge())).await.into_result();
+/// let again = server.charge_card(ToolContext::local(), Parameters(charge())).await.into_result();
+/// assert_eq!(first.unwrap().0, again.unwrap().0); // replayed: the processor charged once
+/// ```
+///
+/// The call goes through the ledger exactly as over MCP: a repeat is replayed, a conflict or an
+/// in-flight call is refused. (`examples/mcp_server.rs` has such a test.)
+#[derive(Debug, Clone, Default)]
+pub struct ToolContext {
+    caller: Option<Caller>,
+    remote: bool,
+}
+
+impl ToolContext {
+    /// As a request over stdio: no authenticated caller, so the caller in scope or the handle's
+    /// local identity ([`Idem::with_local_caller`](crate::Idem::with_local_caller)) is used.
+    #[must_use]
+    pub fn local() -> Self {
+        Self::default()
+    }
+
+    /// As a request over HTTP that an auth middleware authenticated as `caller`.
+    #[must_use]
+    pub fn for_caller(caller: Caller) -> Self {
+        Self { caller: Some(caller), remote: true }
+    }
+
+    /// What `request` says: its authenticated caller ([`caller_of`]), and whether it came over
+    /// HTTP ([`is_remote`]).
+    #[must_use]
+    pub fn from_request(request: &Context) -> Self {
+        Self { caller: caller_of(request), remote: is_remote(request) }
+    }
+
+    /// The request's authenticated caller, if it has one.
+    #[must_use]
+    pub const fn caller(&self) -> Option<&Caller> {
+        self.caller.as_ref()
+    }
+
+    /// Whether the request came over HTTP: then only its authenticated caller counts, never the
+    /// local identity nor a caller in scope.
+    #[must_use]
+    pub const fn is_remote(&self) -> bool {
+        self.remote
+    }
+}
+
+impl<S> FromContextPart<ToolCallContext<'_, S>> for ToolContext {
+    fn from_context_part(context: &mut ToolCallContext<'_, S>) -> Result<Self, ErrorData> {
+        Ok(Self::from_request(&context.request_context))
+    }
+}
