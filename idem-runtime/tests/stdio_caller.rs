@@ -4,17 +4,15 @@
 //! and `mcp::check_stdio` catches that before serving.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use idem_runtime::{
     Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, audit_idempotent, idempotent, mcp,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{ServiceExt, tool, tool_handler, tool_router};
+use rmcp::{tool, tool_handler, tool_router};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const NO_LOCAL_CALLER: &str = "nothing was executed: this server was started without a caller for local requests, so \
      none of its calls can be made safe to repeat. Retrying will not help: the server's operator must configure one \
@@ -95,59 +93,9 @@ impl rmcp::ServerHandler for Desk {
     }
 }
 
-/// A client speaking newline-delimited JSON-RPC over a pipe, as over stdio.
-struct Wire {
-    writer: tokio::io::WriteHalf<tokio::io::DuplexStream>,
-    lines: tokio::io::Lines<BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
-    id: u64,
-}
-
-impl Wire {
-    async fn connect(server: Desk) -> Self {
-        let (client, end) = tokio::io::duplex(64 * 1024);
-        tokio::spawn(async move {
-            let running = server.serve(tokio::io::split(end)).await.expect("the server starts");
-            let _ = running.waiting().await;
-        });
-        let (reader, writer) = tokio::io::split(client);
-        let mut wire = Self { writer, lines: BufReader::new(reader).lines(), id: 0 };
-        let init = json!({
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": { "name": "idem-stdio-caller", "version": "0.0.0" }
-        });
-        wire.request("initialize", init).await;
-        wire.send(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).await;
-        wire
-    }
-
-    async fn send(&mut self, message: Value) {
-        let mut line = serde_json::to_vec(&message).unwrap();
-        line.push(b'\n');
-        self.writer.write_all(&line).await.unwrap();
-    }
-
-    async fn request(&mut self, method: &str, params: Value) -> Value {
-        self.id += 1;
-        let id = self.id;
-        self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })).await;
-        loop {
-            let line = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())
-                .await
-                .expect("the server answers")
-                .unwrap()
-                .expect("the pipe stays open");
-            let message: Value = serde_json::from_str(&line).unwrap();
-            if message["id"] == json!(id) {
-                return message["result"].clone();
-            }
-        }
-    }
-
-    async fn call(&mut self, tool: &str, arguments: Value) -> Value {
-        self.request("tools/call", json!({ "name": tool, "arguments": arguments })).await
-    }
-}
+#[path = "support/wire.rs"]
+mod wire;
+use wire::Wire;
 
 fn text(result: &Value) -> &str {
     result.pointer("/content/0/text").and_then(Value::as_str).unwrap_or_default()
