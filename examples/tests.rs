@@ -11,12 +11,19 @@ mod mcp_server;
 #[path = "tickets.rs"]
 mod tickets;
 
+use std::path::Path;
+
 const MARKER: &str = "<!-- examples/tickets.rs -->";
 
 /// The fenced ```rust block right after the marker comment.
 fn readme_sample(readme: &str) -> Option<&str> {
-    let after_marker = &readme[readme.find(MARKER)? + MARKER.len()..];
-    let body = after_marker.trim_start_matches(['\r', '\n']).strip_prefix("```rust\n")?;
+    fenced(readme, MARKER, "```rust\n")
+}
+
+/// The fenced block opened by `fence` right after `marker`.
+fn fenced<'a>(readme: &'a str, marker: &str, fence: &str) -> Option<&'a str> {
+    let after_marker = &readme[readme.find(marker)? + marker.len()..];
+    let body = after_marker.trim_start_matches(['\r', '\n']).strip_prefix(fence)?;
     body.find("\n```\n").map(|end| &body[..=end])
 }
 
@@ -39,13 +46,9 @@ fn the_readme_rmcp_sample_is_the_tickets_example() {
 /// an agent's repeated `open_ticket` opens one ticket, and the repeat is a replay a model can see.
 #[test]
 fn the_readme_server_serves_over_stdio() {
-    use std::io::{BufRead, BufReader, Write};
-    use std::process::{Command, Stdio};
-
-    // target/<profile>/deps/readme_sample-<hash> → target/<profile>/examples/tickets
+    // target/<profile>/deps/examples-<hash> → target/<profile>/examples/tickets
     let exe = std::env::current_exe().expect("the test binary's path");
-    let profile =
-        exe.parent().and_then(std::path::Path::parent).expect("the test binary lives in target/<profile>/deps");
+    let profile = exe.parent().and_then(Path::parent).expect("the test binary lives in target/<profile>/deps");
     let server = profile.join("examples").join(format!("tickets{}", std::env::consts::EXE_SUFFIX));
     assert!(
         server.is_file(),
@@ -53,7 +56,62 @@ fn the_readme_server_serves_over_stdio() {
          builds examples too), then run this test again",
         server.display()
     );
-    let mut child = Command::new(&server)
+    serves_over_stdio(&server);
+}
+
+/// A fresh crate made of the README alone — its `[dependencies]` block (idem-runtime from this
+/// checkout instead of the registry) and its server, verbatim — builds and serves. It builds in
+/// a target folder of its own (`target/readme-crate`), so later runs are incremental.
+#[test]
+fn a_fresh_crate_from_the_readme_builds_and_serves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_owned();
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md is readable");
+    let dependencies = fenced(&readme, "<!-- a fresh crate's dependencies -->", "```toml\n")
+        .expect("README.md has a ```toml block after `<!-- a fresh crate's dependencies -->`");
+    let published = r#"idem-runtime = { version = "0.1","#;
+    assert!(dependencies.contains(published), "the README's dependencies name idem-runtime as `{published} …`");
+    let local = format!(r#"idem-runtime = {{ path = {:?},"#, root.join("idem-runtime"));
+    let dependencies = dependencies.replace(published, &local);
+    let sample = readme_sample(&readme).expect("README.md has the tickets sample");
+
+    let folder = root.join("target").join("readme-crate");
+    let krate = folder.join("tickets-from-readme");
+    std::fs::create_dir_all(krate.join("src")).expect("make the fresh crate's folder");
+    let manifest = format!(
+        "[package]\nname = \"tickets-from-readme\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
+         # Not a member of the idem workspace around it.\n[workspace]\n\n{dependencies}"
+    );
+    std::fs::write(krate.join("Cargo.toml"), manifest).expect("write its Cargo.toml");
+    std::fs::write(krate.join("src").join("main.rs"), sample).expect("write its main.rs");
+    // The versions this checkout is tested with, so the build needs nothing new.
+    std::fs::copy(root.join("Cargo.lock"), krate.join("Cargo.lock")).expect("copy Cargo.lock");
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let built = std::process::Command::new(cargo)
+        .args(["build", "--quiet"])
+        .current_dir(&krate)
+        .env("CARGO_TARGET_DIR", folder.join("target"))
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("run cargo build in the fresh crate");
+    assert!(
+        built.status.success(),
+        "the README's server does not build as a fresh crate ({}):\n{}",
+        krate.display(),
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let server =
+        folder.join("target").join("debug").join(format!("tickets-from-readme{}", std::env::consts::EXE_SUFFIX));
+    serves_over_stdio(&server);
+}
+
+/// Starts `server` and speaks MCP to it over stdio: two identical `open_ticket` calls open one
+/// ticket, the second answer is a replay that says so in its text, and `idem_status` is listed.
+fn serves_over_stdio(server: &Path) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+
+    let mut child = Command::new(server)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -65,16 +123,13 @@ fn the_readme_server_serves_over_stdio() {
     let mut request = |id: u64, method: &str, params: serde_json::Value| -> serde_json::Value {
         let message = serde_json::json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
         writeln!(stdin, "{message}").expect("write a request");
-        if method == "initialize" {
-            let mut line = String::new();
-            stdout.read_line(&mut line).expect("read the answer");
-            let initialized = serde_json::json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
-            writeln!(stdin, "{initialized}").expect("write the notification");
-            return serde_json::from_str(&line).expect("a JSON-RPC answer");
-        }
         let mut line = String::new();
         stdout.read_line(&mut line).expect("read the answer");
-        serde_json::from_str(&line).expect("a JSON-RPC answer")
+        if method == "initialize" {
+            let initialized = serde_json::json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+            writeln!(stdin, "{initialized}").expect("write the notification");
+        }
+        serde_json::from_str(&line).unwrap_or_else(|error| panic!("not a JSON-RPC answer ({error}): {line:?}"))
     };
 
     let init = request(
