@@ -153,48 +153,54 @@ fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta<'_>) -> syn:
 
 /// Sets a string option from `option = "..."`; any other value is reported and skipped.
 fn set_string(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut Attr<LitStr>) -> syn::Result<()> {
+    let literal = |lit| match lit {
+        syn::Lit::Str(lit) => Some(lit),
+        _ => None,
+    };
+    set_literal(cx, meta, span, attr, literal, "takes a string in double quotes: `{option} = \"...\"`")
+}
+
+/// Sets a boolean option from `option = true|false`; any other value is reported and skipped.
+fn set_bool(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut Attr<LitBool>) -> syn::Result<()> {
+    let literal = |lit| match lit {
+        syn::Lit::Bool(lit) => Some(lit),
+        _ => None,
+    };
+    set_literal(cx, meta, span, attr, literal, "takes `true` or `false`: `{option} = false`")
+}
+
+/// Sets an option from `option = <literal>` when `literal` accepts it; any other value is
+/// reported (`expected`, with `{option}` standing for the option's name) and skipped.
+fn set_literal<T>(
+    cx: &mut Ctxt,
+    meta: &ParseNestedMeta<'_>,
+    span: Span,
+    attr: &mut Attr<T>,
+    literal: impl FnOnce(syn::Lit) -> Option<T>,
+    expected: &str,
+) -> syn::Result<()> {
     let mut value = meta.value()?.parse::<Expr>()?;
     // A `$key:literal` or `$key:expr` from `macro_rules!` arrives in an invisible group.
     while let Expr::Group(group) = value {
         value = *group.expr;
     }
-    match value {
-        Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(lit), .. }) => {
-            if let Err(error) = attr.set(span, lit) {
+    let accepted = match value {
+        Expr::Lit(syn::ExprLit { lit, .. }) => {
+            let span = syn::spanned::Spanned::span(&lit);
+            literal(lit).ok_or(span)
+        }
+        other => Err(syn::spanned::Spanned::span(&other)),
+    };
+    match accepted {
+        Ok(value) => {
+            if let Err(error) = attr.set(span, value) {
                 cx.push(error);
             }
         }
-        other => {
+        Err(wrong) => {
             attr.given = true;
             let option = attr.name;
-            cx.error(
-                syn::spanned::Spanned::span(&other),
-                format!("`{option}` takes a string in double quotes: `{option} = \"...\"`"),
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Sets a boolean option from `option = true|false`; any other value is reported and skipped.
-fn set_bool(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut Attr<LitBool>) -> syn::Result<()> {
-    let mut value = meta.value()?.parse::<Expr>()?;
-    while let Expr::Group(group) = value {
-        value = *group.expr;
-    }
-    match value {
-        Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(lit), .. }) => {
-            if let Err(error) = attr.set(span, lit) {
-                cx.push(error);
-            }
-        }
-        other => {
-            attr.given = true;
-            let option = attr.name;
-            cx.error(
-                syn::spanned::Spanned::span(&other),
-                format!("`{option}` takes `true` or `false`: `{option} = false`"),
-            );
+            cx.error(wrong, format!("`{option}` {}", expected.replace("{option}", option)));
         }
     }
     Ok(())
