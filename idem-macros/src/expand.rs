@@ -549,7 +549,9 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
         quote! {
             {
                 use #private::server_kinds::*;
-                #private::check_status_once::<Self>(#tool_name, |#tool| (&&#private::Server(#receiver)).idem_serves_status(#tool));
+                // Once this site has looked, every later call costs one atomic load.
+                static IDEM_STATUS_CHECKED: ::core::sync::atomic::AtomicBool = ::core::sync::atomic::AtomicBool::new(false);
+                #private::check_status_once::<Self>(&IDEM_STATUS_CHECKED, #tool_name, |#tool| (&&#private::Server(#receiver)).idem_serves_status(#tool));
             }
         }
     });

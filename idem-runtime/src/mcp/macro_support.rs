@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rmcp::ServerHandler;
 use rmcp::handler::server::tool::IntoCallToolResult;
@@ -119,8 +120,17 @@ impl<T: IntoCallToolResult> ToolErrorContents for T {}
 
 /// At a server type's first idempotent call, logs an error if the server lists this tool but
 /// not the status tool that idem's answers name (a plain `#[tool_handler]`): rmcp gives idem no
-/// hook when a server starts, so this is the first moment it can tell. Checked once per type.
-pub fn check_status_once<S: ?Sized>(tool: &str, serves_status: impl FnOnce(&str) -> Option<bool>) {
+/// hook when a server starts, so this is the first moment it can tell. Checked once per type;
+/// `site` (a static of the calling tool) keeps every later call at that tool off the lock (a
+/// tool in an impl generic over the server type is checked for its first instance only).
+pub fn check_status_once<S: ?Sized>(
+    site: &'static AtomicBool,
+    tool: &str,
+    serves_status: impl FnOnce(&str) -> Option<bool>,
+) {
+    if site.swap(true, Ordering::Relaxed) {
+        return;
+    }
     static CHECKED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
     let server = std::any::type_name::<S>();
     if !CHECKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(server) {
