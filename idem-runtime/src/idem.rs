@@ -14,6 +14,8 @@
 //! - `background`: work beside a call (the lease renewer) and after it (releases of lost
 //!   claims, completion retries), bounded per handle.
 //! - `stored`: the stored-result format, its size limit and its seal ([`ResultSeal`]).
+//! - `wait`: a repeat that waits for an operation in progress (`wait = "5s"`): one poller per
+//!   operation and process, woken by a holder in the same process.
 //! - `admin`: the operator's paths: [`Idem::status`], [`Idem::resolve`], [`Idem::sweep`].
 
 mod admin;
@@ -25,6 +27,7 @@ mod keyring;
 mod operation;
 mod stored;
 mod time;
+mod wait;
 
 pub use admin::StatusError;
 pub(crate) use arguments::CallArguments;

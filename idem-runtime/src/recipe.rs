@@ -3,6 +3,10 @@
 use std::panic::Location;
 use std::time::Duration;
 
+/// The longest [`Recipe::wait`] (and `wait = "..."`) accepted: a minute. A request held open
+/// longer outlives most clients' timeouts; the status tool serves a longer wait better.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
 /// Which caller-related parts go into the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -57,6 +61,7 @@ pub struct Recipe {
     window: Option<Duration>,
     scope: ScopeRule,
     stale: StalePolicy,
+    wait: Option<Duration>,
 }
 
 impl Recipe {
@@ -84,6 +89,7 @@ impl Recipe {
             window: None,
             scope: ScopeRule::Caller,
             stale: StalePolicy::Hold,
+            wait: None,
         }
     }
 
@@ -164,6 +170,40 @@ impl Recipe {
         self
     }
 
+    /// How long a repeat that finds the operation in progress waits for it to settle before it
+    /// is answered "in flight": it gets the first call's result as a replay if it completes in
+    /// time (the same bytes every repeat gets), runs the handler itself if the first call
+    /// failed with nothing done, and is told "outcome unknown" if that is how it ended. Without
+    /// it, the default, "in flight" is answered at once.
+    ///
+    /// Waiting holds no database connection and no lock: the waiters of one operation in one
+    /// process share a single poller that reads the record with a growing pause, and are woken
+    /// at once when the holder runs in the same process. A waiter never treats a late holder
+    /// as dead: at the deadline it is answered "in flight", and only a later claim applies the
+    /// stale policy.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_runtime::Recipe;
+    ///
+    /// static DEPLOY: Recipe = Recipe::new("deploy", &["service", "version"]).wait(Duration::from_secs(5));
+    /// assert_eq!(DEPLOY.wait_duration(), Some(Duration::from_secs(5)));
+    /// ```
+    ///
+    /// # Panics
+    /// If `wait` is under 1 ms or over [`MAX_WAIT`] (a minute): a compile error where the recipe
+    /// is a `static` or `const`. A caller that would wait longer is better served by the status
+    /// tool than by a request held open.
+    #[must_use]
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        assert!(
+            wait.as_millis() >= 1 && wait.as_millis() <= MAX_WAIT.as_millis(),
+            "`Recipe::wait` takes a duration from 1 ms to 60 s"
+        );
+        self.wait = Some(wait);
+        self
+    }
+
     /// The tool's name, part of the key.
     #[must_use]
     pub const fn tool(&self) -> &'static str {
@@ -222,6 +262,12 @@ impl Recipe {
     #[must_use]
     pub const fn stale_policy(&self) -> StalePolicy {
         self.stale
+    }
+
+    /// How long a repeat waits for an operation in progress ([`Recipe::wait`]), if it does.
+    #[must_use]
+    pub const fn wait_duration(&self) -> Option<Duration> {
+        self.wait
     }
 }
 

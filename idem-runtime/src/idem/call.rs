@@ -24,6 +24,7 @@ use super::arguments::{CallArguments, Derive, scope_of};
 use super::keyring::{Keyring, no_secret};
 use super::operation::{LeaseState, Operation, acting_for, current_caller, running_as};
 use super::time::{clamp, millis};
+use super::wait::Waited;
 
 /// A handler's result as idem served it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,41 +135,69 @@ impl Idem {
         let keyring = self.keyring().map_err(|error| no_secret(&error))?;
         let caller = self.caller(caller, fallback)?;
         let scope = scope_of(recipe, &caller, &arguments)?;
-        let (now, clock_trusted) = self.ledger_time().await.map_err(|error| {
-            tracing::error!(tool, %error, "the ledger's clock could not be read; handler not run");
-            unavailable(&error)
-        })?;
-        let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
-        // Key → claim.
-        let mut attempt = Attempt::prepare(self, &keyring.current, &at)?;
-        let mut claim = attempt.claim().await?;
-        if matches!(claim, Claim::Won { attempt: Won::Fresh, .. })
-            && let Some(earlier) = attempt.earlier_operation(&keyring, &at).await?
-        {
-            (attempt, claim) = earlier;
-        }
-        // A claim that did not win is answered from the ledger.
-        let reference = attempt.reference();
-        let (won, window_end) = match claim {
-            Claim::Won { attempt: won, window_end } => (won, window_end),
-            Claim::Replay { result } => {
-                tracing::info!(tool, %reference, "replay");
-                return attempt.replay(result);
+        // With `wait`, a repeat that finds the operation in flight waits for it to settle, and
+        // claims again if it ended without effect.
+        let deadline = recipe.wait_duration().map(|wait| tokio::time::Instant::now() + wait);
+        let (attempt, won, window_end) = loop {
+            let (now, clock_trusted) = self.ledger_time().await.map_err(|error| {
+                tracing::error!(tool, %error, "the ledger's clock could not be read; handler not run");
+                unavailable(&error)
+            })?;
+            let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
+            // Key → claim.
+            let mut attempt = Attempt::prepare(self, &keyring.current, &at)?;
+            let mut claim = attempt.claim().await?;
+            if matches!(claim, Claim::Won { attempt: Won::Fresh, .. })
+                && let Some(earlier) = attempt.earlier_operation(&keyring, &at).await?
+            {
+                (attempt, claim) = earlier;
             }
-            Claim::InFlight { .. } => {
-                tracing::info!(tool, %reference, "in flight");
-                return Err(Rejection::InFlight { reference });
-            }
-            Claim::Unknown => {
-                tracing::warn!(tool, %reference, "outcome unknown");
-                return Err(Rejection::OutcomeUnknown { reference });
-            }
-            Claim::Conflict { arg_tags } => {
-                let (differing, missing) = attempt.fingerprint.differing(&arg_tags);
-                tracing::warn!(tool, %reference, ?differing, missing, "conflict");
-                return Err(Rejection::Conflict { reference, differing, missing });
+            // A claim that did not win is answered from the ledger.
+            let reference = attempt.reference();
+            match claim {
+                Claim::Won { attempt: won, window_end } => break (attempt, won, window_end),
+                Claim::Replay { result } => {
+                    tracing::info!(tool, %reference, "replay");
+                    return attempt.replay(result);
+                }
+                Claim::InFlight { .. } => {
+                    let Some(deadline) = deadline else {
+                        tracing::info!(tool, %reference, "in flight");
+                        return Err(Rejection::InFlight { reference });
+                    };
+                    tracing::debug!(tool, %reference, "in flight; waiting for it to settle");
+                    match self.wait_for(&attempt.request, deadline).await {
+                        Waited::Replay(result) => {
+                            tracing::info!(tool, %reference, "replay after a wait");
+                            return attempt.replay(result.to_vec());
+                        }
+                        Waited::Unknown => {
+                            tracing::warn!(tool, %reference, "outcome unknown after a wait");
+                            return Err(Rejection::OutcomeUnknown { reference });
+                        }
+                        Waited::ClaimAgain => {
+                            tracing::info!(tool, %reference, "the operation ended without effect; claiming again");
+                        }
+                        Waited::InFlight | Waited::Unavailable => {
+                            tracing::info!(tool, %reference, "still in flight after the wait");
+                            return Err(Rejection::InFlight { reference });
+                        }
+                    }
+                }
+                Claim::Unknown => {
+                    tracing::warn!(tool, %reference, "outcome unknown");
+                    return Err(Rejection::OutcomeUnknown { reference });
+                }
+                Claim::Conflict { arg_tags } => {
+                    let (differing, missing) = attempt.fingerprint.differing(&arg_tags);
+                    tracing::warn!(tool, %reference, ?differing, missing, "conflict");
+                    return Err(Rejection::Conflict { reference, differing, missing });
+                }
             }
         };
+        let reference = attempt.reference();
+        // Held here until the outcome is recorded: its end wakes this process's waiters.
+        let _holding = self.inner.waiting.hold(attempt.request.key);
         // Claim → handler.
         let operation = attempt.operation(won, window_end);
         if operation.lease_lost() {

@@ -17,6 +17,7 @@ use super::background::BACKGROUND_JOBS;
 use super::keyring::Keyring;
 use super::stored::ResultSeal;
 use super::time::Skew;
+use super::wait::Waiting;
 
 /// How long a record lives when its recipe sets no window.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -86,6 +87,9 @@ pub(super) struct Inner {
     pub(super) measuring: Arc<AtomicBool>,
     /// Bounds the background ledger work (lost-claim releases, completion retries).
     pub(super) background: Arc<tokio::sync::Semaphore>,
+    /// The operations this process waits on and the claims it holds (`wait`); kept across the
+    /// `with_*` builders, so a holder wakes the waiters of every handle made from this one.
+    pub(super) waiting: Arc<Waiting>,
 }
 
 /// The recipes a handle has seen, per tool name: their namespace and where each is declared.
@@ -134,6 +138,7 @@ impl Idem {
                 skew: Arc::default(),
                 measuring: Arc::default(),
                 background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_JOBS)),
+                waiting: Arc::default(),
             }),
         }
     }
