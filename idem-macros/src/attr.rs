@@ -68,7 +68,7 @@ impl<T> Attr<T> {
 
 /// The accepted options, for the "unknown option" message.
 pub const OPTIONS: &str = "`key`, `window`, `ignore`, `stale`, `reconcile`, `scope`, `task`, `inherent`, `name`, \
-                           `replay_note`, `idem`, `caller`, `crate`";
+                           `replay_note`, `wait`, `idem`, `caller`, `crate`";
 
 /// `#[idempotent(...)]` as written.
 pub struct Args {
@@ -82,6 +82,7 @@ pub struct Args {
     pub inherent: Attr<LitStr>,
     pub name: Attr<LitStr>,
     pub replay_note: Attr<LitBool>,
+    pub wait: Attr<LitStr>,
     pub idem: Attr<Expr>,
     pub caller: Attr<Expr>,
     pub krate: Attr<Path>,
@@ -100,6 +101,7 @@ impl Args {
             inherent: Attr::none("inherent"),
             name: Attr::none("name"),
             replay_note: Attr::none("replay_note"),
+            wait: Attr::none("wait"),
             idem: Attr::none("idem"),
             caller: Attr::none("caller"),
             krate: Attr::none("crate"),
@@ -136,6 +138,7 @@ fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta<'_>) -> syn:
         "inherent" => return set_string(cx, meta, span, &mut args.inherent),
         "name" => return set_string(cx, meta, span, &mut args.name),
         "replay_note" => return set_bool(cx, meta, span, &mut args.replay_note),
+        "wait" => return set_string(cx, meta, span, &mut args.wait),
         "reconcile" => args.reconcile.set(span, meta.value()?.parse()?),
         "idem" => args.idem.set(span, meta.value()?.parse()?),
         "caller" => args.caller.set(span, meta.value()?.parse()?),

@@ -622,6 +622,9 @@ fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
         Stale::Takeover => expr.extend(quote!(.stale(#krate::StalePolicy::Takeover))),
         Stale::Reconcile(_) => expr.extend(quote!(.stale(#krate::StalePolicy::Reconcile))),
     }
+    if let Some(secs) = recipe.wait_secs {
+        expr.extend(quote!(.wait(::core::time::Duration::from_secs(#secs))));
+    }
     expr
 }
 

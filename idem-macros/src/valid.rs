@@ -8,6 +8,8 @@ use crate::attr::{Args, Ctxt};
 
 /// The longest window accepted, in seconds (366 days), as in `idem_runtime::parse_window`.
 const MAX_WINDOW_SECS: u64 = 366 * 24 * 3600;
+/// The longest wait accepted, in seconds, as `idem_runtime::MAX_WAIT`.
+const MAX_WAIT_SECS: u64 = 60;
 
 /// A dotted argument path from `key`, `ignore` or `task`, with every segment spanned at the
 /// string literal it came from, so rustc's errors about it land on the attribute.
@@ -37,6 +39,8 @@ pub struct Recipe {
     /// Whether a replayed answer carries a line of text saying so (rmcp tools); with its span
     /// when written, for "only on an rmcp tool".
     pub replay_note: (bool, Option<Span>),
+    /// `wait = "5s"`: how long a repeat waits for the operation in progress, in seconds.
+    pub wait_secs: Option<u64>,
     pub idem: Option<Expr>,
     pub caller: Option<Expr>,
     pub krate: Path,
@@ -61,6 +65,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
             ("scope", args.scope.span()),
             ("task", args.task.span()),
             ("replay_note", args.replay_note.span()),
+            ("wait", args.wait.span()),
         ];
         for (option, span) in ledger_options {
             if let Some(span) = span {
@@ -87,6 +92,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
         }
     }
     let window_secs = args.window.get().and_then(|lit| window(cx, lit));
+    let wait_secs = args.wait.get().and_then(|lit| wait(cx, lit));
     let stale = stale(cx, &args);
     let tenant_scope = match args.scope.get() {
         None => false,
@@ -126,6 +132,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
         inherent,
         name: args.name.get().cloned(),
         replay_note: (args.replay_note.get().is_none_or(LitBool::value), args.replay_note.span()),
+        wait_secs,
         idem: args.idem.get().cloned(),
         caller: args.caller.get().cloned(),
         krate,
@@ -214,20 +221,25 @@ fn field_name(segment: &str, literal: Span) -> Option<Ident> {
     Some(Ident::new_raw(&raw.unraw().to_string(), span))
 }
 
+/// `"<whole number><unit>"` as a count and the unit's seconds, as `window` is written.
+fn count_and_unit(text: &str) -> Option<(u64, u64)> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let unit_secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    Some((digits.parse::<u64>().ok()?, unit_secs))
+}
+
 fn window(cx: &mut Ctxt, lit: &LitStr) -> Option<u64> {
     let text = lit.value();
     let accepted = "write a positive whole number followed by one unit: `s` seconds, `m` minutes, `h` hours or \
                     `d` days (e.g. \"30s\", \"15m\", \"24h\", \"7d\")";
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let unit_secs = match unit {
-        "s" => Some(1),
-        "m" => Some(60),
-        "h" => Some(3600),
-        "d" => Some(86_400),
-        _ => None,
-    };
-    let (Some(unit_secs), Ok(count)) = (unit_secs, digits.parse::<u64>()) else {
+    let Some((count, unit_secs)) = count_and_unit(&text) else {
         cx.error(lit.span(), format!("malformed window `{text}`; {accepted}"));
         return None;
     };
@@ -248,6 +260,28 @@ fn window(cx: &mut Ctxt, lit: &LitStr) -> Option<u64> {
             None
         }
     }
+}
+
+/// `wait = "5s"`: written as a window is, from one second to a minute.
+fn wait(cx: &mut Ctxt, lit: &LitStr) -> Option<u64> {
+    let text = lit.value();
+    let accepted = "write a whole number of seconds from 1 to 60 (e.g. \"5s\", \"30s\"), or \"1m\"";
+    match count_and_unit(&text).map(|(count, unit_secs)| count.checked_mul(unit_secs)) {
+        None => cx.error(lit.span(), format!("malformed wait `{text}`; {accepted}")),
+        Some(Some(0)) => cx.error(
+            lit.span(),
+            format!("a zero wait never waits; {accepted}, or remove `wait` to answer \"in flight\" at once"),
+        ),
+        Some(Some(secs)) if secs <= MAX_WAIT_SECS => return Some(secs),
+        Some(_) => cx.error(
+            lit.span(),
+            format!(
+                "wait `{text}` is longer than a minute, longer than most clients keep a request open; {accepted}, \
+                 and let the caller ask the status tool after that"
+            ),
+        ),
+    }
+    None
 }
 
 fn stale(cx: &mut Ctxt, args: &Args) -> Stale {
