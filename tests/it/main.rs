@@ -20,6 +20,7 @@ mod mcp_e2e;
 mod pedantic;
 mod rmcp_tools;
 mod security;
+mod waiting;
 
 /// Held by every test that calls `Idem::install`: the installed handle is one per process, so a
 /// second test's install would otherwise swap the ledger under the first one's free functions.
