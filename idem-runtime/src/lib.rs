@@ -158,6 +158,7 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 /// | `task = "conversation_id"` | narrow the key to a task or conversation id argument (MCP has no sessions; request ids are reused) | — |
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
 /// | `name = "charge"` | the tool name in the key, with the namespace ([`Idem::with_namespace`], else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. One handle refuses two handlers with one name in one namespace (`duplicate_tool`) | `#[tool(name = ...)]`, else the function's name |
+/// | `wait = "5s"` | a repeat that finds the operation in progress waits up to this long (`s` or `m`, 1 s to [`MAX_WAIT`]) for it to settle: completed, it gets the stored result as a replay; failed with nothing done, it claims again and may run the handler; unknown, "outcome unknown"; still running, "in flight". No connection or lock is held while it waits (see [`Recipe::wait`]) | none: "in flight" at once |
 /// | `replay_note = false` | on an rmcp tool, leave out the line of text a replayed answer ends with ("this is the stored result of an earlier identical call … nothing was executed again"); `_meta.idem.replayed` still says it | `true`: hosts that drop `_meta` still show the model it was a replay |
 /// | `idem = self.payments_idem` | the [`Idem`] handle to use | [`HasIdem`] for methods, [`Idem::install`] for free functions |
 /// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Idem::with_local_caller`]; none: refused |
@@ -174,9 +175,10 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 /// # Compile-time checks
 ///
 /// A key name that matches no argument or field, a nested path that does not exist, an empty
-/// or duplicated key, a malformed or zero window, an unknown option, a non-async handler, a
-/// success type that cannot be stored (`Serialize + Deserialize`) and an error type that does
-/// not implement [`IdempotentError`] are compile errors on the user's code.
+/// or duplicated key, a malformed or zero window, a zero wait or one over a minute, an unknown
+/// option, a non-async handler, a success type that cannot be stored (`Serialize +
+/// Deserialize`) and an error type that does not implement [`IdempotentError`] are compile
+/// errors on the user's code.
 #[doc(inline)]
 pub use idem_macros::idempotent;
 

@@ -3,7 +3,8 @@
 //! Every figure is a ratio against the cheapest way to do the same work, measured in the same
 //! run on the same machine and pool: raw sqlx executing idem's own claim and completion
 //! statements. Durable backends that do not answer are skipped and say so.
-//! `IDEM_BENCH_OPS` sets the operations per measurement (default 2000).
+//! `IDEM_BENCH_OPS` sets the operations per measurement (default 2000); `IDEM_BENCH_ONLY=waiting`
+//! runs only the measurement of 1,000 repeats waiting on one operation (`wait`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +31,8 @@ impl IdempotentError for Error {
 }
 
 static RECIPE: Recipe = Recipe::new("bench", &["order_id"]);
+/// Repeats wait up to 30 s for an operation in progress (`wait = "30s"`).
+static WAITING: Recipe = Recipe::new("bench_wait", &["order_id"]).wait(Duration::from_secs(30));
 
 fn ops() -> usize {
     std::env::var("IDEM_BENCH_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
@@ -567,11 +570,210 @@ async fn statements(rows: &mut Vec<Row>, name: &str, url: &str) {
     );
 }
 
+/// A ledger that counts the calls it is sent (each claim answered, each read, the rest).
+struct Calls {
+    inner: SeaOrmLedger,
+    claims: std::sync::atomic::AtomicUsize,
+    reads: std::sync::atomic::AtomicUsize,
+    others: std::sync::atomic::AtomicUsize,
+}
+
+impl Calls {
+    fn count(counter: &std::sync::atomic::AtomicUsize) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn get(counter: &std::sync::atomic::AtomicUsize) -> usize {
+        counter.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Ledger for Calls {
+    fn claim<'a>(
+        &'a self,
+        request: &'a idem_runtime::ledger::ClaimRequest,
+    ) -> idem_runtime::ledger::BoxFuture<'a, Result<idem_runtime::ledger::Claim, idem_runtime::LedgerError>> {
+        Box::pin(async move {
+            let claim = self.inner.claim(request).await;
+            Self::count(&self.claims);
+            claim
+        })
+    }
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        lease_until: u64,
+    ) -> idem_runtime::ledger::BoxFuture<'a, Result<(), idem_runtime::LedgerError>> {
+        Self::count(&self.others);
+        self.inner.renew(key, token, lease_until)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: idem_runtime::ledger::Outcome,
+        keep_until: u64,
+    ) -> idem_runtime::ledger::BoxFuture<'a, Result<(), idem_runtime::LedgerError>> {
+        Self::count(&self.others);
+        self.inner.complete(key, token, outcome, keep_until)
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+    ) -> idem_runtime::ledger::BoxFuture<'a, Result<(), idem_runtime::LedgerError>> {
+        Self::count(&self.others);
+        self.inner.release(key, token)
+    }
+    fn lookup<'a>(
+        &'a self,
+        key: &'a Key,
+        now: u64,
+    ) -> idem_runtime::ledger::BoxFuture<'a, Result<Option<idem_runtime::StatusReport>, idem_runtime::LedgerError>>
+    {
+        Self::count(&self.reads);
+        self.inner.lookup(key, now)
+    }
+    fn status<'a>(
+        &'a self,
+        tenant: idem_runtime::TenantTag,
+        subject: idem_runtime::SubjectTag,
+        reference: idem_runtime::Ref,
+        now: u64,
+    ) -> idem_runtime::ledger::BoxFuture<'a, Result<Option<idem_runtime::StatusReport>, idem_runtime::LedgerError>>
+    {
+        Self::count(&self.others);
+        self.inner.status(tenant, subject, reference, now)
+    }
+    fn resolve<'a>(
+        &'a self,
+        tenant: idem_runtime::TenantTag,
+        reference: idem_runtime::Ref,
+        resolution: idem_runtime::Resolution,
+        now: u64,
+        keep_until: u64,
+    ) -> idem_runtime::ledger::BoxFuture<'a, Result<(), idem_runtime::LedgerError>> {
+        Self::count(&self.others);
+        self.inner.resolve(tenant, reference, resolution, now, keep_until)
+    }
+    fn sweep(
+        &self,
+        now: u64,
+        limit: usize,
+    ) -> idem_runtime::ledger::BoxFuture<'_, Result<usize, idem_runtime::LedgerError>> {
+        Self::count(&self.others);
+        self.inner.sweep(now, limit)
+    }
+    fn now(&self) -> idem_runtime::ledger::BoxFuture<'_, Result<Option<u64>, idem_runtime::LedgerError>> {
+        Self::count(&self.others);
+        self.inner.now()
+    }
+}
+
+/// 1,000 repeats waiting on one in-progress key (`wait`): what they send the ledger — their own
+/// 1,000 claims, then what the wait costs, as ledger calls and as SQL statements on their
+/// connection (sea-orm's metric callback) — and the time from the holder's handler returning
+/// to the last answer. The holder runs on another connection and handle (another replica: the
+/// waiters poll) or on theirs (the same process: its end wakes them).
+async fn waiting(rows: &mut Vec<Row>, name: &str, url: &str) {
+    use std::sync::atomic::Ordering::SeqCst;
+    for local in [false, true] {
+        let Ok(holder) = SeaOrmLedger::connect(url).await else { return };
+        let Ok(mut db) = sea_orm::Database::connect(SeaOrmLedger::connect_options(url)).await else { return };
+        let sql = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&sql);
+        db.set_metric_callback(move |_| {
+            counter.fetch_add(1, SeqCst);
+        });
+        let calls = Arc::new(Calls {
+            inner: SeaOrmLedger::from_connection(db),
+            claims: 0.into(),
+            reads: 0.into(),
+            others: 0.into(),
+        });
+        let waiters = idem_tests::idem_shared(calls.clone());
+        let holder = if local { waiters.clone() } else { idem_tests::idem(holder) };
+        for idem in [&waiters, &holder] {
+            idem_pair(idem, Token::random().get(), "warm-up").await;
+        }
+        let release = Arc::new(tokio::sync::Notify::new());
+        let args = json!({ "order_id": format!("wait-{}", Token::random().get()) });
+        let first = {
+            let (holder, release, args) = (holder.clone(), Arc::clone(&release), args.clone());
+            tokio::spawn(async move {
+                holder
+                    .call(&WAITING, Some(&caller()), &args, || async {
+                        release.notified().await;
+                        Ok::<_, Error>(payload())
+                    })
+                    .await
+                    .unwrap()
+            })
+        };
+        // The holder's claim is in before the waiters start.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for counter in [&sql, &calls.claims, &calls.reads, &calls.others] {
+            counter.store(0, SeqCst);
+        }
+        let handles: Vec<_> = (0..1000)
+            .map(|_| {
+                let (idem, args) = (waiters.clone(), args.clone());
+                tokio::spawn(async move {
+                    let served = idem
+                        .call(&WAITING, Some(&caller()), &args, || async { Ok::<_, Error>(String::new()) })
+                        .await
+                        .unwrap();
+                    assert!(served.replayed, "every waiter gets the replay");
+                    Instant::now()
+                })
+            })
+            .collect();
+        // Every waiter has had its claim answered ("in flight") and waits.
+        while Calls::get(&calls.claims) < 1000 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let claims_sql = sql.load(SeqCst);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let returned = Instant::now();
+        release.notify_one();
+        first.await.unwrap();
+        let mut last = returned;
+        for handle in handles {
+            last = last.max(handle.await.unwrap());
+        }
+        let (claims, reads, others) = (Calls::get(&calls.claims), Calls::get(&calls.reads), Calls::get(&calls.others));
+        let holder_is = if local { "same process" } else { "another replica" };
+        row(
+            rows,
+            format!(
+                "{name}: 1000 waiting repeats, holder in {holder_is}: ledger calls, 1000 claims + wait \
+                 ({reads} reads, {} claims, {others} other); SQL statements {} (claims answered by then: {claims_sql})",
+                claims - 1000,
+                sql.load(SeqCst)
+            ),
+            format!("1000 + {}", claims - 1000 + reads + others),
+            "1000 in-flight answers".into(),
+            (claims + reads + others) as f64 / 1000.0,
+        );
+        row(
+            rows,
+            format!("{name}: 1000 waiting repeats, holder in {holder_is}: handler returns → last answer"),
+            format!("{:.1} ms", (last - returned).as_secs_f64() * 1e3),
+            String::new(),
+            f64::NAN,
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let mut rows = Vec::new();
-    cpu(&mut rows);
-    wrapped_noop(&mut rows).await;
+    // `IDEM_BENCH_ONLY=waiting` runs the waiting measurement alone.
+    let all = std::env::var("IDEM_BENCH_ONLY").map_or(true, |only| only != "waiting");
+    if all {
+        cpu(&mut rows);
+        wrapped_noop(&mut rows).await;
+    }
     let pg_url =
         std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let my_url = std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
@@ -579,10 +781,16 @@ async fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let sqlite_url = format!("sqlite://{}?mode=rwc", dir.join("bench.sqlite3").display());
 
-    storm(&mut rows, "memory", Arc::new(MemoryLedger::new())).await;
+    if all {
+        storm(&mut rows, "memory", Arc::new(MemoryLedger::new())).await;
+    }
     for (name, url) in
         [("SQLite (file, FULL)", sqlite_url.as_str()), ("PostgreSQL", pg_url.as_str()), ("MariaDB", my_url.as_str())]
     {
+        waiting(&mut rows, name, url).await;
+        if !all {
+            continue;
+        }
         statements(&mut rows, name, url).await;
         match SeaOrmLedger::connect(url).await {
             Ok(ledger) => {
@@ -592,7 +800,9 @@ async fn main() {
             Err(error) => println!("SKIPPED {name}: {error}"),
         }
     }
-    bytes_per_row(&mut rows, &pg_url).await;
+    if all {
+        bytes_per_row(&mut rows, &pg_url).await;
+    }
 
     let width = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
     println!("\n| {:<width$} | {:>12} | {:>22} | {:>6} |", "measurement", "idem", "baseline", "ratio");

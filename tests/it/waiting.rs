@@ -268,7 +268,8 @@ async fn a_repeat_gets_the_first_calls_result_as_a_replay(backend: &str) {
         while downstream.attempts.load(Ordering::SeqCst) == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let repeat = r.repeats.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
+        let repeat =
+            r.repeats.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
         let release = async {
             r.repeats_ledger.answered(1).await;
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -367,7 +368,8 @@ async fn a_repeat_runs_the_handler_when_the_first_call_did_nothing(backend: &str
         while !started.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let repeat = r.repeats.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
+        let repeat =
+            r.repeats.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
         let release = async {
             r.repeats_ledger.answered(1).await;
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -486,7 +488,8 @@ async fn a_read_that_fails_ends_the_wait_in_flight(backend: &str) {
         while downstream.attempts.load(Ordering::SeqCst) == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let repeat = r.repeats.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
+        let repeat =
+            r.repeats.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
         let repeat = repeat.await;
         release.notify_one();
         repeat
