@@ -67,7 +67,7 @@ impl Shop {
         Ok(format!("charged {} to {}", args.amount_cents, args.card))
     }
 
-    #[idempotent(key = "card", task = "conversation_id", reconcile = Self::check)]
+    #[idempotent(key = "card", within = "conversation_id", reconcile = Self::check)]
     #[tool(description = "Refund a card")]
     async fn refund(
         &self,
