@@ -102,6 +102,17 @@ impl Shop {
         Ok(args.card)
     }
 
+    /// A tool that may run as an MCP task (its server, a plain router here, cannot be asked
+    /// whether it advertises tasks).
+    #[idempotent(key = "card", task = true)]
+    #[tool(description = "Charge a card, as a task when the client can poll")]
+    async fn charge_task(
+        &self,
+        Parameters(args): Parameters<Charge>,
+    ) -> Result<rmcp::Json<Charge>, idem_runtime::mcp::ToolError> {
+        Ok(rmcp::Json(args))
+    }
+
     async fn check(&self, operation: Operation) -> Reconciled<String, ShopError> {
         // Stands in for asking the downstream about `operation.ledger_key()`.
         tokio::task::yield_now().await;
