@@ -163,8 +163,8 @@ fn rmcp_tools_are_listed_with_their_hints() {
         .filter(|tool| tool.annotations.as_ref().and_then(|a| a.idempotent_hint) == Some(true))
         .map(|tool| tool.name.to_string())
         .collect();
-    assert_eq!(hinted, ["charge", "charge_everything", "nickname", "refund"]);
-    assert_eq!(Shop::idem_backed_tools(), ["charge", "refund", "nickname", "charge_everything"]);
+    assert_eq!(hinted, ["charge", "charge_everything", "charge_task", "nickname", "refund"]);
+    assert_eq!(Shop::idem_backed_tools(), ["charge", "refund", "nickname", "charge_everything", "charge_task"]);
     let _ = shop();
 }
 
