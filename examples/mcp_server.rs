@@ -36,8 +36,8 @@ use idem_runtime::mcp::{self, ToolError};
 use idem_runtime::{Caller, HasIdem, Idem, audit_idempotent, current_operation, idempotent};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{ServerCapabilities, ServerConfig};
-use rmcp::{Json, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use rmcp::model::{CancelTaskParams, GetTaskParams, GetTaskResult, ServerCapabilities, ServerConfig};
+use rmcp::{ErrorData, Json, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -158,7 +158,9 @@ impl Payments {
         Ok(Json(Receipt { charge_id, amount_cents: charge.amount_cents, reference }))
     }
 
-    #[idempotent(key = "order_id", stale = "takeover")]
+    // `task = true`: a client that declared the tasks extension and repeats this call while it
+    // runs gets the operation's task (its `taskId` is the ref) to poll with `tasks/get`.
+    #[idempotent(key = "order_id", stale = "takeover", task = true)]
     #[tool(description = "Create the shipment of an order (one per order).")]
     async fn create_shipment(
         &self,
@@ -205,10 +207,20 @@ impl Payments {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Payments {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
+        // `enable_tasks`: create_shipment may answer a repeat with a task, served below.
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build()).with_instructions(
             "A payments sandbox. charge_card, create_shipment and send_email are safe to repeat; an answer that \
              says 'in flight' names a ref to pass to idem_status instead of calling again.",
         )
+    }
+
+    // MCP tasks are idem's operations: `tasks/get` and `tasks/cancel` are answered from the ledger.
+    async fn get_task(&self, request: GetTaskParams, context: mcp::Context) -> Result<GetTaskResult, ErrorData> {
+        mcp::get_task(&self.idem, &request, &context).await
+    }
+
+    async fn cancel_task(&self, request: CancelTaskParams, context: mcp::Context) -> Result<(), ErrorData> {
+        mcp::cancel_task(&self.idem, &request, &context).await
     }
 }
 

@@ -67,8 +67,8 @@ impl<T> Attr<T> {
 }
 
 /// The accepted options, for the "unknown option" message.
-pub const OPTIONS: &str = "`key`, `window`, `ignore`, `stale`, `reconcile`, `scope`, `task`, `inherent`, `name`, \
-                           `replay_note`, `wait`, `idem`, `caller`, `crate`";
+pub const OPTIONS: &str = "`key`, `window`, `ignore`, `stale`, `reconcile`, `scope`, `within`, `task`, `inherent`, \
+                           `name`, `replay_note`, `wait`, `idem`, `caller`, `crate`";
 
 /// `#[idempotent(...)]` as written.
 pub struct Args {
@@ -78,7 +78,8 @@ pub struct Args {
     pub stale: Attr<LitStr>,
     pub reconcile: Attr<Path>,
     pub scope: Attr<LitStr>,
-    pub task: Attr<LitStr>,
+    pub within: Attr<LitStr>,
+    pub task: Attr<LitBool>,
     pub inherent: Attr<LitStr>,
     pub name: Attr<LitStr>,
     pub replay_note: Attr<LitBool>,
@@ -97,6 +98,7 @@ impl Args {
             stale: Attr::none("stale"),
             reconcile: Attr::none("reconcile"),
             scope: Attr::none("scope"),
+            within: Attr::none("within"),
             task: Attr::none("task"),
             inherent: Attr::none("inherent"),
             name: Attr::none("name"),
@@ -134,7 +136,8 @@ fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta<'_>) -> syn:
         "ignore" => return set_string(cx, meta, span, &mut args.ignore),
         "stale" => return set_string(cx, meta, span, &mut args.stale),
         "scope" => return set_string(cx, meta, span, &mut args.scope),
-        "task" => return set_string(cx, meta, span, &mut args.task),
+        "within" => return set_string(cx, meta, span, &mut args.within),
+        "task" => return set_task(cx, meta, span, &mut args.task),
         "inherent" => return set_string(cx, meta, span, &mut args.inherent),
         "name" => return set_string(cx, meta, span, &mut args.name),
         "replay_note" => return set_bool(cx, meta, span, &mut args.replay_note),
@@ -170,6 +173,43 @@ fn set_bool(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut At
         _ => None,
     };
     set_literal(cx, meta, span, attr, literal, "takes `true` or `false`: `{option} = false`")
+}
+
+/// Sets `task = true|false` (the tool may run as an MCP task). Before, `task = "arg"` narrowed
+/// the key's scope to an argument; that is `within` now, and the old spelling says so.
+fn set_task(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut Attr<LitBool>) -> syn::Result<()> {
+    let literal = |lit| match lit {
+        syn::Lit::Bool(lit) => Ok(lit),
+        syn::Lit::Str(lit) => Err(format!(
+            "`task` now means MCP tasks; to narrow the scope to an argument write `within = {:?}`",
+            lit.value()
+        )),
+        _ => Err("`task` takes `true` or `false`: `task = true` lets the tool run as an MCP task".to_owned()),
+    };
+    let mut value = meta.value()?.parse::<Expr>()?;
+    while let Expr::Group(group) = value {
+        value = *group.expr;
+    }
+    attr.given = true;
+    let accepted = match value {
+        Expr::Lit(syn::ExprLit { lit, .. }) => {
+            let at = syn::spanned::Spanned::span(&lit);
+            literal(lit).map_err(|message| (at, message))
+        }
+        other => Err((
+            syn::spanned::Spanned::span(&other),
+            "`task` takes `true` or `false`: `task = true` lets the tool run as an MCP task".to_owned(),
+        )),
+    };
+    match accepted {
+        Ok(value) => {
+            if let Err(error) = attr.set(span, value) {
+                cx.push(error);
+            }
+        }
+        Err((at, message)) => cx.error(at, message),
+    }
+    Ok(())
 }
 
 /// Sets an option from `option = <literal>` when `literal` accepts it; any other value is

@@ -78,6 +78,13 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream 
         );
         return TokenStream::new();
     }
+    if !is_tool && let Some(span) = recipe.task.1 {
+        cx.error(
+            span,
+            "`task` only applies to an rmcp tool (a method with `#[tool(...)]` below `#[idempotent]`): MCP tasks are \
+             answered over MCP; remove it here",
+        );
+    }
     if !is_tool && let Some(span) = recipe.replay_note.1 {
         cx.error(
             span,
@@ -222,7 +229,7 @@ struct Param {
     plain: bool,
     /// Its `#[cfg(...)]` attributes, repeated on every statement that reads it.
     cfgs: Vec<Attribute>,
-    /// The user could name it in `key`, `ignore` or `task` (not a destructuring pattern).
+    /// The user could name it in `key`, `ignore` or `within` (not a destructuring pattern).
     nameable: bool,
 }
 
@@ -305,7 +312,7 @@ impl Arguments {
         // Not when it is a plain value (`order_id: String`): a path that does not name it is a
         // misspelt argument, and "no argument named" says so better than "no field on `String`".
         let candidates: Vec<&Param> = params.iter().filter(|param| !param.likely_extractor).collect();
-        let paths = || recipe.keys.iter().chain(&recipe.ignore).chain(&recipe.task);
+        let paths = || recipe.keys.iter().chain(&recipe.ignore).chain(&recipe.within);
         let mut root_param: Option<String> = None;
         if params_struct.is_none()
             && let [single] = candidates[..]
@@ -343,9 +350,9 @@ impl Arguments {
                 let kind = kind(&value, key.span);
                 statements.push(quote!(#(#cfgs)* #kind.select(&mut #args, #text, #value);));
             }
-            if let Some(task) = &recipe.task {
-                let value = path_expr(root, &task.segments, task.span);
-                statements.push(quote!(#(#cfgs)* #args.task(#value);));
+            if let Some(within) = &recipe.within {
+                let value = path_expr(root, &within.segments, within.span);
+                statements.push(quote!(#(#cfgs)* #args.within(#value);));
             }
             for ignored in &recipe.ignore {
                 if params.iter().any(|param| {
@@ -405,10 +412,10 @@ impl Arguments {
             let kind = kind(&value, key.span);
             statements.push(quote!(#(#cfgs)* #kind.select(&mut #args, #text, #value);));
         }
-        if let Some(task) = &recipe.task
-            && let Some((value, cfgs)) = rooted(task)
+        if let Some(within) = &recipe.within
+            && let Some((value, cfgs)) = rooted(within)
         {
-            statements.push(quote!(#(#cfgs)* #args.task(#value);));
+            statements.push(quote!(#(#cfgs)* #args.within(#value);));
         }
         Self { statements, rebinds }
     }
@@ -426,7 +433,7 @@ fn insert(args: &Ident, param: &Param, kind: &dyn Fn(&TokenStream, Span) -> Toke
     quote!(#(#cfgs)* #kind.insert(&mut #args, #name, #value);)
 }
 
-/// A key or task path that reaches into the parameter `name` of type `Option<...>`.
+/// A key or `within` path that reaches into the parameter `name` of type `Option<...>`.
 fn paths_through_option<'a>(recipe: &'a Recipe, name: &str, ty: &Type) -> Option<&'a ArgPath> {
     if !last_segment_is(ty, &["Option"]) {
         return None;
@@ -434,7 +441,7 @@ fn paths_through_option<'a>(recipe: &'a Recipe, name: &str, ty: &Type) -> Option
     recipe
         .keys
         .iter()
-        .chain(&recipe.task)
+        .chain(&recipe.within)
         .find(|path| path.segments.len() > 1 && path.text.split('.').next() == Some(name))
 }
 
@@ -563,7 +570,21 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
         };
         let run = respan(quote!(#private::run_mcp), span);
         let note = recipe.replay_note.0;
-        let call = quote!(#private::ToolCall { context: &#context, caller: #caller_expr, replay_note: #note });
+        let server_tasks = if recipe.task.0 && has_self {
+            // At each call of a task tool: whether its server advertises tasks (`get_info`), so
+            // that no client is handed a task the server's `tasks/get` cannot answer.
+            let receiver = receiver_ref(item);
+            quote! {
+                {
+                    use #private::server_kinds::*;
+                    static IDEM_TASKS_CHECKED: ::core::sync::atomic::AtomicBool = ::core::sync::atomic::AtomicBool::new(false);
+                    #private::server_tasks(&IDEM_TASKS_CHECKED, #tool_name, (&&#private::Server(#receiver)).idem_advertises_tasks())
+                }
+            }
+        } else {
+            quote!(::core::option::Option::None)
+        };
+        let call = quote!(#private::ToolCall { context: &#context, caller: #caller_expr, replay_note: #note, server_tasks: #server_tasks });
         quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #call, #idem_args, #reconcile, #handler).await)
     } else if let Some(reconcile) = reconcile {
         let run = respan(quote!(#private::run_reconciling), span);
@@ -572,8 +593,15 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
         let run = respan(quote!(#private::run), span);
         quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #caller_expr, #idem_args, #handler).await)
     };
+    // A task's result is rebuilt from its stored JSON by `tasks/get`: only types that render
+    // the same from their JSON may run as tasks.
+    let task_check = (mcp && recipe.task.0).then(|| {
+        let check = respan(quote!(#private::task_result::<#ret>), span);
+        quote_spanned!(span=> #check();)
+    });
     quote! {
         static __IDEM_RECIPE: #krate::Recipe = #recipe_tokens;
+        #task_check
         #status_check
         let mut #idem_args = #private::Arguments::new();
         #(#statements)*
@@ -613,9 +641,12 @@ fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
     if recipe.tenant_scope {
         expr.extend(quote!(.scope(#krate::ScopeRule::Tenant)));
     }
-    if let Some(task) = &recipe.task {
-        let text = &task.text;
-        expr.extend(quote!(.scope(#krate::ScopeRule::Task(#text))));
+    if let Some(within) = &recipe.within {
+        let text = &within.text;
+        expr.extend(quote!(.scope(#krate::ScopeRule::Within(#text))));
+    }
+    if recipe.task.0 {
+        expr.extend(quote!(.task(true)));
     }
     match recipe.stale {
         Stale::Hold => {}

@@ -11,7 +11,7 @@ const MAX_WINDOW_SECS: u64 = 366 * 24 * 3600;
 /// The longest wait accepted, in seconds, as `idem_runtime::MAX_WAIT`.
 const MAX_WAIT_SECS: u64 = 60;
 
-/// A dotted argument path from `key`, `ignore` or `task`, with every segment spanned at the
+/// A dotted argument path from `key`, `ignore` or `within`, with every segment spanned at the
 /// string literal it came from, so rustc's errors about it land on the attribute.
 pub struct ArgPath {
     pub text: String,
@@ -33,7 +33,10 @@ pub struct Recipe {
     pub ignore: Vec<ArgPath>,
     pub stale: Stale,
     pub tenant_scope: bool,
-    pub task: Option<ArgPath>,
+    /// `within = "arg"`: the caller's scope narrowed to a task or conversation id argument.
+    pub within: Option<ArgPath>,
+    /// `task = true`: the tool may run as an MCP task; with its span when written.
+    pub task: (bool, Option<Span>),
     pub inherent: Option<LitStr>,
     pub name: Option<LitStr>,
     /// Whether a replayed answer carries a line of text saying so (rmcp tools); with its span
@@ -63,6 +66,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
             ("stale", args.stale.span()),
             ("reconcile", args.reconcile.span()),
             ("scope", args.scope.span()),
+            ("within", args.within.span()),
             ("task", args.task.span()),
             ("replay_note", args.replay_note.span()),
             ("wait", args.wait.span()),
@@ -104,22 +108,22 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
                     lit.span(),
                     format!(
                         "unknown scope `{other}`; use `\"caller\"` (tenant and subject, the default) or \
-                         `\"tenant\"`, and `task = \"argument\"` to narrow to a task id"
+                         `\"tenant\"`, and `within = \"argument\"` to narrow to a task or conversation id"
                     ),
                 );
                 false
             }
         },
     };
-    let task = args.task.get().and_then(|lit| {
-        let mut paths = path_list(cx, lit, "task");
+    let within = args.within.get().and_then(|lit| {
+        let mut paths = path_list(cx, lit, "within");
         if paths.len() > 1 {
-            cx.error(lit.span(), "`task` names one argument that carries the task or conversation id");
+            cx.error(lit.span(), "`within` names one argument that carries the task or conversation id");
         }
         paths.pop()
     });
-    if tenant_scope && let Some(task) = &task {
-        cx.error(task.span, "`task` narrows the caller's scope and cannot combine with `scope = \"tenant\"`");
+    if tenant_scope && let Some(within) = &within {
+        cx.error(within.span, "`within` narrows the caller's scope and cannot combine with `scope = \"tenant\"`");
     }
     let krate = args.krate.get().cloned().unwrap_or_else(|| syn::parse_quote!(::idem_runtime));
     Recipe {
@@ -128,7 +132,8 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
         ignore,
         stale,
         tenant_scope,
-        task,
+        within,
+        task: (args.task.get().is_some_and(LitBool::value), args.task.span()),
         inherent,
         name: args.name.get().cloned(),
         replay_note: (args.replay_note.get().is_none_or(LitBool::value), args.replay_note.span()),

@@ -131,9 +131,9 @@ impl Arguments {
         }
     }
 
-    /// The task id that narrows the scope.
-    pub fn task<T: Serialize + ?Sized>(&mut self, value: &T) {
-        self.arguments.task = self.value("task", value);
+    /// The task or conversation id that narrows the scope (`within = "..."`).
+    pub fn within<T: Serialize + ?Sized>(&mut self, value: &T) {
+        self.arguments.within = self.value("within", value);
     }
 
     pub(crate) fn finish(self) -> Result<CallArguments<'static>, Rejection> {

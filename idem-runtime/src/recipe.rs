@@ -16,9 +16,25 @@ pub enum ScopeRule {
     /// The whole tenant: the same call by two subjects of one tenant is one operation. Use it for
     /// operations the tenant owns (paying an invoice), not the person.
     Tenant,
-    /// The caller narrowed by an explicit task or conversation id found at this argument path.
-    /// MCP has no sessions and request ids are reused, so a narrower scope must be an argument.
+    /// The caller narrowed by an explicit task or conversation id found at this argument path
+    /// (`#[idempotent(within = "conversation_id")]`). MCP has no sessions and request ids are
+    /// reused, so a narrower scope must be an argument.
+    Within(&'static str),
+    /// The old name of [`ScopeRule::Within`], which it means exactly (the same keys).
+    #[deprecated(note = "renamed `ScopeRule::Within` (`task` now means MCP tasks: `Recipe::task`)")]
     Task(&'static str),
+}
+
+impl ScopeRule {
+    /// The argument path that narrows the scope, for [`ScopeRule::Within`].
+    #[must_use]
+    #[allow(deprecated)]
+    pub const fn within(self) -> Option<&'static str> {
+        match self {
+            Self::Within(path) | Self::Task(path) => Some(path),
+            Self::Caller | Self::Tenant => None,
+        }
+    }
 }
 
 /// What a claim does when it finds an in-progress record whose lease has expired (the process
@@ -62,6 +78,7 @@ pub struct Recipe {
     scope: ScopeRule,
     stale: StalePolicy,
     wait: Option<Duration>,
+    task: bool,
 }
 
 impl Recipe {
@@ -90,6 +107,7 @@ impl Recipe {
             scope: ScopeRule::Caller,
             stale: StalePolicy::Hold,
             wait: None,
+            task: false,
         }
     }
 
@@ -202,6 +220,24 @@ impl Recipe {
         );
         self.wait = Some(wait);
         self
+    }
+
+    /// Whether the tool may run as an MCP task (the tasks extension, `io.modelcontextprotocol/tasks`;
+    /// `#[idempotent(task = true)]`): a repeat that finds the operation in progress is answered
+    /// with the operation's task when the client declared the extension, and `tasks/get` for
+    /// it is answered from the ledger (`idem_runtime::mcp::get_task`, feature
+    /// `rmcp`). Clients without the extension get the in-flight answer as before. Not part of
+    /// the key.
+    #[must_use]
+    pub const fn task(mut self, task: bool) -> Self {
+        self.task = task;
+        self
+    }
+
+    /// Whether the tool may run as an MCP task ([`Recipe::task`]).
+    #[must_use]
+    pub const fn runs_as_task(&self) -> bool {
+        self.task
     }
 
     /// The tool's name, part of the key.

@@ -18,6 +18,7 @@ mod ledger_sqlite;
 mod macro_behaviour;
 mod mcp_e2e;
 mod pedantic;
+mod rmcp_tasks;
 mod rmcp_tools;
 mod security;
 mod waiting;

@@ -67,7 +67,7 @@ impl Shop {
         Ok(format!("charged {} to {}", args.amount_cents, args.card))
     }
 
-    #[idempotent(key = "card", task = "conversation_id", reconcile = Self::check)]
+    #[idempotent(key = "card", within = "conversation_id", reconcile = Self::check)]
     #[tool(description = "Refund a card")]
     async fn refund(
         &self,
@@ -100,6 +100,17 @@ impl Shop {
     ) -> Result<String, ShopError> {
         let _ = (context, peer, id, tool);
         Ok(args.card)
+    }
+
+    /// A tool that may run as an MCP task (its server, a plain router here, cannot be asked
+    /// whether it advertises tasks).
+    #[idempotent(key = "card", task = true)]
+    #[tool(description = "Charge a card, as a task when the client can poll")]
+    async fn charge_task(
+        &self,
+        Parameters(args): Parameters<Charge>,
+    ) -> Result<rmcp::Json<Charge>, idem_runtime::mcp::ToolError> {
+        Ok(rmcp::Json(args))
     }
 
     async fn check(&self, operation: Operation) -> Reconciled<String, ShopError> {
@@ -152,8 +163,8 @@ fn rmcp_tools_are_listed_with_their_hints() {
         .filter(|tool| tool.annotations.as_ref().and_then(|a| a.idempotent_hint) == Some(true))
         .map(|tool| tool.name.to_string())
         .collect();
-    assert_eq!(hinted, ["charge", "charge_everything", "nickname", "refund"]);
-    assert_eq!(Shop::idem_backed_tools(), ["charge", "refund", "nickname", "charge_everything"]);
+    assert_eq!(hinted, ["charge", "charge_everything", "charge_task", "nickname", "refund"]);
+    assert_eq!(Shop::idem_backed_tools(), ["charge", "refund", "nickname", "charge_everything", "charge_task"]);
     let _ = shop();
 }
 

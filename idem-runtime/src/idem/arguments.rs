@@ -1,5 +1,5 @@
 //! A call's arguments as its recipe sees them: every argument by name (the fingerprint's
-//! input), the key's arguments by path, the task id — and the scope and moment a key is
+//! input), the key's arguments by path, the task or conversation id (`within`) — and the scope and moment a key is
 //! derived in ([`Derive`]).
 
 use serde::Serialize;
@@ -21,8 +21,8 @@ pub(crate) struct CallArguments<'a> {
     pub(crate) all: std::borrow::Cow<'a, Map<String, Value>>,
     /// The key's arguments by path.
     pub(crate) selected: Map<String, Value>,
-    /// The task id, for `ScopeRule::Task`.
-    pub(crate) task: Option<Value>,
+    /// The task or conversation id, for `ScopeRule::Within`.
+    pub(crate) within: Option<Value>,
 }
 
 impl CallArguments<'static> {
@@ -49,11 +49,11 @@ impl CallArguments<'static> {
             };
             selected.insert((*path).to_owned(), value);
         }
-        let task = match recipe.scope_rule() {
-            ScopeRule::Task(path) => lookup(&all, path).cloned(),
-            _ => None,
+        let within = match recipe.scope_rule().within() {
+            Some(path) => lookup(&all, path).cloned(),
+            None => None,
         };
-        Ok(Self { all: std::borrow::Cow::Owned(all), selected, task })
+        Ok(Self { all: std::borrow::Cow::Owned(all), selected, within })
     }
 }
 
@@ -77,17 +77,21 @@ pub(super) struct Derive<'r, 'a, 's> {
 
 /// The scope `recipe` keys a call of `caller` in.
 pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArguments<'_>) -> Result<Scope, Rejection> {
-    Ok(match (recipe.scope_rule(), &arguments.task) {
-        (ScopeRule::Tenant, _) => Scope::tenant(caller),
-        (ScopeRule::Task(_), Some(task)) if !task.is_null() => Scope::task(caller, task.clone()),
-        (ScopeRule::Task(path), _) => {
+    let rule = recipe.scope_rule();
+    Ok(match (rule.within(), &arguments.within) {
+        _ if rule == ScopeRule::Tenant => Scope::tenant(caller),
+        (Some(_), Some(within)) if !within.is_null() => Scope::task(caller, within.clone()),
+        (Some(path), _) => {
             return Err(Rejection::InvalidArguments {
                 error: CanonicalError::Invalid {
-                    message: format!("the task id argument `{path}` is missing; the key's scope needs it"),
+                    message: format!(
+                        "the argument `{path}` (the task or conversation id the key's scope is narrowed to) is \
+                         missing; pass it"
+                    ),
                 },
             });
         }
-        _ => Scope::caller(caller),
+        (None, _) => Scope::caller(caller),
     })
 }
 
@@ -98,7 +102,7 @@ impl Idem {
     /// caller would be given. For operators and tests; a secret-less derivation does not exist.
     ///
     /// # Errors
-    /// As [`Idem::call`] refuses: no secret, invalid arguments, a missing task id.
+    /// As [`Idem::call`] refuses: no secret, invalid arguments, a missing `within` argument.
     pub fn key_of(
         &self,
         recipe: &Recipe,

@@ -1,5 +1,5 @@
 //! [`ToolContext`]: what an idempotent rmcp tool needs from its request — the authenticated
-//! caller, and whether the request came over HTTP — as the rmcp extractor `#[idempotent]` adds
+//! caller, whether the request came over HTTP, whether its client declared the tasks extension — as the rmcp extractor `#[idempotent]` adds
 //! to the tool, and as a value a unit test builds in one call.
 //!
 //! Guarantees: read from a request, it carries exactly what [`caller_of`] and [`is_remote`]
@@ -36,6 +36,7 @@ use crate::scope::Caller;
 pub struct ToolContext {
     caller: Option<Caller>,
     remote: bool,
+    tasks: bool,
 }
 
 impl ToolContext {
@@ -49,14 +50,24 @@ impl ToolContext {
     /// As a request over HTTP that an auth middleware authenticated as `caller`.
     #[must_use]
     pub fn for_caller(caller: Caller) -> Self {
-        Self { caller: Some(caller), remote: true }
+        Self { caller: Some(caller), remote: true, tasks: false }
     }
 
-    /// What `request` says: its authenticated caller ([`caller_of`]), and whether it came over
-    /// HTTP ([`is_remote`]).
+    /// As a request whose client declared (`true`) the tasks extension
+    /// (`io.modelcontextprotocol/tasks`), or did not.
+    #[must_use]
+    pub const fn with_tasks(mut self, tasks: bool) -> Self {
+        self.tasks = tasks;
+        self
+    }
+
+    /// What `request` says: its authenticated caller ([`caller_of`]), whether it came over
+    /// HTTP ([`is_remote`]), and whether its client declared the tasks extension (the
+    /// request's client capabilities, as rmcp reads them).
     #[must_use]
     pub fn from_request(request: &Context) -> Self {
-        Self { caller: caller_of(request), remote: is_remote(request) }
+        let tasks = request.client_capabilities().is_some_and(|capabilities| capabilities.supports_tasks());
+        Self { caller: caller_of(request), remote: is_remote(request), tasks }
     }
 
     /// The request's authenticated caller, if it has one.
@@ -70,6 +81,14 @@ impl ToolContext {
     #[must_use]
     pub const fn is_remote(&self) -> bool {
         self.remote
+    }
+
+    /// Whether the request's client declared the tasks extension (`io.modelcontextprotocol/tasks`):
+    /// only then may a `task = true` tool answer with a task. Clients without it get exactly
+    /// the answers they got before tasks existed.
+    #[must_use]
+    pub const fn declares_tasks(&self) -> bool {
+        self.tasks
     }
 }
 

@@ -16,6 +16,7 @@ use super::caller::no_caller;
 use super::context::ToolContext;
 use super::outcome::ToolOutcome;
 use super::status::StatusNotServed;
+use super::task;
 use crate::idem::{Idem, Operation, Reconciled};
 use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Storable};
 use crate::recipe::Recipe;
@@ -30,6 +31,10 @@ pub struct ToolCall<'a> {
     pub caller: Option<Caller>,
     /// `false` leaves the replay note out of a replay's text (`_meta` still says it).
     pub replay_note: bool,
+    /// For a `task = true` tool: whether the server advertises the tasks extension (`None`:
+    /// it cannot be asked). A server that does not is never made to answer with a task its
+    /// `tasks/get` cannot serve.
+    pub server_tasks: Option<bool>,
 }
 
 /// Runs an rmcp tool's handler under `recipe`, with the caller from the request context (else
@@ -59,7 +64,7 @@ where
     };
     // Over HTTP only the request's authenticated caller counts: no fallback to a caller in
     // scope or the local identity.
-    let ToolCall { context, caller, replay_note } = call;
+    let ToolCall { context, caller, replay_note, server_tasks } = call;
     let fallback = !context.is_remote();
     let caller = caller.or_else(|| context.caller().cloned());
     let handler = || async { handler().await.into_result() };
@@ -77,6 +82,15 @@ where
             replay_note,
         },
         Err(Rejection::NoCaller) => ToolOutcome::Refused(no_caller(context.is_remote())),
+        // A repeat of a running task-capable operation, from a client that can poll: its task.
+        Err(Rejection::InFlight { reference })
+            if task::answers_with_task(recipe, context.declares_tasks(), server_tasks) =>
+        {
+            match task::created(idem, caller.as_ref(), fallback, reference).await {
+                Some(task) => ToolOutcome::Task { task, reference },
+                None => ToolOutcome::Refused(Rejection::InFlight { reference }),
+            }
+        }
         Err(rejection) => ToolOutcome::Refused(rejection),
     }
 }
@@ -142,6 +156,42 @@ pub fn check_status_once<S: ?Sized>(
     }
 }
 
+/// For a `task = true` tool: whether its server advertises the tasks extension, logging an
+/// error at the first call of each tool site whose server does not (its clients get "in
+/// flight", never a task, until it does: `ServerCapabilities::builder().enable_tasks()`, and
+/// `tasks/get` forwarded to `idem_runtime::mcp::get_task`).
+pub fn server_tasks(site: &'static AtomicBool, tool: &str, advertises: Option<bool>) -> Option<bool> {
+    if advertises == Some(false) && !site.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            tool,
+            "`{tool}` may run as an MCP task (`task = true`), but its server does not advertise the tasks extension: \
+             its clients are told \"in flight\" instead. Advertise it in `get_info` \
+             (`ServerCapabilities::builder().enable_tools().enable_tasks()`) and forward `tasks/get` to \
+             `idem_runtime::mcp::get_task`"
+        );
+    }
+    advertises
+}
+
+/// The success and error types of a `task = true` tool: those whose answer `tasks/get` rebuilds
+/// from the stored JSON exactly as a replay renders it from the type.
+#[diagnostic::on_unimplemented(
+    message = "a `task = true` tool must return `Result<rmcp::Json<T>, ToolError>` or `Result<String, ToolError>`, \
+               not `{Self}`",
+    label = "the return type of this task tool",
+    note = "`tasks/get` may be answered by any replica, after a restart, without the tool's type: it rebuilds the \
+            result from the stored JSON as rmcp renders `Json<T>` (structured content) or `String` (text), and the \
+            error through `idem_runtime::mcp::ToolError`'s words"
+)]
+pub trait TaskResult {}
+impl<T> TaskResult for Result<rmcp::Json<T>, super::ToolError> {}
+impl TaskResult for Result<String, super::ToolError> {}
+#[allow(deprecated)]
+impl<T> TaskResult for Result<super::Json<T>, super::ToolError> {}
+
+/// Checks (at compile time) that a `task = true` tool's result is a [`TaskResult`].
+pub const fn task_result<R: TaskResult>() {}
+
 /// Asks a server whether it serves the status tool, if it is an rmcp `ServerHandler` (else
 /// nothing to ask): `(&&Server(server)).idem_serves_status("tool")`, by autoref as [`Probe`].
 pub struct Server<'a, S: ?Sized>(pub &'a S);
@@ -151,10 +201,15 @@ pub struct Server<'a, S: ?Sized>(pub &'a S);
 pub trait ServerHandlerKind {
     /// Whether the server serves the status tool.
     fn idem_serves_status(&self, tool: &str) -> Option<bool>;
+    /// Whether the server advertises the tasks extension (its `get_info`).
+    fn idem_advertises_tasks(&self) -> Option<bool>;
 }
 impl<S: ServerHandler> ServerHandlerKind for &Server<'_, S> {
     fn idem_serves_status(&self, tool: &str) -> Option<bool> {
         self.0.get_tool(tool).map(|_| self.0.get_tool(STATUS_TOOL).is_some())
+    }
+    fn idem_advertises_tasks(&self) -> Option<bool> {
+        Some(self.0.get_info().capabilities.supports_tasks())
     }
 }
 
@@ -162,6 +217,10 @@ impl<S: ServerHandler> ServerHandlerKind for &Server<'_, S> {
 pub trait OtherServerKind {
     /// Nothing to ask.
     fn idem_serves_status(&self, _tool: &str) -> Option<bool> {
+        None
+    }
+    /// Nothing to ask.
+    fn idem_advertises_tasks(&self) -> Option<bool> {
         None
     }
 }

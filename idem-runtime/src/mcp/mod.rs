@@ -36,6 +36,7 @@ mod http;
 pub(crate) mod macro_support;
 mod outcome;
 mod status;
+mod task;
 
 pub use audit::{AuditError, Backing, audit, backed_meta, checked_router};
 pub use caller::{Context, StdioWithoutCaller, Validator, caller_of, check_stdio, is_remote, request_caller};
@@ -47,3 +48,4 @@ pub use http::require_bearer;
 pub use outcome::Json;
 pub use outcome::{ToolOutcome, output_schema, refusal, replay_note};
 pub use status::{StatusNotServed, check_status_served, status_tool};
+pub use task::{CANNOT_CANCEL, NOTHING_RAN, OUTCOME_UNKNOWN, POLL_INTERVAL_MS, cancel_task, get_task};

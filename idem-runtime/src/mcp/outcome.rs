@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::IntoCallToolResult;
-use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, MetaObject};
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, CreateTaskResult, JsonObject, MetaObject};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -34,6 +34,16 @@ pub enum ToolOutcome<R> {
     },
     /// idem answered without running the handler.
     Refused(Rejection),
+    /// A repeat that found the operation in progress, from a client that declared the tasks
+    /// extension, for a `task = true` tool: the operation's task, to poll with `tasks/get`
+    /// (see [`get_task`](super::get_task)).
+    #[non_exhaustive]
+    Task {
+        /// The task: `taskId` is the operation's ref.
+        task: CreateTaskResult,
+        /// The operation's ref.
+        reference: Ref,
+    },
 }
 
 impl<R> ToolOutcome<R> {
@@ -48,6 +58,10 @@ impl<R> ToolOutcome<R> {
         match self {
             Self::Served { result, .. } => result,
             Self::Refused(rejection) => R::from_result(Err(R::Err::from_rejection(rejection))),
+            // A caller that cannot poll is told what a client without tasks is told.
+            Self::Task { reference, .. } => {
+                R::from_result(Err(R::Err::from_rejection(Rejection::InFlight { reference })))
+            }
         }
     }
 }
@@ -57,18 +71,25 @@ impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
         match self {
             Self::Served { result, reference, replayed, replay_note: note } => match result.into_call_tool_result()? {
                 CallToolResponse::Complete(mut result) => {
-                    if replayed && note {
-                        result.content.push(ContentBlock::text(replay_note(reference)));
-                    }
-                    let idem = json!({ "ref": reference.to_string(), "replayed": replayed });
-                    result.meta.get_or_insert_with(|| MetaObject(JsonObject::new())).0.insert("idem".to_owned(), idem);
+                    mark_served(&mut result, reference, replayed, note);
                     Ok(CallToolResponse::Complete(result))
                 }
                 other => Ok(other),
             },
             Self::Refused(rejection) => Ok(CallToolResponse::Complete(refusal(&rejection))),
+            Self::Task { task, .. } => Ok(CallToolResponse::Task(task)),
         }
     }
+}
+
+/// Marks a served result: the outcome in `_meta`, and on a replay (with `note`) the
+/// [`replay_note`] as a last text block. One place, for a tool's answer and `tasks/get`'s.
+pub(crate) fn mark_served(result: &mut CallToolResult, reference: Ref, replayed: bool, note: bool) {
+    if replayed && note {
+        result.content.push(ContentBlock::text(replay_note(reference)));
+    }
+    let idem = json!({ "ref": reference.to_string(), "replayed": replayed });
+    result.meta.get_or_insert_with(|| MetaObject(JsonObject::new())).0.insert("idem".to_owned(), idem);
 }
 
 /// The line a replayed answer ends with, so that a model whose host drops `_meta` does not

@@ -1,5 +1,5 @@
 //! Every option of `#[idempotent]` in use: `window`, `ignore`, `stale`, `reconcile`, `scope`,
-//! `task`, `name`, `idem` and `caller`, on methods of an rmcp server and on free functions.
+//! `within`, `task`, `name`, `idem` and `caller`, on methods of an rmcp server and on free functions.
 
 use std::sync::LazyLock;
 
@@ -80,7 +80,7 @@ impl Processor {
         Ok(format!("refunded {card}"))
     }
 
-    #[idempotent(key = "card, amount_cents", task = "conversation_id", stale = "hold", scope = "caller")]
+    #[idempotent(key = "card, amount_cents", within = "conversation_id", stale = "hold", scope = "caller")]
     #[tool(description = "Charge, once per conversation")]
     async fn charge_in_conversation(&self, Parameters(args): Parameters<Charge>) -> Result<String, ChargeError> {
         Ok(format!("charged {} in {}", args.card, args.conversation_id))
@@ -126,7 +126,7 @@ async fn check_charge(operation: Operation) -> Reconciled<u64, ChargeError> {
 }
 
 /// The task id arrives as a named argument.
-#[idempotent(key = "card", task = "conversation_id", ignore = "memo")]
+#[idempotent(key = "card", within = "conversation_id", ignore = "memo")]
 async fn tip(card: String, conversation_id: String, memo: String) -> Result<(), ChargeError> {
     let _ = (card, conversation_id, memo);
     Ok(())

@@ -57,7 +57,7 @@ async fn place(order: Order) -> Result<u64> {
     ::core::result::Result::Ok(order.order_id)
 }
 
-#[idempotent(key = "order_id", task = "conversation", ignore = "note")]
+#[idempotent(key = "order_id", within = "conversation", ignore = "note")]
 async fn confirm(order_id: u64, conversation: u64, note: ::std::string::String) -> Result<u64> {
     let _ = (conversation, note);
     ::core::result::Result::Ok(order_id)

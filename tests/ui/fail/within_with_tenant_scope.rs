@@ -13,7 +13,7 @@ impl IdempotentError for ShopError {
     }
 }
 
-#[idempotent(key = "order_id", scope = "tenant", task = "conversation_id")]
+#[idempotent(key = "order_id", scope = "tenant", within = "conversation_id")]
 async fn place(order_id: String, conversation_id: String) -> Result<String, ShopError> {
     Ok(format!("placed {order_id} in {conversation_id}"))
 }

@@ -1,0 +1,345 @@
+//! MCP tasks answered from the ledger, over a real rmcp server: a concurrent repeat of a
+//! `task = true` tool from a client that declared `io.modelcontextprotocol/tasks` gets the
+//! operation's task; `tasks/get` for it goes working → completed with what a replay gives, is
+//! scoped to the caller, and still answers after a restart on the same ledger — on memory,
+//! SQLite and PostgreSQL. The downstream counts effects by the forwarded `idempotency_key()`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use idem_runtime::ledger::Ledger;
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::mcp::ToolError;
+use idem_runtime::{Caller, HasIdem, Idem, MemoryLedger, audit_idempotent, idempotent};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CancelTaskParams, GetTaskParams, GetTaskResult, ServerCapabilities, ServerConfig};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, Json, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{Notify, Semaphore};
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct Deploy {
+    service: String,
+    version: String,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct Deployed {
+    service: String,
+    version: String,
+    deployment: String,
+}
+
+/// The system that owns the effect: counts deployments by the key idem forwards. A deployment
+/// waits at the gate until the test opens it.
+struct Downstream {
+    effects: Mutex<HashMap<String, usize>>,
+    started: Notify,
+    gate: Semaphore,
+}
+
+impl Default for Downstream {
+    fn default() -> Self {
+        Self { effects: Mutex::default(), started: Notify::new(), gate: Semaphore::new(0) }
+    }
+}
+
+#[derive(Clone)]
+struct Deployer {
+    idem: Idem,
+    downstream: Arc<Downstream>,
+    router: ToolRouter<Self>,
+    advertise_tasks: bool,
+}
+
+impl HasIdem for Deployer {
+    fn idem(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+#[audit_idempotent]
+#[tool_router]
+impl Deployer {
+    fn new(idem: Idem, downstream: Arc<Downstream>, advertise_tasks: bool) -> Self {
+        let router = idem_runtime::mcp::checked_router(Self::tool_router(), Self::idem_backed_tools()).unwrap();
+        Self { idem, downstream, router, advertise_tasks }
+    }
+
+    #[idempotent(key = "service, version", window = "15m", task = true)]
+    #[tool(description = "Deploy a version of a service (slow)")]
+    async fn deploy(&self, Parameters(deploy): Parameters<Deploy>) -> Result<Json<Deployed>, ToolError> {
+        let key = idem_runtime::current_operation().expect("inside an idempotent handler").idempotency_key();
+        self.downstream.started.notify_one();
+        let _permit = self.downstream.gate.acquire().await.expect("the gate stays open");
+        let count = {
+            let mut effects = self.downstream.effects.lock().unwrap();
+            let count = effects.entry(key).or_default();
+            *count += 1;
+            *count
+        };
+        let deployment = format!("{}@{} (#{count})", deploy.service, deploy.version);
+        Ok(Json(Deployed { service: deploy.service, version: deploy.version, deployment }))
+    }
+}
+
+#[tool_handler(router = self.router)]
+impl ServerHandler for Deployer {
+    fn get_info(&self) -> ServerConfig {
+        let capabilities = if self.advertise_tasks {
+            ServerCapabilities::builder().enable_tools().enable_tasks().build()
+        } else {
+            ServerCapabilities::builder().enable_tools().build()
+        };
+        ServerConfig::new(capabilities)
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        idem_runtime::mcp::get_task(&self.idem, &request, &context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        idem_runtime::mcp::cancel_task(&self.idem, &request, &context).await
+    }
+}
+
+/// A line-delimited JSON-RPC client that can have several requests outstanding (answers are
+/// kept by id until asked for).
+struct Wire {
+    writer: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    lines: tokio::io::Lines<BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+    answers: HashMap<u64, Value>,
+    next_id: u64,
+}
+
+/// The request `_meta` of a client that declares the tasks extension.
+fn declares_tasks() -> Value {
+    json!({ "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } } })
+}
+
+impl Wire {
+    async fn connect(server: Deployer) -> Self {
+        let (client, server_end) = tokio::io::duplex(256 * 1024);
+        tokio::spawn(async move {
+            let running = server.serve(tokio::io::split(server_end)).await.expect("the server starts");
+            let _ = running.waiting().await;
+        });
+        let (reader, writer) = tokio::io::split(client);
+        let mut wire = Self { writer, lines: BufReader::new(reader).lines(), answers: HashMap::new(), next_id: 0 };
+        let init = wire
+            .request(
+                "initialize",
+                json!({
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": { "name": "idem-test", "version": "0.0.0" }
+                }),
+            )
+            .await;
+        assert!(init.get("result").is_some(), "{init}");
+        let mut line = serde_json::to_vec(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).unwrap();
+        line.push(b'\n');
+        wire.writer.write_all(&line).await.unwrap();
+        wire
+    }
+
+    async fn send(&mut self, method: &str, params: Value) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        let mut line = serde_json::to_vec(&message).unwrap();
+        line.push(b'\n');
+        self.writer.write_all(&line).await.unwrap();
+        id
+    }
+
+    async fn answer(&mut self, id: u64) -> Value {
+        loop {
+            if let Some(answer) = self.answers.remove(&id) {
+                return answer;
+            }
+            let line = tokio::time::timeout(std::time::Duration::from_secs(20), self.lines.next_line())
+                .await
+                .expect("the server answers")
+                .unwrap()
+                .expect("the server keeps the pipe open");
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if let Some(id) = message["id"].as_u64() {
+                self.answers.insert(id, message);
+            }
+        }
+    }
+
+    async fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params).await;
+        self.answer(id).await
+    }
+
+    /// Sends a `tools/call` of `deploy`, from a client with (`tasks`) or without the extension.
+    async fn deploy(&mut self, deploy: &Value, tasks: bool) -> u64 {
+        let mut params = json!({ "name": "deploy", "arguments": deploy });
+        if tasks {
+            params["_meta"] = declares_tasks();
+        }
+        self.send("tools/call", params).await
+    }
+
+    async fn get_task(&mut self, task_id: &str) -> Value {
+        self.request("tasks/get", json!({ "taskId": task_id, "_meta": declares_tasks() })).await
+    }
+}
+
+fn server(ledger: Arc<dyn Ledger>, downstream: &Arc<Downstream>, subject: &str) -> Deployer {
+    let idem = idem_tests::idem_shared(ledger).with_local_caller(Caller::new("acme", subject));
+    Deployer::new(idem, Arc::clone(downstream), true)
+}
+
+/// Arguments no earlier run on a persistent database has used.
+fn fresh_deploy() -> Value {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    json!({ "service": format!("api-{}-{nanos}", std::process::id()), "version": "1.4.2" })
+}
+
+/// The parts of a tool result a model sees.
+fn shown(result: &Value) -> Value {
+    json!({
+        "content": result["content"],
+        "structuredContent": result["structuredContent"],
+        "isError": result["isError"],
+        "_meta": result["_meta"],
+    })
+}
+
+fn not_found(answer: &Value) {
+    assert_eq!(answer.pointer("/error/code"), Some(&json!(-32602)), "{answer}");
+    let message = answer.pointer("/error/message").and_then(Value::as_str).unwrap_or_default();
+    assert!(message.contains("task not found"), "{answer}");
+    assert!(answer.get("result").is_none(), "no state of the task is shown: {answer}");
+}
+
+/// Two concurrent identical calls → the second gets a task whose id `tasks/get` resolves,
+/// working → completed with the result a replay gives; a client without the extension is told
+/// "in flight"; another subject and an unknown id get "not found"; cancel is refused in words;
+/// after a restart on the same ledger, the same task and the same ref. One effect downstream.
+async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
+    let downstream = Arc::new(Downstream::default());
+    let mut alice = Wire::connect(server(Arc::clone(&ledger), &downstream, "alice")).await;
+    let deploy = fresh_deploy();
+
+    let first = alice.deploy(&deploy, true).await;
+    downstream.started.notified().await;
+    let repeat = alice.deploy(&deploy, true).await;
+    let repeat = alice.answer(repeat).await;
+    let task = repeat.get("result").cloned().unwrap_or_else(|| panic!("a result: {repeat}"));
+    assert_eq!(task["resultType"], "task", "{repeat}");
+    assert_eq!(task["status"], "working", "{repeat}");
+    assert_eq!(task["ttlMs"], 15 * 60 * 1000, "the recipe's window: {repeat}");
+    assert!(task["pollIntervalMs"].as_u64().is_some_and(|ms| ms > 0), "{repeat}");
+    let task_id = task["taskId"].as_str().expect("a task id").to_owned();
+
+    // A client without the extension is answered as before tasks existed.
+    let plain = alice.deploy(&deploy, false).await;
+    let plain = alice.answer(plain).await;
+    assert_eq!(plain.pointer("/result/isError"), Some(&json!(true)), "{plain}");
+    assert_eq!(plain.pointer("/result/_meta/idem/code"), Some(&json!("in_flight")), "{plain}");
+    assert_eq!(plain.pointer("/result/_meta/idem/ref"), Some(&json!(task_id)), "the task id is the ref: {plain}");
+
+    let working = alice.get_task(&task_id).await;
+    assert_eq!(working.pointer("/result/taskId"), Some(&json!(task_id)), "{working}");
+    assert_eq!(working.pointer("/result/status"), Some(&json!("working")), "{working}");
+    assert_eq!(working.pointer("/result/createdAt"), task.get("createdAt"), "one task, one creation time: {working}");
+
+    // Another subject of the same tenant, on the same ledger: not found, never its state.
+    let mut bob = Wire::connect(server(Arc::clone(&ledger), &downstream, "bob")).await;
+    not_found(&bob.get_task(&task_id).await);
+    not_found(&alice.get_task("0123456789abcdef").await);
+    not_found(&alice.get_task("not-a-task").await);
+
+    let cancel = alice.request("tasks/cancel", json!({ "taskId": task_id, "_meta": declares_tasks() })).await;
+    assert_eq!(cancel.pointer("/error/code"), Some(&json!(idem_runtime::mcp::CANNOT_CANCEL)), "{cancel}");
+    let words = cancel.pointer("/error/message").and_then(Value::as_str).unwrap_or_default();
+    assert!(words.contains("cannot be cancelled") && words.contains("still running"), "{cancel}");
+
+    downstream.gate.add_permits(1_000);
+    let first = alice.answer(first).await;
+    let first = first.get("result").cloned().unwrap_or_else(|| panic!("a result: {first}"));
+    assert_eq!(first["_meta"]["idem"], json!({ "ref": task_id, "replayed": false }), "{first}");
+
+    let completed = alice.get_task(&task_id).await;
+    assert_eq!(completed.pointer("/result/status"), Some(&json!("completed")), "{completed}");
+    let result = completed.pointer("/result/result").cloned().expect("the task's result");
+    assert_eq!(result["structuredContent"], first["structuredContent"], "the first caller's result: {completed}");
+    let replay = alice.deploy(&deploy, true).await;
+    let replay = alice.answer(replay).await["result"].clone();
+    assert_eq!(replay["_meta"]["idem"], json!({ "ref": task_id, "replayed": true }), "{replay}");
+    assert_eq!(shown(&result), shown(&replay), "tasks/get gives what a replay gives");
+
+    if let Some(reopened) = reopened {
+        // A new process: a new handle and server on the same database.
+        let mut restarted = Wire::connect(server(reopened, &downstream, "alice")).await;
+        let after = restarted.get_task(&task_id).await;
+        assert_eq!(after.pointer("/result/status"), Some(&json!("completed")), "{after}");
+        assert_eq!(shown(&after["result"]["result"]), shown(&replay), "{after}");
+        let again = restarted.deploy(&deploy, true).await;
+        let again = restarted.answer(again).await["result"].clone();
+        assert_eq!(again["_meta"]["idem"], json!({ "ref": task_id, "replayed": true }), "{again}");
+    }
+
+    let effects = downstream.effects.lock().unwrap();
+    assert_eq!(effects.len(), 1, "one operation reached the downstream: {effects:?}");
+    assert_eq!(effects.values().copied().collect::<Vec<_>>(), [1], "and it happened once: {effects:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_on_memory() {
+    scenario(Arc::new(MemoryLedger::new()), None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_on_sqlite_survive_a_restart() {
+    let dir = std::env::temp_dir().join(format!("idem-tasks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display());
+    let ledger = SeaOrmLedger::connect(&url).await.expect("open the SQLite file");
+    let reopened = SeaOrmLedger::connect(&url).await.expect("open the SQLite file again");
+    scenario(Arc::new(ledger), Some(Arc::new(reopened))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_on_postgres_survive_a_restart() {
+    const URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+    let test = "rmcp_tasks::tasks_on_postgres_survive_a_restart";
+    let Some(ledger) = idem_tests::durable(test, "IDEM_TEST_POSTGRES_URL", URL).await else { return };
+    let Some(reopened) = idem_tests::durable(test, "IDEM_TEST_POSTGRES_URL", URL).await else { return };
+    scenario(ledger, Some(reopened)).await;
+}
+
+/// A server that does not advertise the extension never hands out a task its `tasks/get`
+/// cannot answer: a client with the extension is told "in flight".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_the_extension_answers_in_flight() {
+    let downstream = Arc::new(Downstream::default());
+    let idem = idem_tests::idem(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"));
+    let mut wire = Wire::connect(Deployer::new(idem, Arc::clone(&downstream), false)).await;
+    let deploy = fresh_deploy();
+    let first = wire.deploy(&deploy, true).await;
+    downstream.started.notified().await;
+    let repeat = wire.deploy(&deploy, true).await;
+    let repeat = wire.answer(repeat).await;
+    assert_eq!(repeat.pointer("/result/_meta/idem/code"), Some(&json!("in_flight")), "{repeat}");
+    downstream.gate.add_permits(1);
+    let first = wire.answer(first).await;
+    assert_eq!(first.pointer("/result/_meta/idem/replayed"), Some(&json!(false)), "{first}");
+}
