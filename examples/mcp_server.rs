@@ -168,6 +168,8 @@ impl Payments {
     ) -> Result<Json<ShipmentReceipt>, ToolError> {
         // The carrier dedupes by the reference we forward: a takeover after a crash cannot ship twice.
         let reference = forwarded_key();
+        // The carrier is as slow as the processor: a repeat meanwhile finds the shipment running.
+        tokio::time::sleep(self.processor_delay).await;
         let mut shipments = self.downstream.shipments.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let tracking_number = match shipments.iter().position(|(seen, _)| *seen == reference) {
             Some(index) => format!("TRK{index:06}"),
