@@ -190,18 +190,19 @@ fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut Handler) -> (Str
         let krate = &recipe.krate;
         tool.push(syn::parse_quote!(output_schema = #krate::mcp::output_schema::<#inner>()));
     }
-    // The tool's `_meta` says which recipe backs its hint, so the startup audit
-    // (`mcp::checked_router`) sees every audited impl's tools in whatever router holds them.
+    // The tool's `_meta` advertises the recipe that backs its hint (`dev.idem/recipe`), for
+    // hosts and gateways, and so the startup audit (`mcp::checked_router`) sees every audited
+    // impl's tools in whatever router holds them.
     let krate = &recipe.krate;
-    let backing = if recipe.inherent.is_some() {
-        quote!(#krate::mcp::Backing::Inherent)
+    let (function, backing) = if recipe.inherent.is_some() {
+        (quote!(#krate::mcp::backed_meta), quote!(#krate::mcp::Backing::Inherent))
     } else {
-        let keys = recipe.keys.iter().map(|key| &key.text);
-        quote!(#krate::mcp::Backing::Key(&[#(#keys),*]))
+        let recipe = recipe_expr(recipe, &name);
+        (quote!(#krate::mcp::recipe_meta), quote!(&#recipe))
     };
     tool.stamp_meta(|user| match user {
-        Some(user) => quote!(#krate::mcp::backed_meta(::core::option::Option::Some(#user), #backing)),
-        None => quote!(#krate::mcp::backed_meta(::core::option::Option::None, #backing)),
+        Some(user) => quote!(#function(::core::option::Option::Some(#user), #backing)),
+        None => quote!(#function(::core::option::Option::None, #backing)),
     });
     match tool.with_idempotent_hint(&item.attrs[index]) {
         Ok(rewritten) => item.attrs[index] = rewritten,

@@ -90,7 +90,7 @@ pub use idem::{
 pub use key::{Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
 pub use ledger::{Ledger, LedgerError, Resolution, State, StatusReport, Token};
-pub use recipe::{Recipe, ScopeRule, StalePolicy};
+pub use recipe::{DEFAULT_STATE_TTL, Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL, StorableError};
 pub use scope::{Caller, CallerError, Scope, SubjectTag, TenantTag};
 pub use secret::{Secret, SecretError};
@@ -158,7 +158,7 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 /// | `task = "conversation_id"` | narrow the key to a task or conversation id argument (MCP has no sessions; request ids are reused) | — |
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
 /// | `name = "charge"` | the tool name in the key, with the namespace ([`Idem::with_namespace`], else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. One handle refuses two handlers with one name in one namespace (`duplicate_tool`) | `#[tool(name = ...)]`, else the function's name |
-/// | `replay_note = false` | on an rmcp tool, leave out the line of text a replayed answer ends with ("this is the stored result of an earlier identical call … nothing was executed again"); `_meta.idem.replayed` still says it | `true`: hosts that drop `_meta` still show the model it was a replay |
+/// | `replay_note = false` | on an rmcp tool, leave out the line of text a replayed answer ends with ("this is the stored result of an earlier identical call … nothing was executed again"); `_meta["dev.idem/outcome"].replayed` still says it | `true`: hosts that drop `_meta` still show the model it was a replay |
 /// | `idem = self.payments_idem` | the [`Idem`] handle to use | [`HasIdem`] for methods, [`Idem::install`] for free functions |
 /// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Idem::with_local_caller`]; none: refused |
 /// | `crate = my_reexport::idem_runtime` | the path to this crate, for re-exporters | `::idem_runtime` |

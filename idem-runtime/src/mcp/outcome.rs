@@ -1,16 +1,17 @@
 //! What an idempotent rmcp tool returns to the agent: its own result with the operation's ref
-//! in `_meta.idem` (and, on a replay, a line of text saying so), or idem's refusal as an `isError` result in words the model can act on,
-//! with codes in `_meta.idem`; and the deprecated `Json` (rmcp's own `Json` is stored and replayed
-//! directly now).
+//! in `_meta["dev.idem/outcome"]` (and, on a replay, a line of text saying so), or idem's refusal
+//! as an `isError` result in words the model can act on, with codes in the same `_meta` object;
+//! and the deprecated `Json` (rmcp's own `Json` is stored and replayed directly now).
 
 use std::sync::Arc;
 
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::IntoCallToolResult;
-use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, MetaObject};
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::meta::{self, OUTCOME_META_KEY};
 use crate::key::Ref;
 use crate::macro_support::HandlerResult;
 use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
@@ -60,8 +61,8 @@ impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
                     if replayed && note {
                         result.content.push(ContentBlock::text(replay_note(reference)));
                     }
-                    let idem = json!({ "ref": reference.to_string(), "replayed": replayed });
-                    result.meta.get_or_insert_with(|| MetaObject(JsonObject::new())).0.insert("idem".to_owned(), idem);
+                    let outcome = json!({ "ref": reference.to_string(), "replayed": replayed });
+                    meta::insert(&mut result.meta, OUTCOME_META_KEY, outcome);
                     Ok(CallToolResponse::Complete(result))
                 }
                 other => Ok(other),
@@ -81,7 +82,8 @@ pub fn replay_note(reference: Ref) -> String {
     )
 }
 
-/// The tool result an agent gets for a refusal: `isError`, words to act on, codes in `_meta`.
+/// The tool result an agent gets for a refusal: `isError`, words to act on, codes in `_meta`
+/// under [`OUTCOME_META_KEY`].
 #[must_use]
 pub fn refusal(rejection: &Rejection) -> CallToolResult {
     let mut result = CallToolResult::error(vec![ContentBlock::text(rejection.to_string())]);
@@ -99,9 +101,7 @@ pub fn refusal(rejection: &Rejection) -> CallToolResult {
     }
     idem.insert("executed".to_owned(), Value::Bool(false));
     idem.insert("retry".to_owned(), Value::String(if rejection.retry_is_safe() { "safe" } else { "no" }.to_owned()));
-    let mut meta = JsonObject::new();
-    meta.insert("idem".to_owned(), Value::Object(idem));
-    result.meta = Some(MetaObject(meta));
+    meta::insert(&mut result.meta, OUTCOME_META_KEY, Value::Object(idem));
     result
 }
 
