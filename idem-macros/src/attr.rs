@@ -68,7 +68,7 @@ impl<T> Attr<T> {
 
 /// The accepted options, for the "unknown option" message.
 pub const OPTIONS: &str = "`key`, `window`, `ignore`, `stale`, `reconcile`, `scope`, `task`, `inherent`, `name`, \
-                           `replay_note`, `idem`, `caller`, `crate`";
+                           `replay_note`, `input_key`, `single_use_state`, `idem`, `caller`, `crate`";
 
 /// `#[idempotent(...)]` as written.
 pub struct Args {
@@ -82,6 +82,8 @@ pub struct Args {
     pub inherent: Attr<LitStr>,
     pub name: Attr<LitStr>,
     pub replay_note: Attr<LitBool>,
+    pub input_key: Attr<LitStr>,
+    pub single_use_state: Attr<LitBool>,
     pub idem: Attr<Expr>,
     pub caller: Attr<Expr>,
     pub krate: Attr<Path>,
@@ -100,6 +102,8 @@ impl Args {
             inherent: Attr::none("inherent"),
             name: Attr::none("name"),
             replay_note: Attr::none("replay_note"),
+            input_key: Attr::none("input_key"),
+            single_use_state: Attr::none("single_use_state"),
             idem: Attr::none("idem"),
             caller: Attr::none("caller"),
             krate: Attr::none("crate"),
@@ -135,7 +139,9 @@ fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta<'_>) -> syn:
         "task" => return set_string(cx, meta, span, &mut args.task),
         "inherent" => return set_string(cx, meta, span, &mut args.inherent),
         "name" => return set_string(cx, meta, span, &mut args.name),
-        "replay_note" => return set_bool(cx, meta, span, &mut args.replay_note),
+        "replay_note" => return set_bool(cx, meta, span, &mut args.replay_note, false),
+        "input_key" => return set_string(cx, meta, span, &mut args.input_key),
+        "single_use_state" => return set_bool(cx, meta, span, &mut args.single_use_state, true),
         "reconcile" => args.reconcile.set(span, meta.value()?.parse()?),
         "idem" => args.idem.set(span, meta.value()?.parse()?),
         "caller" => args.caller.set(span, meta.value()?.parse()?),
@@ -160,13 +166,20 @@ fn set_string(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut 
     set_literal(cx, meta, span, attr, literal, "takes a string in double quotes: `{option} = \"...\"`")
 }
 
-/// Sets a boolean option from `option = true|false`; any other value is reported and skipped.
-fn set_bool(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut Attr<LitBool>) -> syn::Result<()> {
+/// Sets a boolean option from `option = true|false`; any other value is reported and skipped,
+/// with `option = <example>` (the value that changes the default) as the accepted form.
+fn set_bool(
+    cx: &mut Ctxt,
+    meta: &ParseNestedMeta<'_>,
+    span: Span,
+    attr: &mut Attr<LitBool>,
+    example: bool,
+) -> syn::Result<()> {
     let literal = |lit| match lit {
         syn::Lit::Bool(lit) => Some(lit),
         _ => None,
     };
-    set_literal(cx, meta, span, attr, literal, "takes `true` or `false`: `{option} = false`")
+    set_literal(cx, meta, span, attr, literal, &format!("takes `true` or `false`: `{{option}} = {example}`"))
 }
 
 /// Sets an option from `option = <literal>` when `literal` accepts it; any other value is

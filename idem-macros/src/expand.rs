@@ -85,6 +85,17 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream 
              whose answers a model reads; remove it here",
         );
     }
+    for (option, span) in [("input_key", recipe.input_key.1), ("single_use_state", recipe.single_use_state.1)] {
+        if !is_tool && let Some(span) = span {
+            cx.error(
+                span,
+                format!(
+                    "`{option}` only applies to an rmcp tool (a method with `#[tool(...)]` below `#[idempotent]`), \
+                     which may ask the client for input; remove it here"
+                ),
+            );
+        }
+    }
     let args = Arguments::collect(cx, recipe, &mut item);
     let body = wrap_body(recipe, &tool_name, &item, &args, &ret, is_tool);
     let mut group = Group::new(Delimiter::Brace, body);
@@ -470,10 +481,12 @@ fn first_type_argument<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
     }
 }
 
-/// `T` of a `Json<T>` or `Result<Json<T>, E>` return type (as rmcp's `#[tool]` reads it).
+/// `T` of a `Json<T>` or `Result<Json<T>, E>` return type (as rmcp's `#[tool]` reads it), or
+/// of a `Result<Step<Json<T>>, E>` (a tool that may ask for input first).
 fn json_output(ty: &Type) -> Option<&Type> {
     let ok = first_type_argument(ty, "Result").unwrap_or(ty);
-    first_type_argument(ok, "Json")
+    let done = first_type_argument(ok, "Step").unwrap_or(ok);
+    first_type_argument(done, "Json")
 }
 
 fn last_segment_is(ty: &Type, names: &[&str]) -> bool {
@@ -617,6 +630,13 @@ fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
     if let Some(task) = &recipe.task {
         let text = &task.text;
         expr.extend(quote!(.scope(#krate::ScopeRule::Task(#text))));
+    }
+    if !recipe.input_key.0.is_empty() {
+        let paths = &recipe.input_key.0;
+        expr.extend(quote!(.input_key(&[#(#paths),*])));
+    }
+    if recipe.single_use_state.0 {
+        expr.extend(quote!(.single_use_state(true)));
     }
     match recipe.stale {
         Stale::Hold => {}

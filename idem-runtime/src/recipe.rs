@@ -62,6 +62,10 @@ pub struct Recipe {
     state_ttl: Duration,
 }
 
+/// The name an input-response path joins the key under (`$input.pick.content.amount`): no
+/// argument can have it.
+pub(crate) const INPUT_KEY_PREFIX: &str = "$input.";
+
 /// How long a `requestState` idem sends with an input request stays valid by default: ten
 /// minutes ([`Recipe::state_ttl`]).
 pub const DEFAULT_STATE_TTL: Duration = Duration::from_secs(10 * 60);

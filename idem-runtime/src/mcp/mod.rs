@@ -18,6 +18,12 @@
 //! The same objects are also written under the old key `idem` for this release (deprecated;
 //! [`LEGACY_META_KEY`]).
 //!
+//! A tool that may ask the client for input before it acts (a multi-round-trip request) returns
+//! a [`Step`] ([`confirm`] and [`confirmed`] for the common confirmation): its input request
+//! never completes the operation, the continuation runs it once, and the `requestState` it
+//! carries is sealed to the operation (`single_use_state` makes it single-use, through the
+//! ledger).
+//!
 //! [`ToolError`] is a ready error type for such tools (each constructor says what the error
 //! means for a repeat); your own type works too, if it implements
 //! [`IdempotentError`](crate::IdempotentError) and rmcp's `IntoContents`.
@@ -41,6 +47,7 @@ mod error;
 mod http;
 pub(crate) mod macro_support;
 mod meta;
+mod mrtr;
 mod outcome;
 mod status;
 
@@ -51,6 +58,7 @@ pub use error::ToolError;
 #[cfg(feature = "mcp-http")]
 pub use http::require_bearer;
 pub use meta::{LEGACY_META_KEY, OUTCOME_META_KEY, RECIPE_META_KEY, recipe_json, recipe_meta};
+pub use mrtr::{Step, confirm, confirmed};
 #[allow(deprecated)]
 pub use outcome::Json;
 pub use outcome::{ToolOutcome, output_schema, refusal, replay_note};

@@ -33,6 +33,16 @@ pub enum ToolOutcome<R> {
         /// pass `_meta` to the model (`#[idempotent(replay_note = false)]` turns it off).
         replay_note: bool,
     },
+    /// The handler asked the client for input before it acts (a multi-round-trip request,
+    /// [`Step::InputRequired`](super::Step::InputRequired)), with its `requestState` sealed to
+    /// the operation. Not stored: the operation is not done.
+    #[non_exhaustive]
+    InputRequired {
+        /// The handler's input request.
+        result: R,
+        /// The operation's ref.
+        reference: Ref,
+    },
     /// idem answered without running the handler.
     Refused(Rejection),
 }
@@ -47,7 +57,7 @@ impl<R> ToolOutcome<R> {
         R::Err: IdempotentError,
     {
         match self {
-            Self::Served { result, .. } => result,
+            Self::Served { result, .. } | Self::InputRequired { result, .. } => result,
             Self::Refused(rejection) => R::from_result(Err(R::Err::from_rejection(rejection))),
         }
     }
@@ -64,6 +74,14 @@ impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
                     let outcome = json!({ "ref": reference.to_string(), "replayed": replayed });
                     meta::insert(&mut result.meta, OUTCOME_META_KEY, outcome);
                     Ok(CallToolResponse::Complete(result))
+                }
+                other => Ok(other),
+            },
+            Self::InputRequired { result, reference } => match result.into_call_tool_result()? {
+                CallToolResponse::InputRequired(mut request) => {
+                    let outcome = json!({ "ref": reference.to_string(), "inputRequired": true, "executed": false });
+                    meta::insert(&mut request.meta, OUTCOME_META_KEY, outcome);
+                    Ok(CallToolResponse::InputRequired(request))
                 }
                 other => Ok(other),
             },
