@@ -10,7 +10,7 @@ it sent and what came back, and exits non-zero on the first failed expectation. 
 log (stderr) goes to a file whose tail is printed when something fails.
 
 Scenario, over each transport:
-  1. tools/list: idempotentHint exactly on charge_card, create_shipment, send_email;
+  1. tools/list: idempotentHint exactly on charge_card, charge_card_confirmed, create_shipment, send_email;
      readOnlyHint on list_charges and idem_status.
   2. a charge, then the same call again: the same receipt, the second marked replayed.
   3. N concurrent identical charges on a slow processor: one charge, N-1 "in flight" refusals
@@ -50,7 +50,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-KEYED_TOOLS = {"charge_card", "create_shipment", "send_email"}
+KEYED_TOOLS = {"charge_card", "charge_card_confirmed", "create_shipment", "send_email"}
 READ_ONLY_TOOLS = {"list_charges", "idem_status"}
 STATUS_TOOL = "idem_status"
 REF_PATTERN = re.compile(r"^[0-9a-f]{16}$")
@@ -329,6 +329,11 @@ async def check_tools_list(client: Client) -> None:
     # The keyed tools return Json<T>: idem states the outputSchema its rewrite hides from rmcp.
     without_schema = {tool.name for tool in listing.tools if tool.name in KEYED_TOOLS and not tool.output_schema}
     assert not without_schema, f"keyed tools without an outputSchema: {sorted(without_schema)}"
+    # Each keyed tool advertises its recipe in its definition's _meta.
+    recipes = {tool.name: (getattr(tool, "meta", None) or {}).get("dev.idem/recipe") for tool in listing.tools}
+    without_recipe = {name for name in KEYED_TOOLS if not (recipes.get(name) or {}).get("key")}
+    assert not without_recipe, f"keyed tools without dev.idem/recipe in _meta: {sorted(without_recipe)}"
+    got(f"charge_card recipe: {json.dumps(recipes.get('charge_card'), sort_keys=True)}")
 
 
 async def check_sequential_repeat(client: Client) -> Any:

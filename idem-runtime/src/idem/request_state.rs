@@ -11,8 +11,9 @@
 //! by their fingerprint) it was sealed for, under the secret it was sealed with, before it
 //! expires, and unaltered; input responses named by `input_key` are left out of the binding, so
 //! the continuation that carries them opens the state its first round was given. A consumed
-//! nonce is refused on every replica; a consumption whose outcome the ledger cannot confirm
-//! counts as used (refusing a confirmation is safe, accepting it twice is not).
+//! nonce is refused on every replica; a consumption whose claim went unanswered is sent again
+//! with the same token (the ledger recognises its own), and one whose outcome still cannot be
+//! confirmed counts as used (refusing a confirmation is safe, accepting it twice is not).
 
 use crate::key::Key;
 use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, Token};
@@ -163,7 +164,15 @@ impl Idem {
             stale: StalePolicy::Hold,
             clock_trusted,
         };
-        let claim = self.bounded(self.inner.ledger.claim(&request)).await;
+        // A claim whose answer was lost is sent once more with the same token: if the first
+        // committed, the ledger recognises it as ours (won), so a lost answer does not burn the
+        // state.
+        let claim = match self.bounded(self.inner.ledger.claim(&request)).await {
+            Err(LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. }) => {
+                self.bounded(self.inner.ledger.claim(&request)).await
+            }
+            other => other,
+        };
         match claim {
             Ok(Claim::Won { .. }) => {
                 let used = self.encode::<(), ()>(Ok(&())).map_or(Outcome::Unknown, Outcome::Completed);
