@@ -24,6 +24,11 @@
 //!   business id and the email provider does not dedupe, so: the same message to the same
 //!   recipient within a day is a repeat, not a new email; a lost process leaves the send
 //!   "unknown" (`hold`) for an operator rather than risking a second email.
+//! - `charge_card_confirmed` — like `charge_card`, but above 200.00 it first asks the user to
+//!   confirm (a multi-round-trip request: `input_required` with an elicitation, answered by the
+//!   client's continuation). Asking completes nothing; the confirmed continuation charges once,
+//!   and every repeat of it, or of the original call, gets that receipt. A declined confirmation
+//!   charges nothing. Each confirmation is accepted once (`single_use_state`).
 //! - `list_charges` — read-only: what the processor really did for the caller's tenant.
 //! - `idem_status` — read-only: an operation's state by ref, for its caller (or, for a
 //!   tenant-scoped tool, its tenant).
@@ -32,14 +37,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::mcp::{self, ToolError};
+use idem_runtime::mcp::{self, Step, ToolError};
 use idem_runtime::{Caller, HasIdem, Idem, audit_idempotent, current_operation, idempotent};
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::InputResponses;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CancelTaskParams, GetTaskParams, GetTaskResult, ServerCapabilities, ServerConfig};
 use rmcp::{ErrorData, Json, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+/// `charge_card_confirmed` asks the user to confirm a charge above this (200.00).
+const CONFIRM_ABOVE_CENTS: u64 = 20_000;
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 struct Charge {
@@ -134,6 +143,11 @@ impl Payments {
     #[idempotent(key = "card, amount_cents", window = "15m")]
     #[tool(description = "Charge a card. Safe to repeat: a repeat returns the original receipt.")]
     async fn charge_card(&self, Parameters(charge): Parameters<Charge>) -> Result<Json<Receipt>, ToolError> {
+        self.charge_card_now(charge).await
+    }
+
+    /// The charge itself, under the calling tool's operation (whose key it forwards).
+    async fn charge_card_now(&self, charge: Charge) -> Result<Json<Receipt>, ToolError> {
         if charge.amount_cents == 0 {
             return Err(ToolError::invalid("amount_cents must be positive"));
         }
@@ -156,6 +170,30 @@ impl Payments {
             reference: reference.clone(),
         });
         Ok(Json(Receipt { charge_id, amount_cents: charge.amount_cents, reference }))
+    }
+
+    #[idempotent(key = "card, amount_cents", window = "15m", single_use_state = true)]
+    #[tool(description = "Charge a card; above 200.00 the user is asked to confirm first. Safe to repeat: a \
+                          repeat returns the original receipt.")]
+    async fn charge_card_confirmed(
+        &self,
+        Parameters(charge): Parameters<Charge>,
+        InputResponses(responses): InputResponses,
+    ) -> Result<Step<Json<Receipt>>, ToolError> {
+        if charge.amount_cents > CONFIRM_ABOVE_CENTS {
+            match mcp::confirmed(responses.as_ref(), "confirm") {
+                None => {
+                    let (units, cents) = (charge.amount_cents / 100, charge.amount_cents % 100);
+                    let message = format!("Charge {units}.{cents:02} to card {}?", charge.card);
+                    return Ok(Step::InputRequired(mcp::confirm("confirm", message)));
+                }
+                Some(false) => {
+                    return Err(ToolError::nothing_happened("the charge was not confirmed; nothing was charged"));
+                }
+                Some(true) => {}
+            }
+        }
+        self.charge_card_now(charge).await.map(Step::Done)
     }
 
     // `task = true`: a client that declared the tasks extension and repeats this call while it
@@ -211,8 +249,8 @@ impl ServerHandler for Payments {
     fn get_info(&self) -> ServerConfig {
         // `enable_tasks`: create_shipment may answer a repeat with a task, served below.
         ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build()).with_instructions(
-            "A payments sandbox. charge_card, create_shipment and send_email are safe to repeat; an answer that \
-             says 'in flight' names a ref to pass to idem_status instead of calling again.",
+            "A payments sandbox. charge_card, charge_card_confirmed, create_shipment and send_email are safe to \
+             repeat; an answer that says 'in flight' names a ref to pass to idem_status instead of calling again.",
         )
     }
 
@@ -322,6 +360,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 mod tests {
     use idem_runtime::MemoryLedger;
     use idem_runtime::mcp::ToolContext;
+    use rmcp::model::InputRequiredResult;
 
     use super::*;
 
@@ -355,6 +394,69 @@ mod tests {
         let (Err(first), Err(again)) = (first, again) else { panic!("a declined card is an error") };
         assert_eq!(again, first, "the stored final answer is replayed");
         assert_eq!(processor_charges(&server), 0);
+    }
+
+    fn confirmed_charge(cents: u64) -> Parameters<Charge> {
+        Parameters(Charge { card: "tok_visa".to_owned(), amount_cents: cents, description: None })
+    }
+
+    fn answer(action: &str) -> rmcp::model::InputResponses {
+        let answer = serde_json::json!({ "action": action, "content": {} });
+        rmcp::model::InputResponses::from([("confirm".to_owned(), answer)])
+    }
+
+    /// The continuation of `asked` answered with `action`, as rmcp would pass it: idem's context
+    /// with the echoed state and the answer, and the tool's own `InputResponses`.
+    async fn continue_with(
+        server: &Payments,
+        asked: &InputRequiredResult,
+        action: &str,
+    ) -> Result<Step<Json<Receipt>>, ToolError> {
+        let state = asked.request_state.clone().expect("idem sends a requestState");
+        let context = ToolContext::local().with_request_state(state).with_input_responses(answer(action));
+        let responses = InputResponses(Some(answer(action)));
+        server.charge_card_confirmed(context, confirmed_charge(24_000), responses).await.into_result()
+    }
+
+    async fn ask(server: &Payments) -> InputRequiredResult {
+        let first = server.charge_card_confirmed(ToolContext::local(), confirmed_charge(24_000), InputResponses(None));
+        match first.await.into_result() {
+            Ok(Step::InputRequired(asked)) => asked,
+            Ok(Step::Done(receipt)) => panic!("a charge above 200.00 asks first, not {:?}", receipt.0),
+            other => panic!("a charge above 200.00 asks first: {:?}", other.err()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_large_charge_asks_first_and_charges_once_when_confirmed() {
+        let server = server();
+        let asked = ask(&server).await;
+        assert_eq!(processor_charges(&server), 0, "asking charges nothing");
+        let Ok(Step::Done(first)) = continue_with(&server, &asked, "accept").await else { panic!("charged") };
+        let Ok(Step::Done(again)) = continue_with(&server, &asked, "accept").await else { panic!("replayed") };
+        assert_eq!(again.0.charge_id, first.0.charge_id, "the repeated continuation gets the first receipt");
+        let original =
+            server.charge_card_confirmed(ToolContext::local(), confirmed_charge(24_000), InputResponses(None));
+        let Ok(Step::Done(original)) = original.await.into_result() else { panic!("replayed, not asked again") };
+        assert_eq!(original.0.charge_id, first.0.charge_id, "the original call after completion is a replay");
+        assert_eq!(processor_charges(&server), 1, "the processor charged once");
+    }
+
+    #[tokio::test]
+    async fn a_declined_charge_charges_nothing() {
+        let server = server();
+        let asked = ask(&server).await;
+        let declined = continue_with(&server, &asked, "decline").await;
+        assert!(declined.is_err_and(|error| error.to_string().contains("not confirmed")));
+        assert_eq!(processor_charges(&server), 0);
+    }
+
+    #[tokio::test]
+    async fn a_small_charge_is_not_asked() {
+        let server = server();
+        let charged = server.charge_card_confirmed(ToolContext::local(), confirmed_charge(1250), InputResponses(None));
+        assert!(matches!(charged.await.into_result(), Ok(Step::Done(_))));
+        assert_eq!(processor_charges(&server), 1);
     }
 
     #[tokio::test]

@@ -68,7 +68,7 @@ impl<T> Attr<T> {
 
 /// The accepted options, for the "unknown option" message.
 pub const OPTIONS: &str = "`key`, `window`, `ignore`, `stale`, `reconcile`, `scope`, `within`, `task`, `inherent`, \
-                           `name`, `replay_note`, `wait`, `idem`, `caller`, `crate`";
+                           `name`, `replay_note`, `wait`, `input_key`, `single_use_state`, `idem`, `caller`, `crate`";
 
 /// `#[idempotent(...)]` as written.
 pub struct Args {
@@ -84,6 +84,8 @@ pub struct Args {
     pub name: Attr<LitStr>,
     pub replay_note: Attr<LitBool>,
     pub wait: Attr<LitStr>,
+    pub input_key: Attr<LitStr>,
+    pub single_use_state: Attr<LitBool>,
     pub idem: Attr<Expr>,
     pub caller: Attr<Expr>,
     pub krate: Attr<Path>,
@@ -104,6 +106,8 @@ impl Args {
             name: Attr::none("name"),
             replay_note: Attr::none("replay_note"),
             wait: Attr::none("wait"),
+            input_key: Attr::none("input_key"),
+            single_use_state: Attr::none("single_use_state"),
             idem: Attr::none("idem"),
             caller: Attr::none("caller"),
             krate: Attr::none("crate"),
@@ -140,8 +144,10 @@ fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta<'_>) -> syn:
         "task" => return set_task(cx, meta, span, &mut args.task),
         "inherent" => return set_string(cx, meta, span, &mut args.inherent),
         "name" => return set_string(cx, meta, span, &mut args.name),
-        "replay_note" => return set_bool(cx, meta, span, &mut args.replay_note),
+        "replay_note" => return set_bool(cx, meta, span, &mut args.replay_note, false),
         "wait" => return set_string(cx, meta, span, &mut args.wait),
+        "input_key" => return set_string(cx, meta, span, &mut args.input_key),
+        "single_use_state" => return set_bool(cx, meta, span, &mut args.single_use_state, true),
         "reconcile" => args.reconcile.set(span, meta.value()?.parse()?),
         "idem" => args.idem.set(span, meta.value()?.parse()?),
         "caller" => args.caller.set(span, meta.value()?.parse()?),
@@ -166,13 +172,20 @@ fn set_string(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut 
     set_literal(cx, meta, span, attr, literal, "takes a string in double quotes: `{option} = \"...\"`")
 }
 
-/// Sets a boolean option from `option = true|false`; any other value is reported and skipped.
-fn set_bool(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut Attr<LitBool>) -> syn::Result<()> {
+/// Sets a boolean option from `option = true|false`; any other value is reported and skipped,
+/// with `option = <example>` (the value that changes the default) as the accepted form.
+fn set_bool(
+    cx: &mut Ctxt,
+    meta: &ParseNestedMeta<'_>,
+    span: Span,
+    attr: &mut Attr<LitBool>,
+    example: bool,
+) -> syn::Result<()> {
     let literal = |lit| match lit {
         syn::Lit::Bool(lit) => Some(lit),
         _ => None,
     };
-    set_literal(cx, meta, span, attr, literal, "takes `true` or `false`: `{option} = false`")
+    set_literal(cx, meta, span, attr, literal, &format!("takes `true` or `false`: `{{option}} = {example}`"))
 }
 
 /// Sets `task = true|false` (the tool may run as an MCP task). Before, `task = "arg"` narrowed

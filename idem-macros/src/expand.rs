@@ -92,6 +92,17 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream 
              whose answers a model reads; remove it here",
         );
     }
+    for (option, span) in [("input_key", recipe.input_key.1), ("single_use_state", recipe.single_use_state.1)] {
+        if !is_tool && let Some(span) = span {
+            cx.error(
+                span,
+                format!(
+                    "`{option}` only applies to an rmcp tool (a method with `#[tool(...)]` below `#[idempotent]`), \
+                     which may ask the client for input; remove it here"
+                ),
+            );
+        }
+    }
     let args = Arguments::collect(cx, recipe, &mut item);
     let body = wrap_body(recipe, &tool_name, &item, &args, &ret, is_tool);
     let mut group = Group::new(Delimiter::Brace, body);
@@ -197,18 +208,19 @@ fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut Handler) -> (Str
         let krate = &recipe.krate;
         tool.push(syn::parse_quote!(output_schema = #krate::mcp::output_schema::<#inner>()));
     }
-    // The tool's `_meta` says which recipe backs its hint, so the startup audit
-    // (`mcp::checked_router`) sees every audited impl's tools in whatever router holds them.
+    // The tool's `_meta` advertises the recipe that backs its hint (`dev.idem/recipe`), for
+    // hosts and gateways, and so the startup audit (`mcp::checked_router`) sees every audited
+    // impl's tools in whatever router holds them.
     let krate = &recipe.krate;
-    let backing = if recipe.inherent.is_some() {
-        quote!(#krate::mcp::Backing::Inherent)
+    let (function, backing) = if recipe.inherent.is_some() {
+        (quote!(#krate::mcp::backed_meta), quote!(#krate::mcp::Backing::Inherent))
     } else {
-        let keys = recipe.keys.iter().map(|key| &key.text);
-        quote!(#krate::mcp::Backing::Key(&[#(#keys),*]))
+        let recipe = recipe_expr(recipe, &name);
+        (quote!(#krate::mcp::recipe_meta), quote!(&#recipe))
     };
     tool.stamp_meta(|user| match user {
-        Some(user) => quote!(#krate::mcp::backed_meta(::core::option::Option::Some(#user), #backing)),
-        None => quote!(#krate::mcp::backed_meta(::core::option::Option::None, #backing)),
+        Some(user) => quote!(#function(::core::option::Option::Some(#user), #backing)),
+        None => quote!(#function(::core::option::Option::None, #backing)),
     });
     match tool.with_idempotent_hint(&item.attrs[index]) {
         Ok(rewritten) => item.attrs[index] = rewritten,
@@ -476,10 +488,12 @@ fn first_type_argument<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
     }
 }
 
-/// `T` of a `Json<T>` or `Result<Json<T>, E>` return type (as rmcp's `#[tool]` reads it).
+/// `T` of a `Json<T>` or `Result<Json<T>, E>` return type (as rmcp's `#[tool]` reads it), or
+/// of a `Result<Step<Json<T>>, E>` (a tool that may ask for input first).
 fn json_output(ty: &Type) -> Option<&Type> {
     let ok = first_type_argument(ty, "Result").unwrap_or(ty);
-    first_type_argument(ok, "Json")
+    let done = first_type_argument(ok, "Step").unwrap_or(ok);
+    first_type_argument(done, "Json")
 }
 
 fn last_segment_is(ty: &Type, names: &[&str]) -> bool {
@@ -647,6 +661,13 @@ fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
     }
     if recipe.task.0 {
         expr.extend(quote!(.task(true)));
+    }
+    if !recipe.input_key.0.is_empty() {
+        let paths = &recipe.input_key.0;
+        expr.extend(quote!(.input_key(&[#(#paths),*])));
+    }
+    if recipe.single_use_state.0 {
+        expr.extend(quote!(.single_use_state(true)));
     }
     match recipe.stale {
         Stale::Hold => {}

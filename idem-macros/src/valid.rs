@@ -44,6 +44,10 @@ pub struct Recipe {
     pub replay_note: (bool, Option<Span>),
     /// `wait = "5s"`: how long a repeat waits for the operation in progress, in seconds.
     pub wait_secs: Option<u64>,
+    /// Input-response paths that join the key (rmcp tools), with the span of the option.
+    pub input_key: (Vec<String>, Option<Span>),
+    /// Whether a continuation's `requestState` is accepted once (rmcp tools), with its span.
+    pub single_use_state: (bool, Option<Span>),
     pub idem: Option<Expr>,
     pub caller: Option<Expr>,
     pub krate: Path,
@@ -70,6 +74,8 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
             ("task", args.task.span()),
             ("replay_note", args.replay_note.span()),
             ("wait", args.wait.span()),
+            ("input_key", args.input_key.span()),
+            ("single_use_state", args.single_use_state.span()),
         ];
         for (option, span) in ledger_options {
             if let Some(span) = span {
@@ -138,10 +144,37 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
         name: args.name.get().cloned(),
         replay_note: (args.replay_note.get().is_none_or(LitBool::value), args.replay_note.span()),
         wait_secs,
+        input_key: (args.input_key.get().map(|lit| input_paths(cx, lit)).unwrap_or_default(), args.input_key.span()),
+        single_use_state: (args.single_use_state.get().is_some_and(LitBool::value), args.single_use_state.span()),
         idem: args.idem.get().cloned(),
         caller: args.caller.get().cloned(),
         krate,
     }
+}
+
+/// Parses `input_key = "pick.content.amount, size.content.value"`: each a dotted path into the
+/// client's `inputResponses` — the input request's id, then fields of its response — checked for
+/// shape only (the responses are JSON, not a Rust type).
+fn input_paths(cx: &mut Ctxt, lit: &LitStr) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::new();
+    for entry in lit.value().split(',') {
+        let path = entry.trim();
+        if path.is_empty() || path.split('.').any(|segment| segment.is_empty() || segment.contains(char::is_whitespace))
+        {
+            cx.error(
+                lit.span(),
+                format!(
+                    "`{path}` in `input_key` is not a dotted path into the input responses; write the input \
+                     request's id and then the fields of its response, e.g. `input_key = \"pick.content.amount\"`"
+                ),
+            );
+        } else if paths.iter().any(|seen| seen == path) {
+            cx.error(lit.span(), format!("`{path}` appears twice in `input_key`; name each path once"));
+        } else {
+            paths.push(path.to_owned());
+        }
+    }
+    paths
 }
 
 fn key_list(cx: &mut Ctxt, lit: &LitStr) -> Vec<ArgPath> {

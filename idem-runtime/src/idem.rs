@@ -25,6 +25,8 @@ mod call;
 mod handle;
 mod keyring;
 mod operation;
+#[cfg_attr(not(feature = "rmcp"), expect(dead_code, reason = "only rmcp tools ask for input"))]
+mod request_state;
 mod stored;
 mod time;
 mod wait;
@@ -37,6 +39,8 @@ pub use handle::{
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, Idem,
 };
 pub use operation::{Operation, current_caller, current_operation, run_as};
+#[cfg(feature = "rmcp")]
+pub(crate) use request_state::EchoedState;
 pub use stored::ResultSeal;
 
 /// Gives `#[idempotent]` methods their [`Idem`] handle: implement it for your server type.

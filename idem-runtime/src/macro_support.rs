@@ -10,9 +10,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::canonical::{self, CanonicalError};
-use crate::idem::{CallArguments, Idem, Operation, Reconciled, Served};
+use crate::idem::{CallArguments, Idem, Operation, Reconciled};
 use crate::recipe::Recipe;
-use crate::rejection::{IdempotentError, Rejection};
+use crate::rejection::{ErrorClass, IdempotentError, Rejection};
 use crate::scope::Caller;
 
 /// A handler's result type, split into what is stored and what is classified.
@@ -39,6 +39,14 @@ pub trait HandlerResult<M>: Sized {
     fn into_result(self) -> Result<Self::Ok, Self::Err>;
     /// From a plain `Result`.
     fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
+    /// Whether this result is an input request (a multi-round-trip request, `mcp::Step`)
+    /// rather than an outcome: then its `requestState`, which the rmcp run seals to the
+    /// operation before it leaves. An input request is answered but never stored, and
+    /// `into_result` is never asked of it. Every shape but `mcp::Step` is always an outcome:
+    /// `None`, the value left untouched.
+    fn request_state(&mut self) -> Option<&mut Option<String>> {
+        None
+    }
 }
 
 /// The [`HandlerResult`] shape of a `Result<T, E>` whose `T` is stored as it is.
@@ -205,15 +213,83 @@ where
     CFut: Future<Output = Reconciled<R::Ok, R::Err>>,
 {
     let Some(idem) = idem else { return R::from_result(Err(no_idem())) };
-    let handler = || async { handler().await.into_result() };
+    let handler = || async { Round::of(handler().await) };
+    let reconcile = |operation| async { Round::reconciled(reconcile(operation).await) };
     let served = idem.execute(recipe, caller.as_ref(), true, arguments.finish(), reconcile, handler).await;
-    R::from_result(flatten(served))
+    match served.map(|served| served.value) {
+        Ok(Ok(value)) => R::from_result(Ok(value)),
+        Ok(Err(Round::Tool(error))) => R::from_result(Err(error)),
+        // Off rmcp there is no continuation to check a sealed state against: the input request
+        // goes back as the handler made it (and, like every input request, unrecorded).
+        Ok(Err(Round::Asked(asked))) => asked,
+        Ok(Err(Round::Refused(rejection))) | Err(rejection) => R::from_result(Err(R::Err::from_rejection(rejection))),
+    }
 }
 
-fn flatten<T, E: IdempotentError>(served: Result<Served<Result<T, E>>, Rejection>) -> Result<T, E> {
-    match served {
-        Ok(served) => served.value,
-        Err(rejection) => Err(E::from_rejection(rejection)),
+/// A handler's error as one round of a call sees it: the handler's own error, an input request
+/// (a multi-round-trip request) instead of an outcome, or idem's refusal of a continuation
+/// (its `requestState`) inside the won claim. The last two mean nothing happened: the claim is
+/// released (a continuation claims afresh), and they are never stored. A stored error is the
+/// handler's own, in its own JSON, so records read the same with or without rounds.
+pub enum Round<R, E> {
+    /// The handler's own error, classified by its type.
+    Tool(E),
+    /// The handler's input request, untouched.
+    Asked(R),
+    /// idem refused to run the handler.
+    Refused(Rejection),
+}
+
+impl<R, E> Round<R, E> {
+    /// The handler's result as a round: an input request, or the outcome split.
+    pub fn of<M>(mut result: R) -> Result<R::Ok, Self>
+    where
+        R: HandlerResult<M, Err = E>,
+    {
+        if result.request_state().is_some() {
+            return Err(Self::Asked(result));
+        }
+        result.into_result().map_err(Self::Tool)
+    }
+
+    /// A reconcile function's finding, with its error as a round's.
+    pub fn reconciled<T>(reconciled: Reconciled<T, E>) -> Reconciled<T, Self> {
+        match reconciled {
+            Reconciled::Happened(result) => Reconciled::Happened(result.map_err(Self::Tool)),
+            Reconciled::NothingHappened => Reconciled::NothingHappened,
+            Reconciled::StillUnknown => Reconciled::StillUnknown,
+        }
+    }
+}
+
+impl<R, E: Serialize> Serialize for Round<R, E> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Tool(error) => error.serialize(serializer),
+            // Classified "nothing happened", so never stored.
+            Self::Asked(_) | Self::Refused(_) => {
+                Err(serde::ser::Error::custom("an input request or a refusal is never stored"))
+            }
+        }
+    }
+}
+
+impl<'de, R, E: DeserializeOwned> serde::Deserialize<'de> for Round<R, E> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        E::deserialize(deserializer).map(Self::Tool)
+    }
+}
+
+impl<R, E: IdempotentError> IdempotentError for Round<R, E> {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            Self::Tool(error) => error.classify(),
+            Self::Asked(_) | Self::Refused(_) => ErrorClass::NothingHappened,
+        }
+    }
+
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self::Refused(rejection)
     }
 }
 

@@ -79,7 +79,18 @@ pub struct Recipe {
     stale: StalePolicy,
     wait: Option<Duration>,
     task: bool,
+    input_key: &'static [&'static str],
+    single_use_state: bool,
+    state_ttl: Duration,
 }
+
+/// The name an input-response path joins the key under (`$input.pick.content.amount`): no
+/// argument can have it.
+pub(crate) const INPUT_KEY_PREFIX: &str = "$input.";
+
+/// How long a `requestState` idem sends with an input request stays valid by default: ten
+/// minutes ([`Recipe::state_ttl`]).
+pub const DEFAULT_STATE_TTL: Duration = Duration::from_secs(10 * 60);
 
 impl Recipe {
     /// A recipe for `tool` keyed by the argument paths `key` (`"customer.id"` reaches into an
@@ -108,6 +119,9 @@ impl Recipe {
             stale: StalePolicy::Hold,
             wait: None,
             task: false,
+            input_key: &[],
+            single_use_state: false,
+            state_ttl: DEFAULT_STATE_TTL,
         }
     }
 
@@ -238,6 +252,59 @@ impl Recipe {
     #[must_use]
     pub const fn runs_as_task(&self) -> bool {
         self.task
+    }
+
+    /// Input-response paths (multi-round-trip requests, rmcp tools) whose values join the key:
+    /// `"pick.content.amount"` is the `amount` field of the `content` of the client's response to
+    /// the input request `pick`. Each joins under the name `$input.<path>`, which no argument
+    /// can have.
+    ///
+    /// By default input responses are no part of an operation's identity: a confirmation does
+    /// not change what is done, so the confirmed call and a repeat of the original call are one
+    /// operation. Name the responses that do change it (an amount the user chooses). A call
+    /// without the response (the first round) and the continuation with it are then different
+    /// operations, by design: the first only asks.
+    #[must_use]
+    pub const fn input_key(mut self, paths: &'static [&'static str]) -> Self {
+        self.input_key = paths;
+        self
+    }
+
+    /// Accept the `requestState` of an input request at most once: a second continuation with
+    /// the same state (after the first one's handler failed with "nothing happened") is refused,
+    /// enforced through the ledger so every replica agrees. A continuation whose operation has
+    /// completed is still a replay.
+    #[must_use]
+    pub const fn single_use_state(mut self, single_use: bool) -> Self {
+        self.single_use_state = single_use;
+        self
+    }
+
+    /// How long the `requestState` idem sends with an input request stays valid (default
+    /// [`DEFAULT_STATE_TTL`], ten minutes); a continuation after it is refused and told to
+    /// start over.
+    #[must_use]
+    pub const fn state_ttl(mut self, ttl: Duration) -> Self {
+        self.state_ttl = ttl;
+        self
+    }
+
+    /// The input-response paths that join the key ([`Recipe::input_key`]).
+    #[must_use]
+    pub const fn input_key_paths(&self) -> &'static [&'static str] {
+        self.input_key
+    }
+
+    /// Whether a `requestState` is accepted at most once ([`Recipe::single_use_state`]).
+    #[must_use]
+    pub const fn single_use_state_enabled(&self) -> bool {
+        self.single_use_state
+    }
+
+    /// How long a `requestState` stays valid ([`Recipe::state_ttl`]).
+    #[must_use]
+    pub const fn state_ttl_duration(&self) -> Duration {
+        self.state_ttl
     }
 
     /// The tool's name, part of the key.

@@ -75,6 +75,18 @@ pub enum Rejection {
         /// Where the refused one's is.
         second: String,
     },
+    /// A continuation of a multi-round-trip request (MCP `inputResponses` / `requestState`)
+    /// whose `requestState` this server did not issue for this caller, tool and arguments, was
+    /// altered, or is missing while input responses are given; the handler did not run.
+    RequestStateInvalid {
+        /// What is wrong with it, in words for the caller.
+        why: &'static str,
+    },
+    /// A continuation whose `requestState` has expired; the handler did not run.
+    RequestStateExpired,
+    /// A continuation whose `requestState` was already used by an earlier continuation (the
+    /// tool accepts each at most once: `single_use_state`); the handler did not run.
+    RequestStateUsed,
     /// The operation completed, but its stored result no longer decodes as the handler's result
     /// type (the code changed since it was stored).
     UnreadableResult {
@@ -96,7 +108,8 @@ impl Rejection {
 
     /// A stable machine-readable code: `in_flight`, `conflict`, `outcome_unknown`,
     /// `ledger_unavailable`, `no_caller`, `no_local_caller`, `invalid_arguments`,
-    /// `duplicate_tool` or `unreadable_result`.
+    /// `duplicate_tool`, `request_state_invalid`, `request_state_expired`, `request_state_used`
+    /// or `unreadable_result`.
     #[must_use]
     pub const fn code(&self) -> &'static str {
         match self {
@@ -108,6 +121,9 @@ impl Rejection {
             Self::NoLocalCaller => "no_local_caller",
             Self::InvalidArguments { .. } => "invalid_arguments",
             Self::DuplicateTool { .. } => "duplicate_tool",
+            Self::RequestStateInvalid { .. } => "request_state_invalid",
+            Self::RequestStateExpired => "request_state_expired",
+            Self::RequestStateUsed => "request_state_used",
             Self::UnreadableResult { .. } => "unreadable_result",
         }
     }
@@ -124,7 +140,10 @@ impl Rejection {
             | Self::NoCaller
             | Self::NoLocalCaller
             | Self::InvalidArguments { .. }
-            | Self::DuplicateTool { .. } => None,
+            | Self::DuplicateTool { .. }
+            | Self::RequestStateInvalid { .. }
+            | Self::RequestStateExpired
+            | Self::RequestStateUsed => None,
         }
     }
 
@@ -184,6 +203,19 @@ impl fmt::Display for Rejection {
                  one idem handle, so they would share keys and replay each other's results (the server's log \
                  names both). Give each its own name with `#[idempotent(name = \"...\")]`, or serve them from \
                  handles with different namespaces (`Idem::with_namespace`)"
+            ),
+            Self::RequestStateInvalid { why } => write!(
+                f,
+                "nothing was executed: the requestState of this call cannot be accepted ({why}). Call the tool \
+                 again without requestState and inputResponses to start over"
+            ),
+            Self::RequestStateExpired => f.write_str(
+                "nothing was executed: the requestState of this call has expired (the input it answers was asked \
+                 too long ago). Call the tool again without requestState and inputResponses to start over",
+            ),
+            Self::RequestStateUsed => f.write_str(
+                "nothing was executed: this confirmation was already used; call the tool again without \
+                 requestState and inputResponses to get a new one",
             ),
             Self::UnreadableResult { reference, detail } => write!(
                 f,

@@ -88,12 +88,15 @@ async fn a_replay_ends_with_a_line_the_model_reads() {
     let first = wire.call("open_ticket", ticket.clone()).await;
     let again = wire.call("open_ticket", ticket).await;
 
-    assert_eq!(first["_meta"]["idem"]["replayed"], json!(false), "{first}");
-    assert_eq!(again["_meta"]["idem"]["replayed"], json!(true), "{again}");
+    assert_eq!(first["_meta"]["dev.idem/outcome"]["replayed"], json!(false), "{first}");
+    assert_eq!(again["_meta"]["dev.idem/outcome"]["replayed"], json!(true), "{again}");
     assert_eq!(first["structuredContent"], json!({ "id": 1 }), "rmcp's `Json<T>` is structured: {first}");
     assert_eq!(again["structuredContent"], first["structuredContent"], "the stored `T`, replayed: {again}");
 
-    let reference = again["_meta"]["idem"]["ref"].as_str().expect("a ref").to_owned();
+    // The old key, deprecated, carries the same object for one release.
+    assert_eq!(first["_meta"]["idem"], first["_meta"]["dev.idem/outcome"], "{first}");
+    assert_eq!(again["_meta"]["idem"], again["_meta"]["dev.idem/outcome"], "{again}");
+    let reference = again["_meta"]["dev.idem/outcome"]["ref"].as_str().expect("a ref").to_owned();
     let (first, again) = (content(&first), content(&again));
     assert_eq!(first.len(), 1, "a fresh answer has no note: {first:?}");
     assert_eq!(again[..1], first[..], "the replay starts with the same content");
@@ -121,7 +124,7 @@ async fn replay_note_false_replays_the_content_alone() {
     let ticket = json!({ "project": "web", "title": "quiet" });
     let first = wire.call("open_quietly", ticket.clone()).await;
     let again = wire.call("open_quietly", ticket).await;
-    assert_eq!(again["_meta"]["idem"]["replayed"], json!(true), "{again}");
+    assert_eq!(again["_meta"]["dev.idem/outcome"]["replayed"], json!(true), "{again}");
     assert_eq!(content(&again), content(&first), "no note: {again}");
 }
 

@@ -102,7 +102,7 @@ fn text(result: &Value) -> &str {
 }
 
 fn idem_meta<'a>(result: &'a Value, field: &str) -> Option<&'a Value> {
-    result.pointer(&format!("/_meta/idem/{field}"))
+    result.pointer(&format!("/_meta/dev.idem~1outcome/{field}"))
 }
 
 /// Collects what a `tracing_subscriber::fmt` layer writes.

@@ -10,7 +10,7 @@ it sent and what came back, and exits non-zero on the first failed expectation. 
 log (stderr) goes to a file whose tail is printed when something fails.
 
 Scenario, over each transport:
-  1. tools/list: idempotentHint exactly on charge_card, create_shipment, send_email;
+  1. tools/list: idempotentHint exactly on charge_card, charge_card_confirmed, create_shipment, send_email;
      readOnlyHint on list_charges and idem_status.
   2. a charge, then the same call again: the same receipt, the second marked replayed.
   3. N concurrent identical charges on a slow processor: one charge, N-1 "in flight" refusals
@@ -50,7 +50,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-KEYED_TOOLS = {"charge_card", "create_shipment", "send_email"}
+KEYED_TOOLS = {"charge_card", "charge_card_confirmed", "create_shipment", "send_email"}
 READ_ONLY_TOOLS = {"list_charges", "idem_status"}
 STATUS_TOOL = "idem_status"
 REF_PATTERN = re.compile(r"^[0-9a-f]{16}$")
@@ -89,10 +89,13 @@ def got(line: str) -> None:
 # --------------------------------------------------------------------------- reading results
 
 
+OUTCOME_META_KEY = "dev.idem/outcome"
+
+
 def idem_meta(result: Any) -> dict[str, Any]:
-    """The `_meta.idem` object of a tool result ({} when absent)."""
+    """idem's outcome object in a tool result's `_meta` (under `dev.idem/outcome`; {} when absent)."""
     meta = result.meta or {}
-    value = meta.get("idem")
+    value = meta.get(OUTCOME_META_KEY)
     return value if isinstance(value, dict) else {}
 
 
@@ -121,28 +124,28 @@ def describe(result: Any) -> str:
     idem = idem_meta(result)
     if result.is_error:
         fields = {k: idem[k] for k in ("code", "ref", "differing", "executed", "retry", "statusTool") if k in idem}
-        codes = json.dumps(fields, sort_keys=True) if fields else "(no _meta.idem)"
+        codes = json.dumps(fields, sort_keys=True) if fields else "(no idem outcome in _meta)"
         return f"isError {codes} text={text_of(result)!r}"
     content = result.structured_content if result.structured_content is not None else text_of(result)
     body = json.dumps(content, sort_keys=True)
     if not idem:
-        return f"ok (no _meta.idem) result={body}"
+        return f"ok (no idem outcome in _meta) result={body}"
     return f"ok ref={idem.get('ref')} replayed={idem.get('replayed')} result={body}"
 
 
 def assert_fresh_or_replayed(result: Any, replayed: bool, what: str) -> str:
-    """A served (not refused) result with `_meta.idem.replayed == replayed`; returns its ref."""
+    """A served (not refused) result with an outcome with `replayed == replayed`; returns its ref."""
     idem = idem_meta(result)
     assert not result.is_error, f"{what}: expected a result, got an error: {describe(result)}"
-    assert idem, f"{what}: the result has no _meta.idem: {describe(result)}"
+    assert idem, f"{what}: the result has no idem outcome in _meta: {describe(result)}"
     ref = idem.get("ref")
-    assert isinstance(ref, str) and REF_PATTERN.match(ref), f"{what}: _meta.idem.ref is not 16 hex digits: {ref!r}"
+    assert isinstance(ref, str) and REF_PATTERN.match(ref), f"{what}: the outcome ref is not 16 hex digits: {ref!r}"
     assert idem.get("replayed") is replayed, f"{what}: expected replayed == {replayed}, got {idem.get('replayed')!r}"
     return ref
 
 
 def assert_refusal(result: Any, code: str, what: str) -> dict[str, Any]:
-    """An isError refusal with `_meta.idem.code == code`, marked not executed; returns `_meta.idem`."""
+    """An isError refusal with outcome code `code`, marked not executed; returns the outcome object."""
     idem = idem_meta(result)
     assert result.is_error, f"{what}: expected an isError refusal ({code}), got {describe(result)}"
     assert idem.get("code") == code, f"{what}: expected code {code!r}, got {describe(result)}"
@@ -326,6 +329,11 @@ async def check_tools_list(client: Client) -> None:
     # The keyed tools return Json<T>: idem states the outputSchema its rewrite hides from rmcp.
     without_schema = {tool.name for tool in listing.tools if tool.name in KEYED_TOOLS and not tool.output_schema}
     assert not without_schema, f"keyed tools without an outputSchema: {sorted(without_schema)}"
+    # Each keyed tool advertises its recipe in its definition's _meta.
+    recipes = {tool.name: (getattr(tool, "meta", None) or {}).get("dev.idem/recipe") for tool in listing.tools}
+    without_recipe = {name for name in KEYED_TOOLS if not (recipes.get(name) or {}).get("key")}
+    assert not without_recipe, f"keyed tools without dev.idem/recipe in _meta: {sorted(without_recipe)}"
+    got(f"charge_card recipe: {json.dumps(recipes.get('charge_card'), sort_keys=True)}")
 
 
 async def check_sequential_repeat(client: Client) -> Any:

@@ -17,6 +17,7 @@ mod ledger_postgres;
 mod ledger_sqlite;
 mod macro_behaviour;
 mod mcp_e2e;
+mod mrtr;
 mod pedantic;
 mod rmcp_tasks;
 mod rmcp_tools;

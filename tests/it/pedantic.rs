@@ -4,10 +4,12 @@
 
 #![deny(warnings, clippy::pedantic)]
 
+use idem_runtime::mcp::{self, Step};
 use idem_runtime::{
     Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Operation, Reconciled, Rejection,
     audit_idempotent, idempotent, run_as,
 };
+use rmcp::handler::server::tool::InputResponses;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use serde::{Deserialize, Serialize};
@@ -42,6 +44,11 @@ struct Charge {
     amount_cents: u64,
     conversation_id: String,
     memo: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct Receipt {
+    card: String,
 }
 
 fn charge_args(card: &str) -> Charge {
@@ -113,6 +120,21 @@ impl Shop {
         Ok(rmcp::Json(args))
     }
 
+    /// A tool that may ask for input first (a multi-round-trip request), with every option of it.
+    #[idempotent(key = "card", input_key = "pick.content.amount", single_use_state = true)]
+    #[tool(description = "Charge a card after a confirmation")]
+    async fn charge_confirmed(
+        &self,
+        Parameters(args): Parameters<Charge>,
+        InputResponses(responses): InputResponses,
+    ) -> Result<Step<rmcp::Json<Receipt>>, ShopError> {
+        match mcp::confirmed(responses.as_ref(), "pick") {
+            None => Ok(Step::InputRequired(mcp::confirm("pick", "How much?"))),
+            Some(false) => Err(ShopError::Declined),
+            Some(true) => Ok(Step::Done(rmcp::Json(Receipt { card: args.card }))),
+        }
+    }
+
     async fn check(&self, operation: Operation) -> Reconciled<String, ShopError> {
         // Stands in for asking the downstream about `operation.ledger_key()`.
         tokio::task::yield_now().await;
@@ -163,8 +185,24 @@ fn rmcp_tools_are_listed_with_their_hints() {
         .filter(|tool| tool.annotations.as_ref().and_then(|a| a.idempotent_hint) == Some(true))
         .map(|tool| tool.name.to_string())
         .collect();
-    assert_eq!(hinted, ["charge", "charge_everything", "charge_task", "nickname", "refund"]);
-    assert_eq!(Shop::idem_backed_tools(), ["charge", "refund", "nickname", "charge_everything", "charge_task"]);
+    assert_eq!(hinted, ["charge", "charge_confirmed", "charge_everything", "charge_task", "nickname", "refund"]);
+    assert_eq!(
+        Shop::idem_backed_tools(),
+        ["charge", "refund", "nickname", "charge_everything", "charge_task", "charge_confirmed"]
+    );
+    let confirmed = tools.iter().find(|tool| tool.name == "charge_confirmed").expect("listed");
+    let recipe = confirmed.meta.as_ref().and_then(|meta| meta.0.get(idem_runtime::mcp::RECIPE_META_KEY));
+    assert_eq!(
+        recipe,
+        Some(&serde_json::json!({
+            "key": ["card"],
+            "stale": "hold",
+            "scope": "caller",
+            "inputKey": ["pick.content.amount"],
+            "singleUseState": true,
+        }))
+    );
+    assert!(confirmed.output_schema.is_some(), "the `T` of `Step<Json<T>>` gives the output schema");
     let _ = shop();
 }
 

@@ -169,10 +169,10 @@ impl Wire {
     }
 }
 
-async fn connect(shop: Shop) -> Wire {
+async fn connect<S: rmcp::ServerHandler>(handler: S) -> Wire {
     let (client, server) = tokio::io::duplex(64 * 1024);
     tokio::spawn(async move {
-        let running = shop.serve(tokio::io::split(server)).await.expect("the server starts");
+        let running = handler.serve(tokio::io::split(server)).await.expect("the server starts");
         let _ = running.waiting().await;
     });
     let (reader, writer) = tokio::io::split(client);
@@ -280,7 +280,77 @@ fn a_tool_lists_the_recipe_that_backs_its_hint() {
         let tool = tools.iter().find(|tool| tool.name == name).unwrap();
         serde_json::to_value(&tool.meta).unwrap()
     };
-    assert_eq!(meta("place_order"), json!({ "idem": { "key": ["order_id"] } }));
-    assert_eq!(meta("set_status"), json!({ "idem": { "inherent": true } }));
+    let recipe = json!({ "key": ["order_id"], "windowMs": 900_000, "stale": "hold", "scope": "caller" });
+    assert_eq!(meta("place_order"), json!({ "dev.idem/recipe": recipe, "idem": { "key": ["order_id"] } }));
+    let inherent = json!({ "inherent": true });
+    assert_eq!(meta("set_status"), json!({ "dev.idem/recipe": inherent, "idem": inherent }));
     assert_eq!(meta("send_message"), Value::Null);
+}
+
+/// `tools/list` over a real rmcp server: each idempotent tool advertises its recipe under
+/// `dev.idem/recipe` (the user's own `_meta` kept beside it), the others nothing of idem's.
+#[tokio::test]
+async fn tools_list_advertises_each_recipe_under_dev_idem_recipe() {
+    let mut wire = connect(shop()).await;
+    let listed = wire.request(2, "tools/list", json!({})).await;
+    let tools = listed["result"]["tools"].as_array().expect("a tool list").clone();
+    let recipe = |name: &str| {
+        let tool = tools.iter().find(|tool| tool["name"] == name).unwrap_or_else(|| panic!("{name}: {listed}"));
+        tool.pointer("/_meta/dev.idem~1recipe").cloned()
+    };
+    assert_eq!(
+        recipe("place_order"),
+        Some(json!({ "key": ["order_id"], "windowMs": 900_000, "stale": "hold", "scope": "caller" }))
+    );
+    assert_eq!(recipe("set_status"), Some(json!({ "inherent": true })));
+    assert_eq!(recipe("send_message"), None);
+    assert_eq!(recipe("get_order"), None);
+
+    let mut wire = connect(Bench { idem: shop().idem }).await;
+    let listed = wire.request(2, "tools/list", json!({})).await;
+    let tool = &listed["result"]["tools"][0];
+    assert_eq!(tool["_meta"]["team"], json!("payments"), "the tool's own `_meta` is kept: {tool}");
+    assert_eq!(
+        tool["_meta"]["dev.idem/recipe"],
+        json!({
+            "key": ["card", "amount_cents"],
+            "windowMs": 86_400_000,
+            "stale": "takeover",
+            "scope": "tenant",
+        }),
+        "{tool}"
+    );
+}
+
+/// A tool with its own `_meta` and every recipe option that shows in the advertisement.
+struct Bench {
+    idem: Idem,
+}
+
+impl HasIdem for Bench {
+    fn idem(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct Charge {
+    card: String,
+    amount_cents: u64,
+}
+
+fn team_meta() -> rmcp::model::MetaObject {
+    let mut meta = rmcp::model::MetaObject::default();
+    meta.0.insert("team".to_owned(), json!("payments"));
+    meta
+}
+
+#[tool_router(server_handler)]
+#[audit_idempotent]
+impl Bench {
+    #[idempotent(key = "card, amount_cents", window = "1d", stale = "takeover", scope = "tenant")]
+    #[tool(description = "Charge a card", meta = team_meta())]
+    async fn charge(&self, Parameters(charge): Parameters<Charge>) -> Result<String, ShopError> {
+        Ok(charge.card)
+    }
 }

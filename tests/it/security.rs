@@ -628,7 +628,7 @@ mod over_mcp {
     }
 
     fn code(result: &Value) -> Option<&str> {
-        result.pointer("/_meta/idem/code").and_then(Value::as_str)
+        result.pointer("/_meta/dev.idem~1outcome/code").and_then(Value::as_str)
     }
 
     fn warehouse() -> Warehouse {
@@ -651,7 +651,7 @@ mod over_mcp {
 
         let local = wire.call(Arrival::Stdio, "checkout", args).await;
         assert_eq!(text(&local), "o-1 checked out with reservation-1 of sku-1", "{local}");
-        let reference = local.pointer("/_meta/idem/ref").and_then(Value::as_str).unwrap().to_owned();
+        let reference = local.pointer("/_meta/dev.idem~1outcome/ref").and_then(Value::as_str).unwrap().to_owned();
         let status = wire.call(Arrival::Http(None), "idem_status", json!({ "ref": reference })).await;
         assert_eq!(code(&status), Some("no_caller"), "the status tool too: {status}");
         let own = wire.call(Arrival::Stdio, "idem_status", json!({ "ref": reference })).await;
@@ -665,7 +665,7 @@ mod over_mcp {
         let (alice, bob) = (Caller::new("acme", "alice"), Caller::new("acme", "bob"));
         let done =
             wire.call(Arrival::Http(Some(alice.clone())), "checkout", json!({ "order_id": "o-9", "sku": "s" })).await;
-        let reference = done.pointer("/_meta/idem/ref").and_then(Value::as_str).expect("a ref").to_owned();
+        let reference = done.pointer("/_meta/dev.idem~1outcome/ref").and_then(Value::as_str).expect("a ref").to_owned();
         let theirs = wire.call(Arrival::Http(Some(bob)), "idem_status", json!({ "ref": reference })).await;
         assert_eq!(code(&theirs), Some("not_found"), "{theirs}");
         assert!(!theirs.to_string().contains("checked out"), "{theirs}");
@@ -694,7 +694,7 @@ mod over_mcp {
         let said = text(&refused);
         assert!(!said.contains("idem_records") && !said.contains("no such table"), "raw error sent: {said}");
         assert!(said.contains("nothing was executed") && said.contains("safe to retry"), "{said}");
-        let incident = refused.pointer("/_meta/idem/incident").and_then(Value::as_str).unwrap_or_default();
+        let incident = refused.pointer("/_meta/dev.idem~1outcome/incident").and_then(Value::as_str).unwrap_or_default();
         assert!(said.contains(incident) && incident.len() == 16, "an incident ref to correlate: {refused}");
         let status = wire.call(Arrival::Stdio, "idem_status", json!({ "ref": "0123456789abcdef" })).await;
         assert!(!status.to_string().contains("idem_records"), "raw error sent by the status tool: {status}");

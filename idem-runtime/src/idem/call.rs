@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use crate::key::{Fingerprint, Key, Ref};
 use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won};
-use crate::recipe::Recipe;
+use crate::recipe::{INPUT_KEY_PREFIX, Recipe};
 use crate::rejection::{ErrorClass, IdempotentError, Rejection};
 use crate::scope::Caller;
 use crate::secret::Secret;
@@ -23,6 +23,7 @@ use super::Idem;
 use super::arguments::{CallArguments, Derive, scope_of};
 use super::keyring::{Keyring, no_secret};
 use super::operation::{LeaseState, Operation, acting_for, current_caller, running_as};
+use super::request_state::Binding;
 use super::time::{clamp, millis};
 use super::wait::Waited;
 
@@ -243,6 +244,8 @@ struct Attempt<'a> {
     lease: Arc<LeaseState>,
     /// Set once the handler recorded the result in its own transaction.
     recorded: Arc<AtomicBool>,
+    /// What a `requestState` the operation sends is sealed to.
+    binding: Arc<Binding>,
 }
 
 impl<'a> Attempt<'a> {
@@ -271,8 +274,25 @@ impl<'a> Attempt<'a> {
             stale: recipe.stale_policy(),
             clock_trusted: at.clock_trusted,
         };
+        // Input responses that joined the key are left out of what a `requestState` is sealed
+        // to: the continuation that carries them must open the state its first round was given.
+        let asked = if selected.keys().any(|path| path.starts_with(INPUT_KEY_PREFIX)) {
+            let mut without = selected.clone();
+            without.retain(|path, _| !path.starts_with(INPUT_KEY_PREFIX));
+            Key::derive(secret, idem.namespace(recipe), at.scope, recipe.tool(), &without).map_err(invalid)?
+        } else {
+            key
+        };
+        let binding = Binding {
+            secret: secret.clone(),
+            key: asked,
+            fingerprint: *fingerprint.digest(),
+            tenant: request.tenant,
+            subject: request.subject,
+        };
         let lease = LeaseState { until: AtomicU64::new(request.lease_until), fenced: AtomicBool::new(false) };
-        Ok(Self { idem, tool: recipe.tool(), request, fingerprint, lease: Arc::new(lease), recorded: Arc::default() })
+        let (lease, recorded, binding) = (Arc::new(lease), Arc::default(), Arc::new(binding));
+        Ok(Self { idem, tool: recipe.tool(), request, fingerprint, lease, recorded, binding })
     }
 
     fn reference(&self) -> Ref {
@@ -373,6 +393,7 @@ impl<'a> Attempt<'a> {
             idem: self.idem.clone(),
             lease: Arc::clone(&self.lease),
             recorded: Arc::clone(&self.recorded),
+            binding: Arc::clone(&self.binding),
         }
     }
 

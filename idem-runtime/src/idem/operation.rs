@@ -15,6 +15,7 @@ use crate::ledger::{Token, Won};
 use crate::scope::Caller;
 
 use super::Idem;
+use super::request_state::Binding;
 
 tokio::task_local! {
     static OPERATION: Operation;
@@ -43,6 +44,9 @@ pub struct Operation {
         expect(dead_code, reason = "only `complete_in`, on a SQL backend, records in the handler's transaction")
     )]
     pub(super) recorded: Arc<AtomicBool>,
+    /// What a `requestState` this operation sends is sealed to.
+    #[cfg_attr(not(feature = "rmcp"), expect(dead_code, reason = "only rmcp tools ask for input"))]
+    pub(super) binding: Arc<Binding>,
 }
 
 /// The lease as the renewer last saw it.
@@ -147,6 +151,12 @@ impl Operation {
         crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, outcome, keep_until).await?;
         self.recorded.store(true, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// What a `requestState` this operation sends is sealed to (multi-round-trip requests).
+    #[cfg(feature = "rmcp")]
+    pub(crate) fn binding(&self) -> &Binding {
+        &self.binding
     }
 
     /// Whether this run took over a dead holder's claim: the downstream may already have seen

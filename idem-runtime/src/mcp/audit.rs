@@ -1,6 +1,7 @@
 //! The startup audit: a tool listed with `idempotentHint: true` must be backed by a recipe.
 //!
-//! `#[idempotent]` records what backs a tool in its definition's `_meta.idem` ([`backed_meta`]);
+//! `#[idempotent]` records what backs a tool in its definition's `_meta` under
+//! [`RECIPE_META_KEY`] ([`recipe_meta`](super::recipe_meta), [`backed_meta`]);
 //! [`audit`] refuses a router that lists a hint nothing backs (tools registered by hand
 //! included), and [`checked_router`] is the audited router plus the status tool.
 
@@ -8,6 +9,7 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{JsonObject, MetaObject, Tool};
 use serde_json::{Value, json};
 
+use super::meta::{LEGACY_META_KEY, RECIPE_META_KEY, insert};
 use super::status::status_tool;
 use crate::idem::HasIdem;
 
@@ -32,8 +34,8 @@ impl std::fmt::Display for AuditError {
 
 impl std::error::Error for AuditError {}
 
-/// What backs a tool's `idempotentHint: true`, as `#[idempotent]` records it in the tool's
-/// `_meta.idem` (`{"key": ["card", "amount_cents"]}` or `{"inherent": true}`).
+/// What backs a tool's `idempotentHint: true`, as recorded in the tool's `_meta` under
+/// [`RECIPE_META_KEY`] (`{"key": ["card", "amount_cents"]}` or `{"inherent": true}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Backing {
@@ -43,27 +45,32 @@ pub enum Backing {
     Inherent,
 }
 
-/// The `_meta` `#[idempotent]` gives a tool: the user's own (`#[tool(meta = ...)]`), plus
-/// `idem: {"key": [...]}` or `idem: {"inherent": true}`.
+/// The `_meta` of a tool's definition: the user's own (`#[tool(meta = ...)]`), plus
+/// `{"key": [...]}` or `{"inherent": true}` under [`RECIPE_META_KEY`] — and, for this release,
+/// under the deprecated `idem` key too. `#[idempotent]` gives a naturally idempotent tool this
+/// one, and a keyed tool [`recipe_meta`](super::recipe_meta) (its whole recipe).
 #[must_use]
 pub fn backed_meta(meta: Option<MetaObject>, backing: Backing) -> MetaObject {
-    let mut meta = meta.unwrap_or_else(|| MetaObject(JsonObject::new()));
-    let idem = match backing {
+    let backing = match backing {
         Backing::Key(paths) => json!({ "key": paths }),
         Backing::Inherent => json!({ "inherent": true }),
     };
-    meta.0.insert("idem".to_owned(), idem);
-    meta
+    let mut meta = Some(meta.unwrap_or_else(|| MetaObject(JsonObject::new())));
+    insert(&mut meta, RECIPE_META_KEY, backing);
+    meta.unwrap_or_else(|| MetaObject(JsonObject::new()))
 }
 
-/// Whether a tool's `_meta` says a recipe backs it (see [`backed_meta`]).
+/// Whether a tool's `_meta` says a recipe backs it (see [`backed_meta`]); the deprecated `idem`
+/// key still counts for this release.
 fn backed_by_recipe(tool: &Tool) -> bool {
-    let idem = tool.meta.as_ref().and_then(|meta| meta.0.get("idem"));
-    idem.is_some_and(|idem| idem.get("key").is_some_and(Value::is_array) || idem.get("inherent") == Some(&json!(true)))
+    let backs =
+        |recipe: &Value| recipe.get("key").is_some_and(Value::is_array) || recipe.get("inherent") == Some(&json!(true));
+    let meta = tool.meta.as_ref().map(|meta| &meta.0);
+    [RECIPE_META_KEY, LEGACY_META_KEY].iter().any(|key| meta.and_then(|meta| meta.get(*key)).is_some_and(backs))
 }
 
 /// The startup audit: every tool `router` lists with `idempotentHint: true` must be backed by a
-/// recipe — an `#[idempotent]` tool (its `_meta.idem` says so, from whichever audited impl or
+/// recipe — an `#[idempotent]` tool (its `_meta` says so, from whichever audited impl or
 /// named router it came) or one of `backed` (tools added by hand that `Idem::call` protects).
 ///
 /// # Errors

@@ -1,15 +1,23 @@
 //! [`ToolContext`]: what an idempotent rmcp tool needs from its request — the authenticated
-//! caller, whether the request came over HTTP, whether its client declared the tasks extension — as the rmcp extractor `#[idempotent]` adds
-//! to the tool, and as a value a unit test builds in one call.
+//! caller, whether the request came over HTTP, whether its client declared the tasks extension,
+//! and a continuation's input responses and `requestState` — as the rmcp extractor
+//! `#[idempotent]` adds to the tool, and as a value a unit test builds in one call.
 //!
 //! Guarantees: read from a request, it carries exactly what [`caller_of`] and [`is_remote`]
-//! say of that request, so a tool answers as it would with the request in hand.
+//! say of that request, so a tool answers as it would with the request in hand. It runs before
+//! the tool's own extractors: it copies the input responses (the tool's `InputResponses` still
+//! gets them), and takes the `requestState` idem sealed, leaving the tool's own state inside it
+//! for the tool's `RequestState`. Nothing in the state is trusted until it is checked inside
+//! the continuation's claim.
 
 use rmcp::ErrorData;
 use rmcp::handler::server::common::FromContextPart;
 use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::InputResponses;
+use serde_json::Value;
 
 use super::caller::{Context, caller_of, is_remote};
+use crate::idem::EchoedState;
 use crate::scope::Caller;
 
 /// The request an idempotent rmcp tool answers, as idem needs it: `#[idempotent]` adds a
@@ -32,11 +40,18 @@ use crate::scope::Caller;
 ///
 /// The call goes through the ledger exactly as over MCP: a repeat is replayed, a conflict or an
 /// in-flight call is refused. (`examples/mcp_server.rs` has such a test.)
+///
+/// A continuation of a tool that asked for input ([`Step`](super::Step)) is called with
+/// [`with_request_state`](Self::with_request_state) (the state the tool's answer carried) and
+/// [`with_input_responses`](Self::with_input_responses), and the same responses for the tool's
+/// own `InputResponses` parameter.
 #[derive(Debug, Clone, Default)]
 pub struct ToolContext {
     caller: Option<Caller>,
     remote: bool,
     tasks: bool,
+    input_responses: Option<InputResponses>,
+    state: Option<EchoedState>,
 }
 
 impl ToolContext {
@@ -50,7 +65,7 @@ impl ToolContext {
     /// As a request over HTTP that an auth middleware authenticated as `caller`.
     #[must_use]
     pub fn for_caller(caller: Caller) -> Self {
-        Self { caller: Some(caller), remote: true, tasks: false }
+        Self { caller: Some(caller), remote: true, ..Self::default() }
     }
 
     /// As a request whose client declared (`true`) the tasks extension
@@ -67,7 +82,42 @@ impl ToolContext {
     #[must_use]
     pub fn from_request(request: &Context) -> Self {
         let tasks = request.client_capabilities().is_some_and(|capabilities| capabilities.supports_tasks());
-        Self { caller: caller_of(request), remote: is_remote(request), tasks }
+        Self { caller: caller_of(request), remote: is_remote(request), tasks, ..Self::default() }
+    }
+
+    /// As a continuation of a multi-round-trip request that answers with `responses` (the
+    /// tool's own `InputResponses` parameter should get the same).
+    #[must_use]
+    pub fn with_input_responses(mut self, responses: InputResponses) -> Self {
+        self.input_responses = Some(responses);
+        self
+    }
+
+    /// As a continuation that echoes `state`, the `requestState` of the input request it
+    /// answers (as the tool's answer carried it).
+    #[must_use]
+    pub fn with_request_state(mut self, state: impl AsRef<str>) -> Self {
+        self.state = Some(EchoedState::parse(state.as_ref()));
+        self
+    }
+
+    /// The input responses of a continuation, if the request carries any.
+    #[must_use]
+    pub const fn input_responses(&self) -> Option<&InputResponses> {
+        self.input_responses.as_ref()
+    }
+
+    /// The value at an input-response path (`"pick.content.amount"`: the `amount` field of the
+    /// `content` of the response to the input request `pick`).
+    pub(crate) fn input_value(&self, path: &str) -> Option<&Value> {
+        let mut segments = path.split('.');
+        let first = self.input_responses.as_ref()?.get(segments.next()?)?;
+        segments.try_fold(first, |value, segment| value.as_object()?.get(segment))
+    }
+
+    /// The `requestState` the request echoed, taken apart but unchecked.
+    pub(crate) const fn echoed_state(&self) -> Option<&EchoedState> {
+        self.state.as_ref()
     }
 
     /// The request's authenticated caller, if it has one.
@@ -94,6 +144,11 @@ impl ToolContext {
 
 impl<S> FromContextPart<ToolCallContext<'_, S>> for ToolContext {
     fn from_context_part(context: &mut ToolCallContext<'_, S>) -> Result<Self, ErrorData> {
-        Ok(Self::from_request(&context.request_context))
+        let mut this = Self::from_request(&context.request_context);
+        this.input_responses.clone_from(&context.input_responses);
+        this.state = context.request_state.take().map(|text| EchoedState::parse(&text));
+        // The tool's own state, for its `RequestState`: checked with the rest before it runs.
+        context.request_state = this.state.as_ref().and_then(EchoedState::inner).map(str::to_owned);
+        Ok(this)
     }
 }

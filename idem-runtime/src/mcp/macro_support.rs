@@ -14,12 +14,13 @@ use rmcp::handler::server::tool::IntoCallToolResult;
 
 use super::caller::no_caller;
 use super::context::ToolContext;
+use super::mrtr::Continuation;
 use super::outcome::ToolOutcome;
 use super::status::StatusNotServed;
 use super::task;
 use crate::idem::{Idem, Operation, Reconciled};
-use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Storable};
-use crate::recipe::Recipe;
+use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Round, Storable};
+use crate::recipe::{INPUT_KEY_PREFIX, Recipe};
 use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
 use crate::scope::Caller;
 
@@ -67,32 +68,44 @@ where
     let ToolCall { context, caller, replay_note, server_tasks } = call;
     let fallback = !context.is_remote();
     let caller = caller.or_else(|| context.caller().cloned());
-    let handler = || async { handler().await.into_result() };
+    let mut arguments = arguments;
+    for path in recipe.input_key_paths() {
+        if let Some(value) = context.input_value(path) {
+            arguments.select(&format!("{INPUT_KEY_PREFIX}{path}"), value);
+        }
+    }
+    // A continuation is checked inside the claim it wins: a repeat of a completed operation is
+    // a replay before anything about its input is looked at.
+    let round = Continuation::of(idem, context, recipe.single_use_state_enabled(), recipe.state_ttl_duration());
+    let handler = || round.run(handler);
     let reconcile = |operation| async move {
         match reconcile {
-            Some(reconcile) => reconcile(operation).await,
+            Some(reconcile) => Round::reconciled(reconcile(operation).await),
             None => Reconciled::StillUnknown,
         }
     };
-    match idem.execute(recipe, caller.as_ref(), fallback, arguments.finish(), reconcile, handler).await {
-        Ok(served) => ToolOutcome::Served {
-            result: R::from_result(served.value),
-            reference: served.reference,
-            replayed: served.replayed,
-            replay_note,
-        },
-        Err(Rejection::NoCaller) => ToolOutcome::Refused(no_caller(context.is_remote())),
+    let served = idem.execute(recipe, caller.as_ref(), fallback, arguments.finish(), reconcile, handler).await;
+    let (value, reference, replayed) = match served {
+        Ok(served) => (served.value, served.reference, served.replayed),
+        Err(Rejection::NoCaller) => return ToolOutcome::Refused(no_caller(context.is_remote())),
         // A repeat of a running task-capable operation, from a client that can poll: its task.
         Err(Rejection::InFlight { reference })
             if task::answers_with_task(recipe, context.declares_tasks(), server_tasks) =>
         {
-            match task::created(idem, caller.as_ref(), fallback, reference).await {
+            return match task::created(idem, caller.as_ref(), fallback, reference).await {
                 Some(task) => ToolOutcome::Task { task, reference },
                 None => ToolOutcome::Refused(Rejection::InFlight { reference }),
-            }
+            };
         }
-        Err(rejection) => ToolOutcome::Refused(rejection),
-    }
+        Err(rejection) => return ToolOutcome::Refused(rejection),
+    };
+    let result = match value {
+        Ok(value) => Ok(value),
+        Err(Round::Tool(error)) => Err(error),
+        Err(Round::Asked(asked)) => return ToolOutcome::InputRequired { result: asked, reference },
+        Err(Round::Refused(rejection)) => return ToolOutcome::Refused(rejection),
+    };
+    ToolOutcome::Served { result: R::from_result(result), reference, replayed, replay_note }
 }
 
 /// The [`HandlerResult`] shape of rmcp's `Result<Json<T>, E>`: the inner `T` is stored and

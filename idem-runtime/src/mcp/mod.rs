@@ -5,12 +5,24 @@
 //! [`ToolContext`] parameter to read the caller from, and returns a [`ToolOutcome`] that rmcp
 //! turns into the tool result:
 //!
-//! - a fresh or replayed result carries `_meta.idem = {"ref": "…", "replayed": true|false}`; a
-//!   replay also ends with a text block the model reads, [`replay_note`] ("nothing was executed
-//!   again"), unless the tool says `#[idempotent(replay_note = false)]`;
+//! - a fresh or replayed result carries `_meta["dev.idem/outcome"] = {"ref": "…", "replayed":
+//!   true|false}` ([`OUTCOME_META_KEY`]); a replay also ends with a text block the model reads,
+//!   [`replay_note`] ("nothing was executed again"), unless the tool says
+//!   `#[idempotent(replay_note = false)]`;
 //! - a refusal is an `isError` result in words for the model, with
-//!   `_meta.idem = {"code": "in_flight" | "conflict" | …, "ref": "…", "statusTool": "idem_status",
-//!   "executed": false, "retry": "no" | "safe"}`.
+//!   `_meta["dev.idem/outcome"] = {"code": "in_flight" | "conflict" | …, "ref": "…", "statusTool":
+//!   "idem_status", "executed": false, "retry": "no" | "safe"}`;
+//! - the tool's definition in `tools/list` advertises its recipe under
+//!   `_meta["dev.idem/recipe"]` ([`RECIPE_META_KEY`], [`recipe_json`]).
+//!
+//! The same objects are also written under the old key `idem` for this release (deprecated;
+//! [`LEGACY_META_KEY`]).
+//!
+//! A tool that may ask the client for input before it acts (a multi-round-trip request) returns
+//! a [`Step`] ([`confirm`] and [`confirmed`] for the common confirmation): its input request
+//! never completes the operation, the continuation runs it once, and the `requestState` it
+//! carries is sealed to the operation (`single_use_state` makes it single-use, through the
+//! ledger).
 //!
 //! [`ToolError`] is a ready error type for such tools (each constructor says what the error
 //! means for a repeat); your own type works too, if it implements
@@ -34,6 +46,8 @@ mod error;
 #[cfg(feature = "mcp-http")]
 mod http;
 pub(crate) mod macro_support;
+mod meta;
+mod mrtr;
 mod outcome;
 mod status;
 mod task;
@@ -44,6 +58,8 @@ pub use context::ToolContext;
 pub use error::ToolError;
 #[cfg(feature = "mcp-http")]
 pub use http::require_bearer;
+pub use meta::{LEGACY_META_KEY, OUTCOME_META_KEY, RECIPE_META_KEY, recipe_json, recipe_meta};
+pub use mrtr::{Step, confirm, confirmed};
 #[allow(deprecated)]
 pub use outcome::Json;
 pub use outcome::{ToolOutcome, output_schema, refusal, replay_note};

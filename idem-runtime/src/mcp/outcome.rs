@@ -1,16 +1,17 @@
 //! What an idempotent rmcp tool returns to the agent: its own result with the operation's ref
-//! in `_meta.idem` (and, on a replay, a line of text saying so), or idem's refusal as an `isError` result in words the model can act on,
-//! with codes in `_meta.idem`; and the deprecated `Json` (rmcp's own `Json` is stored and replayed
-//! directly now).
+//! in `_meta["dev.idem/outcome"]` (and, on a replay, a line of text saying so), or idem's refusal
+//! as an `isError` result in words the model can act on, with codes in the same `_meta` object;
+//! and the deprecated `Json` (rmcp's own `Json` is stored and replayed directly now).
 
 use std::sync::Arc;
 
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::IntoCallToolResult;
-use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, CreateTaskResult, JsonObject, MetaObject};
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, CreateTaskResult, JsonObject};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::meta::{self, OUTCOME_META_KEY};
 use crate::key::Ref;
 use crate::macro_support::HandlerResult;
 use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
@@ -31,6 +32,16 @@ pub enum ToolOutcome<R> {
         /// Whether a replay carries [`replay_note`] as a last text block, for hosts that do not
         /// pass `_meta` to the model (`#[idempotent(replay_note = false)]` turns it off).
         replay_note: bool,
+    },
+    /// The handler asked the client for input before it acts (a multi-round-trip request,
+    /// [`Step::InputRequired`](super::Step::InputRequired)), with its `requestState` sealed to
+    /// the operation. Not stored: the operation is not done.
+    #[non_exhaustive]
+    InputRequired {
+        /// The handler's input request.
+        result: R,
+        /// The operation's ref.
+        reference: Ref,
     },
     /// idem answered without running the handler.
     Refused(Rejection),
@@ -56,7 +67,7 @@ impl<R> ToolOutcome<R> {
         R::Err: IdempotentError,
     {
         match self {
-            Self::Served { result, .. } => result,
+            Self::Served { result, .. } | Self::InputRequired { result, .. } => result,
             Self::Refused(rejection) => R::from_result(Err(R::Err::from_rejection(rejection))),
             // A caller that cannot poll is told what a client without tasks is told.
             Self::Task { reference, .. } => {
@@ -76,6 +87,14 @@ impl<R: IntoCallToolResult> IntoCallToolResult for ToolOutcome<R> {
                 }
                 other => Ok(other),
             },
+            Self::InputRequired { result, reference } => match result.into_call_tool_result()? {
+                CallToolResponse::InputRequired(mut request) => {
+                    let outcome = json!({ "ref": reference.to_string(), "inputRequired": true, "executed": false });
+                    meta::insert(&mut request.meta, OUTCOME_META_KEY, outcome);
+                    Ok(CallToolResponse::InputRequired(request))
+                }
+                other => Ok(other),
+            },
             Self::Refused(rejection) => Ok(CallToolResponse::Complete(refusal(&rejection))),
             Self::Task { task, .. } => Ok(CallToolResponse::Task(task)),
         }
@@ -88,8 +107,8 @@ pub(crate) fn mark_served(result: &mut CallToolResult, reference: Ref, replayed:
     if replayed && note {
         result.content.push(ContentBlock::text(replay_note(reference)));
     }
-    let idem = json!({ "ref": reference.to_string(), "replayed": replayed });
-    result.meta.get_or_insert_with(|| MetaObject(JsonObject::new())).0.insert("idem".to_owned(), idem);
+    let outcome = json!({ "ref": reference.to_string(), "replayed": replayed });
+    meta::insert(&mut result.meta, OUTCOME_META_KEY, outcome);
 }
 
 /// The line a replayed answer ends with, so that a model whose host drops `_meta` does not
@@ -102,7 +121,8 @@ pub fn replay_note(reference: Ref) -> String {
     )
 }
 
-/// The tool result an agent gets for a refusal: `isError`, words to act on, codes in `_meta`.
+/// The tool result an agent gets for a refusal: `isError`, words to act on, codes in `_meta`
+/// under [`OUTCOME_META_KEY`].
 #[must_use]
 pub fn refusal(rejection: &Rejection) -> CallToolResult {
     let mut result = CallToolResult::error(vec![ContentBlock::text(rejection.to_string())]);
@@ -120,9 +140,7 @@ pub fn refusal(rejection: &Rejection) -> CallToolResult {
     }
     idem.insert("executed".to_owned(), Value::Bool(false));
     idem.insert("retry".to_owned(), Value::String(if rejection.retry_is_safe() { "safe" } else { "no" }.to_owned()));
-    let mut meta = JsonObject::new();
-    meta.insert("idem".to_owned(), Value::Object(idem));
-    result.meta = Some(MetaObject(meta));
+    meta::insert(&mut result.meta, OUTCOME_META_KEY, Value::Object(idem));
     result
 }
 

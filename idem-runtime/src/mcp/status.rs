@@ -12,11 +12,12 @@ use std::sync::Arc;
 use rmcp::ServerHandler;
 use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
 use rmcp::handler::server::tool::ToolCallContext;
-use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, MetaObject, Tool, ToolAnnotations};
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, Tool, ToolAnnotations};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::caller::{Context, is_remote, no_caller, request_caller};
+use super::meta::{self, OUTCOME_META_KEY};
 use super::outcome::refusal;
 use crate::idem::{HasIdem, Idem};
 use crate::rejection::STATUS_TOOL;
@@ -162,11 +163,9 @@ async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObjec
     }
 }
 
-/// An `isError` status answer with `_meta.idem.code`.
+/// An `isError` status answer with the code in `_meta` under [`OUTCOME_META_KEY`].
 fn status_error(code: &str, text: String) -> CallToolResult {
     let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
-    let mut meta = JsonObject::new();
-    meta.insert("idem".to_owned(), json!({ "code": code }));
-    result.meta = Some(MetaObject(meta));
+    meta::insert(&mut result.meta, OUTCOME_META_KEY, json!({ "code": code }));
     result
 }

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use super::caller::{Context, is_remote, no_caller, request_caller};
 use super::error::ToolError;
+use super::meta::OUTCOME_META_KEY;
 use super::outcome::mark_served;
 use crate::StatusError;
 use crate::idem::Idem;
@@ -123,7 +124,7 @@ pub async fn cancel_task(idem: &Idem, request: &CancelTaskParams, context: &Cont
              `tasks/get` for its outcome; to reverse an effect, call the tool that undoes it"
         ),
         Some(
-            json!({ "dev.idem/outcome": { "code": "cannot_cancel", "ref": reference.to_string(), "state": report.state.as_str() } }),
+            json!({ OUTCOME_META_KEY: { "code": "cannot_cancel", "ref": reference.to_string(), "state": report.state.as_str() } }),
         ),
     ))
 }
@@ -222,7 +223,7 @@ fn task_of(idem: &Idem, report: &StatusReport) -> DetailedTask {
 
 fn failed(code: i32, message: String, reference: Ref, idem_code: &str, retry: &str) -> TaskPayload {
     let outcome = json!({ "code": idem_code, "ref": reference.to_string(), "executed": false, "retry": retry });
-    let error = json!({ "code": code, "message": message, "data": { "dev.idem/outcome": outcome } });
+    let error = json!({ "code": code, "message": message, "data": { OUTCOME_META_KEY: outcome } });
     let Value::Object(error) = error else { unreachable!("a literal object") };
     TaskPayload::Failed { error }
 }

@@ -1,0 +1,35 @@
+//! `single_use_state` is a switch: a string, even "yes", is refused with the accepted form.
+
+use idem_runtime::mcp::ToolError;
+use idem_runtime::{HasIdem, Idem, audit_idempotent, idempotent};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{tool, tool_router};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct OpenTicket {
+    project: String,
+    title: String,
+}
+
+struct Desk {
+    idem: Idem,
+}
+
+impl HasIdem for Desk {
+    fn idem(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+#[tool_router]
+#[audit_idempotent]
+impl Desk {
+    #[idempotent(key = "project, title", single_use_state = "yes")]
+    #[tool(description = "Open a ticket")]
+    async fn open_ticket(&self, Parameters(args): Parameters<OpenTicket>) -> Result<String, ToolError> {
+        Ok(format!("{}: {}", args.project, args.title))
+    }
+}
+
+fn main() {}
