@@ -20,8 +20,19 @@ Scenario, over each transport:
   6. HTTP only: another tenant's identical call is its own new operation, and that tenant cannot
      see the first tenant's ref or its charges (list_charges is per tenant); a request without a
      valid bearer token is answered 401.
-  7. restart: stop the server, start it on the same SQLite file, repeat step 2's call: replayed,
-     the same receipt, and the (in-memory) processor made no new charge.
+  7. multi-round-trip requests (MRTR): charge_card_confirmed above 200.00 answers input_required;
+     the SDK's elicitation callback accepts and the continuation charges once; the same call again is
+     a replay that asks nothing; driven by hand, the continuation (inputResponses + idem's sealed
+     requestState) sent twice charges once (the second is a replay); a declined confirmation
+     charges nothing.
+  8. tasks: a second client declares io.modelcontextprotocol/tasks (an SDK ClientExtension that
+     claims `resultType: "task"` answers and polls `tasks/get`, sent raw through the SDK's session:
+     the SDK has no task API of its own); of 3 concurrent identical create_shipment calls one runs
+     and two get its task (the same taskId, the operation's ref), polled working -> completed with
+     the same result; a client without the extension gets "in flight" instead.
+  9. restart: stop the server, start it on the same SQLite file, repeat step 2's call: replayed,
+     the same receipt, and the (in-memory) processor made no new charge; `tasks/get` for step 8's
+     taskId answers completed with the same result, and the shipment's repeat has the same ref.
 """
 
 from __future__ import annotations
@@ -43,12 +54,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
 
 import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, ElicitResult, InputRequiredResult, Request, RequestParams, Result
+from pydantic import TypeAdapter
 
 KEYED_TOOLS = {"charge_card", "charge_card_confirmed", "create_shipment", "send_email"}
 READ_ONLY_TOOLS = {"list_charges", "idem_status"}
@@ -224,15 +239,16 @@ class Setup:
 
 
 @asynccontextmanager
-async def stdio_connection(setup: Setup, caller: str = TENANT_A) -> AsyncIterator[Client]:
-    """Spawn the server over stdio (the SDK owns the process) with `caller` as its local identity."""
+async def stdio_connection(setup: Setup, caller: str = TENANT_A, **options: Any) -> AsyncIterator[Client]:
+    """Spawn the server over stdio (the SDK owns the process) with `caller` as its local identity;
+    `options` go to `Client` (extensions, an elicitation callback)."""
     params = StdioServerParameters(
         command=setup.binary,
         args=["--processor-delay-ms", str(setup.delay_ms)],
         env=setup.server_env() | {"IDEM_LOCAL_CALLER": caller},
     )
     with open(setup.log_path, "a", encoding="utf-8") as errlog:
-        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=CALL_TIMEOUT_S) as client:
+        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=CALL_TIMEOUT_S, **options) as client:
             say(f"  .. connected over stdio as {caller}, protocol {client.protocol_version}")
             yield client
 
@@ -292,12 +308,13 @@ class HttpServer:
 
 
 @asynccontextmanager
-async def http_connection(server: HttpServer, token: str) -> AsyncIterator[Client]:
-    """Connect over streamable HTTP with `Authorization: Bearer <token>` on every request."""
+async def http_connection(server: HttpServer, token: str, **options: Any) -> AsyncIterator[Client]:
+    """Connect over streamable HTTP with `Authorization: Bearer <token>` on every request; `options`
+    go to `Client` (extensions, an elicitation callback)."""
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(CALL_TIMEOUT_S)) as http:
         transport = streamable_http_client(server.url, http_client=http)
-        async with Client(transport, read_timeout_seconds=CALL_TIMEOUT_S) as client:
+        async with Client(transport, read_timeout_seconds=CALL_TIMEOUT_S, **options) as client:
             say(f"  .. connected over HTTP as {token}, protocol {client.protocol_version}")
             yield client
 
@@ -532,21 +549,209 @@ async def check_replay_after_restart(client: Client, first: Any) -> None:
     assert after == count, f"the replay after restart made {after - count} new charge(s)"
 
 
+# --------------------------------------------------------------------------- MCP 2026-07-28: MRTR and tasks
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+CONFIRM_ABOVE_CENTS = 20000  # charge_card_confirmed asks above 200.00
+
+
+class TaskHandle(Result):
+    """A `tools/call` answered with a task (`resultType: "task"`, SEP-2663)."""
+
+    result_type: Literal["task"]
+    task_id: str
+    status: str
+    status_message: str | None = None
+    ttl_ms: int | None = None
+    poll_interval_ms: int | None = None
+
+
+class GetTaskParams(RequestParams):
+    task_id: str
+
+
+class GetTask(Request[GetTaskParams, Literal["tasks/get"]]):
+    """`tasks/get`, sent raw through the SDK's session: the SDK 2.3.0 has no task API of its own."""
+
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param: ClassVar[str | None] = "taskId"
+
+
+async def get_task(session: Any, task_id: str) -> dict[str, Any]:
+    return await session.send_request(GetTask(params=GetTaskParams(task_id=task_id)), TypeAdapter(dict[str, Any]))
+
+
+class Tasks(ClientExtension):
+    """The tasks extension for the official client: declared in the client's capabilities, it claims
+    `resultType: "task"` answers and resolves them by polling `tasks/get` until a terminal status."""
+
+    identifier = TASKS_EXTENSION
+
+    def __init__(self) -> None:
+        self.handles: list[dict[str, Any]] = []
+        self.polls: list[dict[str, Any]] = []
+
+    def claims(self) -> Sequence[ResultClaim[Any]]:
+        return (ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve),)
+
+    async def resolve(self, handle: TaskHandle, context: ClaimContext) -> CallToolResult:
+        self.handles.append(handle.model_dump(mode="json", by_alias=True, exclude_none=True))
+        deadline = time.monotonic() + STATUS_POLL_TIMEOUT_S
+        while True:
+            task = await get_task(context.session, handle.task_id)
+            self.polls.append(task)
+            if task.get("status") != "working":
+                break
+            assert time.monotonic() < deadline, f"task {handle.task_id} still working after {STATUS_POLL_TIMEOUT_S}s"
+            await asyncio.sleep(min(handle.poll_interval_ms or 200, 200) / 1000)
+        assert task.get("status") == "completed", f"task {handle.task_id} ended {task.get('status')}: {task}"
+        return CallToolResult.model_validate(task["result"])
+
+
+class Confirmations:
+    """The elicitation callback the SDK answers input requests with: accepts or declines, and counts."""
+
+    def __init__(self) -> None:
+        self.accept = True
+        self.asked: list[str] = []
+
+    async def __call__(self, context: Any, params: Any) -> ElicitResult:
+        self.asked.append(params.message)
+        action = "accept" if self.accept else "decline"
+        got(f"elicitation {params.message!r} -> {action}")
+        return ElicitResult(action=action, content={} if self.accept else None)
+
+
+async def check_mrtr(client: Client, confirmations: Confirmations, label: str) -> None:
+    step("multi-round-trip requests: a charge above 200.00 asks to confirm first")
+    charge = {"card": "tok_amex", "amount_cents": 24000, "description": f"order 2001 ({label})"}
+    before = await charge_count(client, "before")
+    confirmations.accept, confirmations.asked = True, []
+    first = await call(client, "charge_card_confirmed", charge, note="   (the user accepts)")
+    ref = assert_fresh_or_replayed(first, replayed=False, what="the confirmed charge")
+    assert len(confirmations.asked) == 1, f"one confirmation expected, asked {confirmations.asked}"
+    assert "240.00" in confirmations.asked[0], f"the confirmation does not name the amount: {confirmations.asked}"
+    assert await charge_count(client, "after the confirmed charge") == before + 1, "the confirmed charge did not charge once"
+
+    again = await call(client, "charge_card_confirmed", charge, note="   (the same call again)")
+    assert assert_fresh_or_replayed(again, replayed=True, what="a repeat of the confirmed call") == ref
+    assert again.structured_content == first.structured_content, "the repeat's receipt differs"
+    assert len(confirmations.asked) == 1, "a repeat of a completed charge asked to confirm again"
+    assert await charge_count(client, "after the repeat") == before + 1, "the repeat charged again"
+
+    step("multi-round-trip requests, driven by hand: the continuation, then the same continuation again")
+    charge = {"card": "tok_amex", "amount_cents": 26000, "description": f"order 2002 ({label})"}
+    sent("charge_card_confirmed", charge, note="   (round 1, allow_input_required)")
+    asked = await client.session.call_tool("charge_card_confirmed", charge, allow_input_required=True)
+    assert isinstance(asked, InputRequiredResult), f"expected input_required, got {asked!r}"
+    dumped = asked.model_dump(mode="json", by_alias=True, exclude_none=True)
+    got(json.dumps(dumped, sort_keys=True)[:400])
+    state = asked.request_state
+    assert state and state.startswith("idem1."), f"the requestState is not idem's sealed state: {state!r}"
+    assert set(asked.input_requests or {}) == {"confirm"}, f"unexpected input requests {asked.input_requests}"
+    outcome = (asked.meta or {}).get(OUTCOME_META_KEY) or {}
+    assert outcome.get("executed") is False, f"an input request must say executed == false: {outcome}"
+    assert await charge_count(client, "after round 1") == before + 1, "asking charged"
+    responses = {"confirm": {"action": "accept", "content": {}}}
+    results = []
+    for note in ("(round 2: inputResponses + requestState)", "(round 2 again, a new JSON-RPC id)"):
+        sent("charge_card_confirmed", charge, note=f"   {note}")
+        result = await client.session.call_tool(
+            "charge_card_confirmed", charge, input_responses=responses, request_state=state
+        )
+        got(describe(result))
+        results.append(result)
+    continued, repeated = results
+    ref = assert_fresh_or_replayed(continued, replayed=False, what="the continuation")
+    assert assert_fresh_or_replayed(repeated, replayed=True, what="the repeated continuation") == ref
+    assert repeated.structured_content == continued.structured_content, "the repeated continuation's receipt differs"
+    assert await charge_count(client, "after both continuations") == before + 2, "a continuation charged twice"
+
+    step("multi-round-trip requests: a declined confirmation charges nothing")
+    charge = {"card": "tok_amex", "amount_cents": 31000, "description": f"order 2003 ({label})"}
+    confirmations.accept, confirmations.asked = False, []
+    declined = await call(client, "charge_card_confirmed", charge, note="   (the user declines)")
+    assert declined.is_error, f"a declined confirmation should be an error result: {describe(declined)}"
+    assert "not confirmed" in text_of(declined), f"unexpected words for a decline: {text_of(declined)!r}"
+    assert len(confirmations.asked) == 1, f"one confirmation expected, asked {confirmations.asked}"
+    assert await charge_count(client, "after the decline") == before + 2, "a declined charge charged"
+    confirmations.accept = True
+
+
+async def check_tasks(tasks_client: Client, tasks: Tasks, plain: Client, label: str) -> dict[str, Any]:
+    """Concurrent identical create_shipment calls from a client that declared the tasks extension:
+    one runs, the others get its task (the same taskId, the operation's ref) and poll `tasks/get`.
+    Returns what the restart step checks again."""
+    step(f"tasks: 3 concurrent identical create_shipment calls from a client that declared {TASKS_EXTENSION}")
+    shipment = {"order_id": f"order-3001-{label}", "address": "1 Quay Street"}
+    sent("create_shipment", shipment, note="   x3, concurrently")
+    results = await asyncio.gather(*[tasks_client.call_tool("create_shipment", shipment) for _ in range(3)])
+    for handle in tasks.handles:
+        got(f"task handle {json.dumps(handle, sort_keys=True)}")
+    statuses = [poll.get("status") for poll in tasks.polls]
+    got(f"tasks/get x{len(statuses)} -> " + ", ".join(f"{s} x{statuses.count(s)}" for s in dict.fromkeys(statuses)))
+    fresh = [r for r in results if idem_meta(r).get("replayed") is False]
+    assert len(fresh) == 1, f"exactly one call should have run: {[describe(r) for r in results]}"
+    ref = assert_fresh_or_replayed(fresh[0], replayed=False, what="the shipment that ran")
+    task_ids = {handle["taskId"] for handle in tasks.handles}
+    assert len(tasks.handles) == 2, f"the two repeats should have been answered with a task: {tasks.handles}"
+    assert task_ids == {ref}, f"the repeats' taskIds {task_ids} are not the operation's ref {ref}"
+    assert all(handle["status"] == "working" for handle in tasks.handles), "a task handle is not working"
+    assert any(poll.get("status") == "working" for poll in tasks.polls), "tasks/get never said working"
+    completed = [poll for poll in tasks.polls if poll.get("status") == "completed"]
+    assert completed, "tasks/get never said completed"
+    for result in results:
+        assert result.structured_content == fresh[0].structured_content, f"a task's result differs: {describe(result)}"
+
+    step("tasks: a client without the extension gets the in-flight answer instead")
+    other = {"order_id": f"order-3002-{label}", "address": "2 Quay Street"}
+    sent("create_shipment", other, note="   x2, concurrently, without the extension")
+    both = await asyncio.gather(*[plain.call_tool("create_shipment", other) for _ in range(2)])
+    for result in both:
+        got(describe(result))
+    assert sum(idem_meta(r).get("replayed") is False for r in both) == 1, "one of the two should have run"
+    refused = [r for r in both if r.is_error]
+    assert len(refused) == 1, f"the other should be refused in flight: {[describe(r) for r in both]}"
+    assert_refusal(refused[0], "in_flight", "a repeat from a client without tasks")
+    return {"shipment": shipment, "task_id": ref, "result": completed[-1]["result"], "first": fresh[0]}
+
+
+async def check_task_after_restart(client: Client, before: dict[str, Any]) -> None:
+    step("tasks after a restart: tasks/get for the same taskId, and a repeat with the same ref")
+    task_id = before["task_id"]
+    sent("tasks/get", {"taskId": task_id})
+    task = await get_task(client.session, task_id)
+    got(f"status {task.get('status')} taskId {task.get('taskId')}")
+    assert task.get("taskId") == task_id and task.get("status") == "completed", f"after restart: {task}"
+    assert task["result"].get("structuredContent") == before["result"].get("structuredContent"), (
+        f"after restart the task's result differs: {task['result']} != {before['result']}"
+    )
+    again = await call(client, "create_shipment", before["shipment"], note="   (repeat after restart)")
+    assert assert_fresh_or_replayed(again, replayed=True, what="the shipment after restart") == task_id
+    assert again.structured_content == before["first"].structured_content, "after restart the receipt differs"
+
+
 # --------------------------------------------------------------------------- the two runs
 
 
 async def run_stdio(setup: Setup) -> None:
     step(f"stdio: server {setup.binary}, ledger {setup.database_url}, caller {TENANT_A}")
-    async with stdio_connection(setup) as client:
+    confirmations = Confirmations()
+    async with stdio_connection(setup, elicitation_callback=confirmations) as client:
         await check_tools_list(client)
         first = await check_sequential_repeat(client)
         await check_concurrent_repeats(client, setup)
         await check_changed_amount(client, first)
         await check_conflict(client, first)
+        await check_mrtr(client, confirmations, "stdio")
+        tasks = Tasks()
+        async with stdio_connection(setup, extensions=[tasks]) as tasks_client:
+            shipped = await check_tasks(tasks_client, tasks, client, "stdio")
     say("  .. stdio session closed: the server process has exited")
     step("restart: a new server process on the same SQLite file")
-    async with stdio_connection(setup) as client:
+    async with stdio_connection(setup, extensions=[Tasks()]) as client:
         await check_replay_after_restart(client, first)
+        await check_task_after_restart(client, shipped)
 
 
 async def run_http(setup: Setup, port: int) -> None:
@@ -555,21 +760,27 @@ async def run_http(setup: Setup, port: int) -> None:
     server.start()
     try:
         await check_unauthenticated(server)
-        async with http_connection(server, TENANT_A) as client:
+        confirmations = Confirmations()
+        async with http_connection(server, TENANT_A, elicitation_callback=confirmations) as client:
             await check_tools_list(client)
             first = await check_sequential_repeat(client)
             await check_concurrent_repeats(client, setup)
             await check_changed_amount(client, first)
             await check_conflict(client, first)
             await check_other_tenant(server, first)
+            await check_mrtr(client, confirmations, "http")
+            tasks = Tasks()
+            async with http_connection(server, TENANT_A, extensions=[tasks]) as tasks_client:
+                shipped = await check_tasks(tasks_client, tasks, client, "http")
     finally:
         server.stop()
     step("restart: a new server process on the same SQLite file")
     server = HttpServer(setup, 0)
     server.start()
     try:
-        async with http_connection(server, TENANT_A) as client:
+        async with http_connection(server, TENANT_A, extensions=[Tasks()]) as client:
             await check_replay_after_restart(client, first)
+            await check_task_after_restart(client, shipped)
     finally:
         server.stop()
 
