@@ -21,6 +21,7 @@ mod mrtr;
 mod pedantic;
 mod rmcp_tasks;
 mod rmcp_tools;
+mod rmcp_waiting;
 mod security;
 mod waiting;
 
