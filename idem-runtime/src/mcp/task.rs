@@ -89,7 +89,7 @@ pub(crate) fn answers_with_task(recipe: &Recipe, client_declares: bool, server_a
 /// | the operation | the task |
 /// |---|---|
 /// | in progress | `working`, with a status message: poll, do not re-submit |
-/// | completed (a result or a final error) | `completed`, `result` = the `CallToolResult` a repeat of the call replays (`_meta.idem.replayed: true`, ending with the replay note) |
+/// | completed (a result or a final error) | `completed`, `result` = the `CallToolResult` a repeat of the call replays (`_meta["dev.idem/outcome"].replayed: true`, ending with the replay note) |
 /// | failed: nothing happened | `failed`, `error.code` [`NOTHING_RAN`]: nothing ran, calling the tool again runs it |
 /// | outcome unknown (or superseded unsettled) | `failed`, `error.code` [`OUTCOME_UNKNOWN`]: do not retry; an operator resolves it |
 ///
