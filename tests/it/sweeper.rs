@@ -175,6 +175,36 @@ async fn replicas(backend: &str, test: &str, n: usize) -> Option<Vec<Arc<dyn Led
     Some(ledgers)
 }
 
+/// The URL of the database [`replicas`] gave a durable `backend`'s `test`.
+fn replica_url(backend: &str, test: &str) -> Option<String> {
+    let (env, default) = match backend {
+        "postgres" => ("IDEM_TEST_POSTGRES_URL", POSTGRES_URL),
+        "mysql" => ("IDEM_TEST_MYSQL_URL", MYSQL_URL),
+        _ => return None,
+    };
+    let base = std::env::var(env).unwrap_or_else(|_| default.to_owned());
+    let (prefix, _) = base.rsplit_once('/')?;
+    Some(format!("{prefix}/idem_sweeper_{test}"))
+}
+
+/// Counts the times a session of the database at `url` is seen waiting on a lock, until
+/// `watching` turns false.
+async fn watch_lock_waits(url: String, waits: Arc<AtomicUsize>, watching: Arc<std::sync::atomic::AtomicBool>) {
+    let (_, name) = url.rsplit_once('/').unwrap();
+    let db = sea_orm::Database::connect(SeaOrmLedger::connect_options(&url)).await.expect("connect");
+    let query = format!(
+        "SELECT count(*)::bigint FROM pg_stat_activity WHERE datname = '{name}' AND wait_event_type = 'Lock'"
+    );
+    while watching.load(Ordering::SeqCst) {
+        let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, query.clone())).await.unwrap().unwrap();
+        let waiting: i64 = row.try_get_by_index(0).unwrap();
+        if waiting > 0 {
+            waits.fetch_add(1, Ordering::SeqCst);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
         mod memory { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $case() { super::$case("memory").await } )* }
@@ -194,6 +224,13 @@ async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend
     let Some(ledgers) = replicas(backend, "three_replicas", 3).await else { return };
     let live = seed(&ledgers[0], EXPIRED, 40).await;
     let handles: Vec<Idem> = ledgers.iter().map(|ledger| idem_tests::idem_shared(Arc::clone(ledger))).collect();
+    // On PostgreSQL, watch for a sweep waiting on another's row locks (a lock storm in the small).
+    let lock_waits = Arc::new(AtomicUsize::new(0));
+    let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = match replica_url(backend, "three_replicas") {
+        Some(url) if backend == "postgres" => Some(tokio::spawn(watch_lock_waits(url, Arc::clone(&lock_waits), Arc::clone(&watching)))),
+        _ => None,
+    };
     // A short period and small batches, so the three overlap on many batches.
     let sweepers: Vec<_> = handles.iter().map(|idem| idem.spawn_sweeper(Duration::from_millis(5), 50)).collect();
     let total = || sweepers.iter().map(|s| s.stats().swept).sum::<u64>();
@@ -209,6 +246,11 @@ async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend
     for sweeper in sweepers {
         stats.push(sweeper.stop().await);
     }
+    watching.store(false, Ordering::SeqCst);
+    if let Some(watcher) = watcher {
+        watcher.await.unwrap();
+    }
+    assert_eq!(lock_waits.load(Ordering::SeqCst), 0, "no sweep waited on another's row locks");
     let swept: u64 = stats.iter().map(|s| s.swept).sum();
     let errors: u64 = stats.iter().map(|s| s.errors).sum();
     eprintln!("{backend}: per sweeper {stats:?}");
