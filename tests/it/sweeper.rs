@@ -192,11 +192,17 @@ fn replica_url(backend: &str, test: &str) -> Option<String> {
 async fn watch_lock_waits(url: String, waits: Arc<AtomicUsize>, watching: Arc<std::sync::atomic::AtomicBool>) {
     let (_, name) = url.rsplit_once('/').unwrap();
     let db = sea_orm::Database::connect(SeaOrmLedger::connect_options(&url)).await.expect("connect");
-    let query = format!(
-        "SELECT count(*)::bigint FROM pg_stat_activity WHERE datname = '{name}' AND wait_event_type = 'Lock'"
-    );
+    let backend = db.get_database_backend();
+    let query = if backend == DbBackend::Postgres {
+        format!("SELECT count(*)::bigint FROM pg_stat_activity WHERE datname = '{name}' AND wait_event_type = 'Lock'")
+    } else {
+        format!(
+            "SELECT CAST(count(*) AS SIGNED) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' \
+             AND trx_mysql_thread_id IN (SELECT id FROM information_schema.PROCESSLIST WHERE db = '{name}')"
+        )
+    };
     while watching.load(Ordering::SeqCst) {
-        let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, query.clone())).await.unwrap().unwrap();
+        let row = db.query_one_raw(Statement::from_string(backend, query.clone())).await.unwrap().unwrap();
         let waiting: i64 = row.try_get_by_index(0).unwrap();
         if waiting > 0 {
             waits.fetch_add(1, Ordering::SeqCst);
@@ -224,11 +230,12 @@ async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend
     let Some(ledgers) = replicas(backend, "three_replicas", 3).await else { return };
     let live = seed(&ledgers[0], EXPIRED, 40).await;
     let handles: Vec<Idem> = ledgers.iter().map(|ledger| idem_tests::idem_shared(Arc::clone(ledger))).collect();
-    // On PostgreSQL, watch for a sweep waiting on another's row locks (a lock storm in the small).
+    // On the servers, watch for a sweep waiting on another's row locks (a lock storm in the
+    // small): never on PostgreSQL, whose sweep skips locked rows.
     let lock_waits = Arc::new(AtomicUsize::new(0));
     let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let watcher = match replica_url(backend, "three_replicas") {
-        Some(url) if backend == "postgres" => Some(tokio::spawn(watch_lock_waits(url, Arc::clone(&lock_waits), Arc::clone(&watching)))),
+        Some(url) => Some(tokio::spawn(watch_lock_waits(url, Arc::clone(&lock_waits), Arc::clone(&watching)))),
         _ => None,
     };
     // A short period and small batches, so the three overlap on many batches.
@@ -240,8 +247,10 @@ async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend
     .await;
     // A few more sweeps each, over a table with nothing expired left: they must find nothing.
     let sweeps: Vec<u64> = sweepers.iter().map(|s| s.stats().sweeps).collect();
-    until("every sweeper sweeps again", || sweepers.iter().zip(&sweeps).all(|(s, before)| s.stats().sweeps >= before + 3))
-        .await;
+    until("every sweeper sweeps again", || {
+        sweepers.iter().zip(&sweeps).all(|(s, before)| s.stats().sweeps >= before + 3)
+    })
+    .await;
     let mut stats = Vec::new();
     for sweeper in sweepers {
         stats.push(sweeper.stop().await);
@@ -250,7 +259,14 @@ async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend
     if let Some(watcher) = watcher {
         watcher.await.unwrap();
     }
-    assert_eq!(lock_waits.load(Ordering::SeqCst), 0, "no sweep waited on another's row locks");
+    let lock_waits = lock_waits.load(Ordering::SeqCst);
+    if backend == "postgres" {
+        assert_eq!(lock_waits, 0, "no sweep waited on another's row locks");
+    } else if backend == "mysql" {
+        // MariaDB's `DELETE … ORDER BY … LIMIT` cannot skip locked rows: a wait is possible
+        // there (though short, and never a double delete). Reported, not asserted.
+        eprintln!("mysql: sessions seen waiting on a lock: {lock_waits}");
+    }
     let swept: u64 = stats.iter().map(|s| s.swept).sum();
     let errors: u64 = stats.iter().map(|s| s.errors).sum();
     eprintln!("{backend}: per sweeper {stats:?}");
@@ -399,11 +415,11 @@ async fn postgres_sweep_skips_locked_rows_instead_of_waiting() {
         let ledger = Arc::clone(&ledger);
         async move { ledger.sweep(now_ms(), 1_000).await }
     });
-    let waiting = format!(
-        "SELECT count(*)::bigint FROM pg_stat_activity WHERE datname = '{name}' AND wait_event_type = 'Lock'"
-    );
+    let waiting =
+        format!("SELECT count(*)::bigint FROM pg_stat_activity WHERE datname = '{name}' AND wait_event_type = 'Lock'");
     while !sweep.is_finished() {
-        let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, waiting.clone())).await.unwrap().unwrap();
+        let row =
+            db.query_one_raw(Statement::from_string(DbBackend::Postgres, waiting.clone())).await.unwrap().unwrap();
         let waiters: i64 = row.try_get_by_index(0).unwrap();
         if waiters > 0 {
             holder.rollback().await.unwrap();

@@ -135,10 +135,14 @@ impl Idem {
     /// # Panics
     /// If `every` is zero (the sweeper would never pause), or if called outside a Tokio runtime.
     pub fn spawn_sweeper(&self, every: Duration, batch: usize) -> Sweeper {
-        assert!(!every.is_zero(), "a sweeper needs a period: give `spawn_sweeper` a non-zero `every`, such as 5 minutes");
+        assert!(
+            !every.is_zero(),
+            "a sweeper needs a period: give `spawn_sweeper` a non-zero `every`, such as 5 minutes"
+        );
         let (stop, stopped) = oneshot::channel();
         let counters = Arc::new(Counters::default());
-        let run = Run { handle: Arc::downgrade(&self.inner), every, batch: batch.max(1), counters: Arc::clone(&counters) };
+        let run =
+            Run { handle: Arc::downgrade(&self.inner), every, batch: batch.max(1), counters: Arc::clone(&counters) };
         let task = tokio::spawn(run.run(stopped));
         Sweeper { stop: Some(stop), task: Some(task), counters }
     }
