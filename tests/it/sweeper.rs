@@ -234,10 +234,8 @@ async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend
     // small): never on PostgreSQL, whose sweep skips locked rows.
     let lock_waits = Arc::new(AtomicUsize::new(0));
     let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let watcher = match replica_url(backend, "three_replicas") {
-        Some(url) => Some(tokio::spawn(watch_lock_waits(url, Arc::clone(&lock_waits), Arc::clone(&watching)))),
-        _ => None,
-    };
+    let watcher = replica_url(backend, "three_replicas")
+        .map(|url| tokio::spawn(watch_lock_waits(url, Arc::clone(&lock_waits), Arc::clone(&watching))));
     // A short period and small batches, so the three overlap on many batches.
     let sweepers: Vec<_> = handles.iter().map(|idem| idem.spawn_sweeper(Duration::from_millis(5), 50)).collect();
     let total = || sweepers.iter().map(|s| s.stats().swept).sum::<u64>();
