@@ -17,6 +17,7 @@
 //! - `wait`: a repeat that waits for an operation in progress (`wait = "5s"`): one poller per
 //!   operation and process, woken by a holder in the same process.
 //! - `admin`: the operator's paths: [`Idem::status`], [`Idem::resolve`], [`Idem::sweep`].
+//! - `sweeper`: [`Idem::sweep`] in the background, on a jittered schedule ([`Idem::spawn_sweeper`]).
 
 mod admin;
 mod arguments;
@@ -28,6 +29,7 @@ mod operation;
 #[cfg_attr(not(feature = "rmcp"), expect(dead_code, reason = "only rmcp tools ask for input"))]
 mod request_state;
 mod stored;
+mod sweeper;
 mod time;
 mod wait;
 
@@ -42,6 +44,7 @@ pub use operation::{Operation, current_caller, current_operation, run_as};
 #[cfg(feature = "rmcp")]
 pub(crate) use request_state::EchoedState;
 pub use stored::ResultSeal;
+pub use sweeper::{Sweeper, SweeperStats};
 
 /// Gives `#[idempotent]` methods their [`Idem`] handle: implement it for your server type.
 #[diagnostic::on_unimplemented(

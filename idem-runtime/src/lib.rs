@@ -14,7 +14,8 @@
 //! - [`Key`], [`Ref`], [`Fingerprint`]: what a call is, derived from a [`Recipe`] and a [`Scope`].
 //! - [`Ledger`]: the atomic claim and the record's state machine; [`MemoryLedger`] for tests.
 //! - [`Idem`]: the handle that runs a handler under a recipe ([`Idem::call`]), and the
-//!   operator's paths ([`Idem::status`], [`Idem::resolve`] with a [`Resolution`], [`Idem::sweep`]).
+//!   operator's paths ([`Idem::status`], [`Idem::resolve`] with a [`Resolution`], [`Idem::sweep`],
+//!   and [`Idem::spawn_sweeper`], which sweeps in the background on every replica).
 //!
 //! Everything `Idem`'s and [`Operation`]'s methods take or return is named at this root; what
 //! only a ledger implementation needs lives in [`ledger`], what only an rmcp server needs in
@@ -85,7 +86,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use idem::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,
-    StatusError, current_caller, current_operation, run_as,
+    StatusError, Sweeper, SweeperStats, current_caller, current_operation, run_as,
 };
 pub use key::{Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;

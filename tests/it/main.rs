@@ -23,6 +23,7 @@ mod rmcp_tasks;
 mod rmcp_tools;
 mod rmcp_waiting;
 mod security;
+mod sweeper;
 mod waiting;
 
 /// Held by every test that calls `Idem::install`: the installed handle is one per process, so a

@@ -1,7 +1,8 @@
 //! The operator's paths: an operation's status (scoped to its caller), an operator's verdict on
 //! an operation whose outcome is unknown, and the sweep of expired records. Status and verdicts
 //! look under every secret still honoured, so a rotation hides nothing; verdicts and the sweep
-//! act on time, so only on a settled clock.
+//! act on time, so only on a settled clock. The sweep in the background, on a schedule, is
+//! [`Idem::spawn_sweeper`] (`sweeper.rs`).
 
 use crate::key::{Ref, RefError, SubjectTag, TenantTag};
 use crate::ledger::{LedgerError, Resolution, StatusReport};
@@ -116,7 +117,8 @@ impl Idem {
     }
 
     /// Deletes expired records, `batch` at a time (a `batch` of 0 counts as 1), until none are
-    /// left; returns how many.
+    /// left; returns how many. To sweep on a schedule, on every replica, see
+    /// [`Idem::spawn_sweeper`].
     ///
     /// # Errors
     /// The ledger's failure; records deleted before it stay deleted.

@@ -87,14 +87,18 @@ pub(super) static STATEMENTS: Statements = Statements {
                      WHERE key = $4 AND window_end = $5 AND tenant = $6 \
                      AND (state = 4 OR (state = 1 AND lease_until <= $7))",
     },
+    // The subquery locks the rows it picks and skips those another transaction holds (another
+    // replica's sweep, a claim or renewal under way): concurrent sweeps take disjoint batches
+    // instead of queueing behind one another's row locks, and a skipped row waits for the next
+    // sweep. The outer condition still rechecks each row on its newest version.
     sweep: Tables {
         records: "DELETE FROM idem_records WHERE key IN (SELECT key FROM idem_records \
                   WHERE window_end <= $1 AND expires_at <= $2 AND (state <> 1 OR lease_until <= $3) \
-                  ORDER BY window_end LIMIT $4) \
+                  ORDER BY window_end LIMIT $4 FOR UPDATE SKIP LOCKED) \
                   AND window_end <= $5 AND expires_at <= $6 AND (state <> 1 OR lease_until <= $7)",
         superseded: "DELETE FROM idem_superseded WHERE (key, window_end) IN (SELECT key, window_end \
                      FROM idem_superseded WHERE $1 > 0 AND expires_at <= $2 AND (state <> 1 OR lease_until <= $3) \
-                     ORDER BY expires_at LIMIT $4) \
+                     ORDER BY expires_at LIMIT $4 FOR UPDATE SKIP LOCKED) \
                      AND $5 > 0 AND expires_at <= $6 AND (state <> 1 OR lease_until <= $7)",
     },
     sweep_rechecks: true,

@@ -52,7 +52,9 @@ pub struct Statements {
     /// [`Statements::sweep_rechecks`]) now three times again. `expires_at` is never before
     /// `window_end`: naming both lets the current table's sweep range-scan its `window_end`
     /// index (completion changes `expires_at`, so indexing it would cost every completion its
-    /// HOT update).
+    /// HOT update). Where the database can, the subquery skips rows locked by another
+    /// transaction (PostgreSQL's `FOR UPDATE SKIP LOCKED`), so sweeps on several replicas take
+    /// disjoint batches rather than wait on one another.
     pub sweep: Tables<&'static str>,
     /// Whether the sweep selects its rows in a subquery and checks the condition again on the
     /// rows the `DELETE` locks, so a record claimed afresh between the subquery and the delete is

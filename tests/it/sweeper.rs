@@ -1,0 +1,432 @@
+//! The background sweeper (`Idem::spawn_sweeper`), with real concurrency on real databases:
+//! three sweepers on three handles (as three replicas) over one ledger delete every expired
+//! record exactly once in total and never a live one, with no error; a stopped sweeper deletes
+//! nothing more; a sweeper keeps going after a ledger error; a sweeper stops when its handle is
+//! gone; and on PostgreSQL a sweep skips rows another transaction holds instead of waiting.
+//!
+//! The durable backends get a database of their own per test (created on the server the other
+//! suites use, `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_MYSQL_URL`), since a sweeper deletes every
+//! expired record in its table — other suites' too. Without a server, a test is skipped by name
+//! (a failure under `CI=true`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::ledger::{BoxFuture, Claim, ClaimRequest, Outcome, Resolution, StatusReport, Token};
+use idem_runtime::{Idem, Key, Ledger, LedgerError, MemoryLedger, Ref, StalePolicy, SubjectTag, TenantTag};
+use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+
+const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
+const HOUR: u64 = 3_600_000;
+
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    u64::try_from(since.as_millis()).expect("ms fit")
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    for chunk in bytes.chunks_mut(8) {
+        let token = Token::random().get().to_le_bytes();
+        chunk.copy_from_slice(&token[..chunk.len()]);
+    }
+    bytes
+}
+
+/// A fresh operation claimed at `now` with the given window end, expiry and lease.
+fn request(now: u64, window_end: u64, expires_at: u64, lease_until: u64) -> ClaimRequest {
+    ClaimRequest {
+        key: Key::from_bytes(random_bytes()),
+        tenant: TenantTag::from_bytes(random_bytes()),
+        subject: SubjectTag::from_bytes(random_bytes()),
+        fingerprint: [7; 32],
+        arg_tags: vec![[1, 1, 2, 2]],
+        token: Token::random(),
+        now,
+        window_end,
+        expires_at,
+        lease_until,
+        stale: StalePolicy::Hold,
+        clock_trusted: true,
+    }
+}
+
+/// `expired` records the sweep may delete now (every other one completed, the rest in progress
+/// under a lease long run out, hours past their window and expiry), and `live` ones it must
+/// not: in progress under a live lease although past their window and expiry, and completed
+/// ones whose record has not expired. Returns the live ones.
+async fn seed(ledger: &Arc<dyn Ledger>, expired: usize, live: usize) -> Vec<ClaimRequest> {
+    let now = now_ms();
+    let ledger = Arc::clone(ledger);
+    let mut jobs = tokio::task::JoinSet::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    for _ in 0..16 {
+        let (ledger, next) = (Arc::clone(&ledger), Arc::clone(&next));
+        jobs.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= expired {
+                    break;
+                }
+                let r = request(now - 3 * HOUR, now - 2 * HOUR, now - HOUR, now - 2 * HOUR);
+                assert!(ledger.claim(&r).await.expect("claim").won().is_some(), "fresh");
+                if i % 2 == 0 {
+                    let outcome = Outcome::Completed(b"old".to_vec());
+                    ledger.complete(&r.key, r.token, outcome, now - HOUR).await.expect("complete");
+                }
+            }
+        });
+    }
+    jobs.join_all().await;
+    let mut kept = Vec::new();
+    for i in 0..live {
+        if i % 2 == 0 {
+            // A long handler: past its window and its record's expiry, but its holder is alive.
+            let r = request(now - 3 * HOUR, now - 2 * HOUR, now - HOUR, now + 10 * HOUR);
+            assert!(ledger.claim(&r).await.expect("claim").won().is_some());
+            kept.push(r);
+        } else {
+            let r = request(now, now + HOUR, now + 2 * HOUR, now + HOUR);
+            assert!(ledger.claim(&r).await.expect("claim").won().is_some());
+            ledger.complete(&r.key, r.token, Outcome::Completed(b"new".to_vec()), now + HOUR).await.unwrap();
+            kept.push(r);
+        }
+    }
+    kept
+}
+
+/// Every live record is still there, as it was.
+async fn assert_kept(ledger: &dyn Ledger, live: &[ClaimRequest]) {
+    let now = now_ms();
+    for r in live {
+        let report = ledger.lookup(&r.key, now).await.expect("lookup").expect("a live record is never swept");
+        assert!(report.state == idem_runtime::State::InProgress || report.state == idem_runtime::State::Completed);
+    }
+}
+
+/// Polls until `done`, failing (with `what`) if it is not within a minute: a liveness guard,
+/// not a speed bound.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..6_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}: still not the case after a minute");
+}
+
+/// A database of its own on the server at `base_url` (its last path segment replaced), with
+/// the ledger schema and empty tables; `None` (reported skipped) without a server.
+async fn own_database(test: &str, env: &str, default: &str, name: &str) -> Option<String> {
+    let base = std::env::var(env).unwrap_or_else(|_| default.to_owned());
+    let admin = match sea_orm::Database::connect(SeaOrmLedger::connect_options(&base)).await {
+        Ok(admin) => admin,
+        Err(error) => {
+            idem_tests::skip(test, &format!("cannot reach {base} ({error}); set {env} to run it"));
+            return None;
+        }
+    };
+    let (prefix, _) = base.rsplit_once('/').expect("a database URL ends in /<database>");
+    let name = format!("idem_sweeper_{name}");
+    let create = match admin.get_database_backend() {
+        DbBackend::Postgres => format!("CREATE DATABASE {name}"),
+        _ => format!("CREATE DATABASE IF NOT EXISTS {name}"),
+    };
+    if let Err(error) = admin.execute_unprepared(&create).await {
+        // PostgreSQL has no IF NOT EXISTS for databases: an existing one (an earlier run) is fine.
+        assert!(error.to_string().contains("already exists"), "create {name}: {error}");
+    }
+    let url = format!("{prefix}/{name}");
+    let ledger = SeaOrmLedger::connect(&url).await.expect("connect to the test's own database");
+    ledger.migrate().await.expect("migrate");
+    let db = sea_orm::Database::connect(SeaOrmLedger::connect_options(&url)).await.expect("connect");
+    db.execute_unprepared("DELETE FROM idem_records").await.expect("empty the table");
+    db.execute_unprepared("DELETE FROM idem_superseded").await.expect("empty the table");
+    Some(url)
+}
+
+/// `n` ledgers on one store, each with connections of its own (as replicas have), or `None`
+/// (skipped).
+async fn replicas(backend: &str, test: &str, n: usize) -> Option<Vec<Arc<dyn Ledger>>> {
+    let name = format!("sweeper::{backend}::{test}");
+    let url = match backend {
+        "memory" => {
+            let shared: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+            return Some(vec![shared; n]);
+        }
+        "sqlite" => {
+            let dir = std::env::temp_dir().join(format!("idem-sweeper-{}", Token::random().get()));
+            std::fs::create_dir_all(&dir).unwrap();
+            format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display())
+        }
+        "postgres" => own_database(&name, "IDEM_TEST_POSTGRES_URL", POSTGRES_URL, test).await?,
+        _ => own_database(&name, "IDEM_TEST_MYSQL_URL", MYSQL_URL, test).await?,
+    };
+    let mut ledgers: Vec<Arc<dyn Ledger>> = Vec::new();
+    for _ in 0..n {
+        let ledger = SeaOrmLedger::connect(&url).await.expect("connect");
+        ledger.migrate().await.expect("migrate");
+        ledgers.push(Arc::new(ledger));
+    }
+    Some(ledgers)
+}
+
+/// The URL of the database [`replicas`] gave a durable `backend`'s `test`.
+fn replica_url(backend: &str, test: &str) -> Option<String> {
+    let (env, default) = match backend {
+        "postgres" => ("IDEM_TEST_POSTGRES_URL", POSTGRES_URL),
+        "mysql" => ("IDEM_TEST_MYSQL_URL", MYSQL_URL),
+        _ => return None,
+    };
+    let base = std::env::var(env).unwrap_or_else(|_| default.to_owned());
+    let (prefix, _) = base.rsplit_once('/')?;
+    Some(format!("{prefix}/idem_sweeper_{test}"))
+}
+
+/// Counts the times a session of the database at `url` is seen waiting on a lock, until
+/// `watching` turns false.
+async fn watch_lock_waits(url: String, waits: Arc<AtomicUsize>, watching: Arc<std::sync::atomic::AtomicBool>) {
+    let (_, name) = url.rsplit_once('/').unwrap();
+    let db = sea_orm::Database::connect(SeaOrmLedger::connect_options(&url)).await.expect("connect");
+    let backend = db.get_database_backend();
+    let query = if backend == DbBackend::Postgres {
+        format!("SELECT count(*)::bigint FROM pg_stat_activity WHERE datname = '{name}' AND wait_event_type = 'Lock'")
+    } else {
+        format!(
+            "SELECT CAST(count(*) AS SIGNED) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' \
+             AND trx_mysql_thread_id IN (SELECT id FROM information_schema.PROCESSLIST WHERE db = '{name}')"
+        )
+    };
+    while watching.load(Ordering::SeqCst) {
+        let row = db.query_one_raw(Statement::from_string(backend, query.clone())).await.unwrap().unwrap();
+        let waiting: i64 = row.try_get_by_index(0).unwrap();
+        if waiting > 0 {
+            waits.fetch_add(1, Ordering::SeqCst);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+macro_rules! on_every_backend {
+    ($($case:ident),* $(,)?) => {
+        mod memory { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $case() { super::$case("memory").await } )* }
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $case() { super::$case("sqlite").await } )* }
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $case() { super::$case("postgres").await } )* }
+        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 4)] async fn $case() { super::$case("mysql").await } )* }
+    };
+}
+
+on_every_backend!(three_replicas_delete_every_expired_record_once_and_no_live_one);
+
+/// Three sweepers on three handles (as three replicas started together) over 5,000 expired
+/// records and some live ones: the deletions they report add up to exactly 5,000, nothing is
+/// left to sweep, every live record is kept, and no sweep failed.
+async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend: &str) {
+    const EXPIRED: usize = 5_000;
+    let Some(ledgers) = replicas(backend, "three_replicas", 3).await else { return };
+    let live = seed(&ledgers[0], EXPIRED, 40).await;
+    let handles: Vec<Idem> = ledgers.iter().map(|ledger| idem_tests::idem_shared(Arc::clone(ledger))).collect();
+    // On the servers, watch for a sweep waiting on another's row locks (a lock storm in the
+    // small): never on PostgreSQL, whose sweep skips locked rows.
+    let lock_waits = Arc::new(AtomicUsize::new(0));
+    let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = replica_url(backend, "three_replicas")
+        .map(|url| tokio::spawn(watch_lock_waits(url, Arc::clone(&lock_waits), Arc::clone(&watching))));
+    // A short period and small batches, so the three overlap on many batches.
+    let sweepers: Vec<_> = handles.iter().map(|idem| idem.spawn_sweeper(Duration::from_millis(5), 50)).collect();
+    let total = || sweepers.iter().map(|s| s.stats().swept).sum::<u64>();
+    until("the sweepers delete every expired record", || {
+        total() >= EXPIRED as u64 || sweepers.iter().any(|s| s.stats().errors > 0)
+    })
+    .await;
+    // A few more sweeps each, over a table with nothing expired left: they must find nothing.
+    let sweeps: Vec<u64> = sweepers.iter().map(|s| s.stats().sweeps).collect();
+    until("every sweeper sweeps again", || {
+        sweepers.iter().zip(&sweeps).all(|(s, before)| s.stats().sweeps >= before + 3)
+    })
+    .await;
+    let mut stats = Vec::new();
+    for sweeper in sweepers {
+        stats.push(sweeper.stop().await);
+    }
+    watching.store(false, Ordering::SeqCst);
+    if let Some(watcher) = watcher {
+        watcher.await.unwrap();
+    }
+    let lock_waits = lock_waits.load(Ordering::SeqCst);
+    if backend == "postgres" {
+        assert_eq!(lock_waits, 0, "no sweep waited on another's row locks");
+    } else if backend == "mysql" {
+        // MariaDB's `DELETE … ORDER BY … LIMIT` cannot skip locked rows: a wait is possible
+        // there (though short, and never a double delete). Reported, not asserted.
+        eprintln!("mysql: sessions seen waiting on a lock: {lock_waits}");
+    }
+    let swept: u64 = stats.iter().map(|s| s.swept).sum();
+    let errors: u64 = stats.iter().map(|s| s.errors).sum();
+    eprintln!("{backend}: per sweeper {stats:?}");
+    assert_eq!(errors, 0, "no sweep fails: {stats:?}");
+    assert_eq!(swept, EXPIRED as u64, "each expired record is deleted exactly once in total: {stats:?}");
+    assert_eq!(ledgers[0].sweep(now_ms(), 100_000).await.unwrap(), 0, "nothing expired is left");
+    assert_kept(&*ledgers[0], &live).await;
+    assert!(stats.iter().filter(|s| s.swept > 0).count() >= 2, "the work is shared, not one replica's: {stats:?}");
+}
+
+/// A stopped sweeper deletes nothing more: records that expire after its stop stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopped_sweeper_deletes_nothing_more() {
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+    let idem = idem_tests::idem_shared(Arc::clone(&ledger));
+    seed(&ledger, 100, 0).await;
+    let sweeper = idem.spawn_sweeper(Duration::from_millis(1), 10);
+    until("the sweeper deletes the first records", || sweeper.stats().swept == 100).await;
+    let stats = sweeper.stop().await;
+    assert_eq!((stats.swept, stats.errors), (100, 0));
+    seed(&ledger, 100, 0).await;
+    // Hundreds of its periods later, they are all still there.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ledger.sweep(now_ms(), 1_000).await.unwrap(), 100, "the stopped sweeper left them");
+    // Dropping the guard stops it too.
+    let sweeper = idem.spawn_sweeper(Duration::from_millis(1), 10);
+    until("the sweeper sweeps", || sweeper.stats().sweeps > 0).await;
+    drop(sweeper);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    seed(&ledger, 100, 0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ledger.sweep(now_ms(), 1_000).await.unwrap(), 100, "the dropped sweeper left them");
+}
+
+/// A sweeper holds its handle weakly: once every clone of the handle is gone, it stops (and the
+/// ledger is let go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweeper_stops_with_its_handle() {
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+    let idem = idem_tests::idem_shared(Arc::clone(&ledger));
+    let sweeper = idem.spawn_sweeper(Duration::from_millis(1), 10);
+    until("the sweeper sweeps", || sweeper.stats().sweeps > 0).await;
+    assert!(!sweeper.is_finished());
+    drop(idem);
+    until("the sweeper stops once its handle is gone", || sweeper.is_finished()).await;
+    assert_eq!(Arc::strong_count(&ledger), 1, "nothing keeps the ledger");
+    assert_eq!(sweeper.stop().await.errors, 0);
+}
+
+/// A ledger whose sweeps fail while `failures` is above zero.
+struct Failing {
+    inner: Arc<dyn Ledger>,
+    failures: AtomicUsize,
+}
+
+impl Ledger for Failing {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        self.inner.claim(request)
+    }
+    fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.inner.renew(key, token, lease_until)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.inner.complete(key, token, outcome, keep_until)
+    }
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.inner.release(key, token)
+    }
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.inner.lookup(key, now)
+    }
+    fn status<'a>(
+        &'a self,
+        tenant: TenantTag,
+        subject: SubjectTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.inner.status(tenant, subject, reference, now)
+    }
+    fn resolve<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        resolution: Resolution,
+        now: u64,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.inner.resolve(tenant, reference, resolution, now, keep_until)
+    }
+    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
+        let failing = self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if failing {
+            return Box::pin(async { Err(LedgerError::unavailable("the ledger is down")) });
+        }
+        self.inner.sweep(now, limit)
+    }
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        self.inner.now()
+    }
+}
+
+/// A sweeper whose ledger fails keeps going, and sweeps everything once the ledger is back; each
+/// failure is counted (and logged) once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweeper_survives_a_ledger_error() {
+    let memory: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+    seed(&memory, 100, 4).await;
+    let ledger = Arc::new(Failing { inner: Arc::clone(&memory), failures: AtomicUsize::new(3) });
+    let idem = idem_tests::idem_shared(ledger.clone());
+    let sweeper = idem.spawn_sweeper(Duration::from_millis(1), 10);
+    until("the sweeper deletes every expired record after the outage", || sweeper.stats().swept == 100).await;
+    let stats = sweeper.stop().await;
+    assert_eq!((stats.errors, stats.swept), (3, 100), "three failed sweeps, then all of it: {stats:?}");
+    assert_eq!(ledger.failures.load(Ordering::SeqCst), 0);
+}
+
+/// On PostgreSQL, a sweep skips rows another transaction has locked (a claim or renewal under
+/// way, another replica's sweep) instead of queueing behind them: it deletes the rest, without
+/// ever waiting on a lock, and the locked ones are deleted by a later sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_sweep_skips_locked_rows_instead_of_waiting() {
+    let test = "sweeper::postgres_sweep_skips_locked_rows_instead_of_waiting";
+    let Some(url) = own_database(test, "IDEM_TEST_POSTGRES_URL", POSTGRES_URL, "skip_locked").await else { return };
+    let (_, name) = url.rsplit_once('/').unwrap();
+    let ledger: Arc<dyn Ledger> = Arc::new(SeaOrmLedger::connect(&url).await.expect("connect"));
+    seed(&ledger, 200, 0).await;
+    let db = sea_orm::Database::connect(SeaOrmLedger::connect_options(&url)).await.expect("connect");
+    // Another transaction holds the ten rows a sweep would pick first.
+    let holder = db.begin().await.unwrap();
+    let locked = holder
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT key FROM idem_records ORDER BY window_end LIMIT 10 FOR UPDATE",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(locked.len(), 10);
+    let sweep = tokio::spawn({
+        let ledger = Arc::clone(&ledger);
+        async move { ledger.sweep(now_ms(), 1_000).await }
+    });
+    let waiting =
+        format!("SELECT count(*)::bigint FROM pg_stat_activity WHERE datname = '{name}' AND wait_event_type = 'Lock'");
+    while !sweep.is_finished() {
+        let row =
+            db.query_one_raw(Statement::from_string(DbBackend::Postgres, waiting.clone())).await.unwrap().unwrap();
+        let waiters: i64 = row.try_get_by_index(0).unwrap();
+        if waiters > 0 {
+            holder.rollback().await.unwrap();
+            let swept = sweep.await.unwrap();
+            panic!("the sweep waited on a row another transaction holds (then swept {swept:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(sweep.await.unwrap().unwrap(), 190, "all but the locked rows");
+    holder.rollback().await.unwrap();
+    assert_eq!(ledger.sweep(now_ms(), 1_000).await.unwrap(), 10, "the locked rows, once let go");
+}
