@@ -82,6 +82,9 @@ pub mod secret;
 mod window;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+#[cfg(feature = "metrics")]
+pub use idem::metrics;
+pub use idem::{CallEvent, Completion, Hooks};
 pub use idem::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,
