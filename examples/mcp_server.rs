@@ -9,7 +9,8 @@
 //! on an address that is not loopback: replace `demo_tokens()` with real validation first.
 //!
 //! Options: `--processor-delay-ms N` makes the fake card processor slow (so "in flight" can be
-//! seen). The ledger is `IDEM_DATABASE_URL` (a URL or a SQLite file path), by default the SQLite
+//! seen); `--metrics ADDR` serves idem's metrics (feature `metrics`) in Prometheus's text format
+//! at `http://ADDR/metrics` (port 0: any free port; the log names it). The ledger is `IDEM_DATABASE_URL` (a URL or a SQLite file path), by default the SQLite
 //! file `idem/mcp_server/ledger.sqlite3` in your data directory (`~/.local/share` on Linux); the
 //! first log line names it. Logs go to stderr (on stdio, stdout is the transport); `RUST_LOG`
 //! sets the level (default `info`).
@@ -267,6 +268,7 @@ impl ServerHandler for Payments {
 struct Options {
     http: Option<String>,
     processor_delay: Duration,
+    metrics: Option<String>,
 }
 
 /// The demo validator: a bearer token `tenant:subject` is taken at its word. Replace it with real
@@ -279,7 +281,7 @@ fn demo_tokens() -> mcp::Validator {
 }
 
 fn options() -> Result<Options, String> {
-    let mut options = Options { http: None, processor_delay: Duration::ZERO };
+    let mut options = Options { http: None, processor_delay: Duration::ZERO, metrics: None };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -288,10 +290,41 @@ fn options() -> Result<Options, String> {
                 let ms = args.next().and_then(|ms| ms.parse().ok()).ok_or("--processor-delay-ms needs a number")?;
                 options.processor_delay = Duration::from_millis(ms);
             }
-            other => return Err(format!("unknown argument `{other}`; use --http ADDR and --processor-delay-ms N")),
+            "--metrics" => {
+                options.metrics = Some(args.next().ok_or("--metrics needs an address, e.g. 127.0.0.1:9464")?);
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}`; use --http ADDR, --processor-delay-ms N and --metrics ADDR"
+                ));
+            }
         }
     }
     Ok(options)
+}
+
+/// `--metrics ADDR`: installs the Prometheus recorder, so idem's counters, histograms and gauge
+/// (the `metrics` feature of idem-runtime) are recorded, and serves them at `/metrics`.
+async fn serve_metrics(address: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    idem_runtime::metrics::describe();
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    tracing::info!("metrics at http://{}/metrics", listener.local_addr()?);
+    // The recorder drains its histograms' buckets on upkeep: run it now and then.
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    let app = axum::Router::new().route("/metrics", axum::routing::get(move || async move { handle.render() }));
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "the metrics page stopped");
+        }
+    });
+    Ok(())
 }
 
 #[tokio::main]
@@ -302,6 +335,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let options = options()?;
+    if let Some(address) = &options.metrics {
+        serve_metrics(address).await?;
+    }
     let ledger = SeaOrmLedger::from_env().await?;
     let local = std::env::var("IDEM_LOCAL_CALLER").unwrap_or_else(|_| "local:user".to_owned());
     let (tenant, subject) = local.split_once(':').ok_or("IDEM_LOCAL_CALLER must be `tenant:subject`")?;

@@ -157,3 +157,92 @@ fn serves_over_stdio(server: &Path) {
     let status = child.wait().expect("the server exits when stdin closes");
     assert!(status.success(), "{status}");
 }
+
+/// `mcp_server --metrics 127.0.0.1:0`, spoken to over stdio: after a call and its repeat, its
+/// `/metrics` page (Prometheus's text format) counts one claim and one replay of the tool, with
+/// the help text `idem_runtime::metrics::describe` gave it, and times the claims.
+#[test]
+fn the_mcp_server_serves_its_metrics() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Command, Stdio};
+
+    // target/<profile>/deps/examples-<hash> → target/<profile>/examples/mcp_server
+    let exe = std::env::current_exe().expect("this test's path");
+    let profile = exe.parent().and_then(Path::parent).expect("the target profile folder");
+    let server = profile.join("examples").join(format!("mcp_server{}", std::env::consts::EXE_SUFFIX));
+    let folder = std::env::temp_dir().join(format!("idem-metrics-example-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).expect("a folder for the ledger");
+    let mut child = Command::new(&server)
+        .args(["--metrics", "127.0.0.1:0"])
+        .env("IDEM_DATABASE_URL", folder.join("ledger.sqlite3"))
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("start {} ({error}): `cargo test` builds it", server.display()));
+
+    // The log names the metrics page; the rest of it is passed on to this test's stderr.
+    let (found, address) = std::sync::mpsc::channel();
+    let log = BufReader::new(child.stderr.take().expect("its stderr"));
+    std::thread::spawn(move || {
+        for line in log.lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            if let Some(rest) = line.split("metrics at http://").nth(1) {
+                let _ = found.send(rest.trim_end_matches("/metrics").to_owned());
+            }
+        }
+    });
+    let address = address.recv().expect(
+        "the server logs where its metrics are (it exited instead: is it built? `cargo build --example mcp_server`)",
+    );
+
+    let mut stdin = child.stdin.take().expect("its stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("its stdout"));
+    let mut request = |id: u64, method: &str, params: serde_json::Value| -> serde_json::Value {
+        let message = serde_json::json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        writeln!(stdin, "{message}").expect("write a request");
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read the answer");
+        if method == "initialize" {
+            let initialized = serde_json::json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+            writeln!(stdin, "{initialized}").expect("write the notification");
+        }
+        serde_json::from_str(&line).unwrap_or_else(|error| panic!("not a JSON-RPC answer ({error}): {line:?}"))
+    };
+    let client = serde_json::json!({ "name": "metrics-test", "version": "0" });
+    request(
+        1,
+        "initialize",
+        serde_json::json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client }),
+    );
+    let order = format!("order-{}", std::process::id());
+    let ship =
+        serde_json::json!({ "name": "create_shipment", "arguments": { "order_id": order, "address": "1 Main St" } });
+    let first = request(2, "tools/call", ship.clone());
+    let again = request(3, "tools/call", ship);
+    assert_eq!(first["result"]["structuredContent"], again["result"]["structuredContent"], "{first} {again}");
+
+    let mut page = String::new();
+    let mut connection = std::net::TcpStream::connect(&address).expect("connect to the metrics page");
+    write!(connection, "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").expect("ask");
+    connection.read_to_string(&mut page).expect("read the metrics page");
+    let sample = |outcome: &str| {
+        page.lines()
+            .find(|line| {
+                line.starts_with("idem_calls_total{")
+                    && line.contains("tool=\"create_shipment\"")
+                    && line.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .and_then(|line| line.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(sample("claimed").as_deref(), Some("1"), "{page}");
+    assert_eq!(sample("replayed").as_deref(), Some("1"), "{page}");
+    assert!(page.contains("# HELP idem_calls_total"), "described: {page}");
+    assert!(page.contains("idem_claim_duration_seconds"), "claims are timed: {page}");
+
+    drop(stdin);
+    let status = child.wait().expect("the server exits when stdin closes");
+    assert!(status.success(), "{status}");
+}

@@ -16,6 +16,9 @@
 //! - `stored`: the stored-result format, its size limit and its seal ([`ResultSeal`]).
 //! - `wait`: a repeat that waits for an operation in progress (`wait = "5s"`): one poller per
 //!   operation and process, woken by a holder in the same process.
+//! - `hooks`: watching a call's lifecycle — [`Hooks`] for audit logs, and the one set of call
+//!   points that also feeds the metrics.
+//! - `metrics` (feature `metrics`): the counters, histograms and gauge of every call.
 //! - `admin`: the operator's paths: [`Idem::status`], [`Idem::resolve`], [`Idem::sweep`].
 //! - `sweeper`: [`Idem::sweep`] in the background, on a jittered schedule ([`Idem::spawn_sweeper`]).
 
@@ -24,7 +27,10 @@ mod arguments;
 mod background;
 mod call;
 mod handle;
+mod hooks;
 mod keyring;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod operation;
 #[cfg_attr(not(feature = "rmcp"), expect(dead_code, reason = "only rmcp tools ask for input"))]
 mod request_state;
@@ -40,6 +46,7 @@ pub use handle::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, Idem,
 };
+pub use hooks::{CallEvent, Completion, Hooks};
 pub use operation::{Operation, current_caller, current_operation, run_as};
 #[cfg(feature = "rmcp")]
 pub(crate) use request_state::EchoedState;

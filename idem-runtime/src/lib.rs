@@ -17,6 +17,16 @@
 //!   operator's paths ([`Idem::status`], [`Idem::resolve`] with a [`Resolution`], [`Idem::sweep`],
 //!   and [`Idem::spawn_sweeper`], which sweeps in the background on every replica).
 //!
+//! - [`Hooks`]: an observer of each call's lifecycle for audit logs ([`Idem::with_hooks`]): its
+//!   claim, replay, in-flight, conflict or unknown answer, and the outcome it recorded
+//!   ([`Completion`]), with the ref, tool, namespace and caller of a [`CallEvent`] — never an
+//!   argument or a result.
+//! - `metrics` (feature `metrics`, off by default): counters of every call by tool and outcome,
+//!   claim and completion latency, and a gauge of operations in progress, through the
+//!   [`metrics`](https://docs.rs/metrics) facade — free until a recorder is installed, then any
+//!   exporter (Prometheus, OpenTelemetry through a bridge); the module lists them. Fed from the
+//!   same call points as the hooks.
+//!
 //! Everything `Idem`'s and [`Operation`]'s methods take or return is named at this root; what
 //! only a ledger implementation needs lives in [`ledger`], what only an rmcp server needs in
 //! `mcp` (feature `rmcp`).
@@ -83,6 +93,9 @@ pub mod secret;
 mod window;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+#[cfg(feature = "metrics")]
+pub use idem::metrics;
+pub use idem::{CallEvent, Completion, Hooks};
 pub use idem::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,

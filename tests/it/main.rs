@@ -9,6 +9,7 @@
 //! on any source file no target compiles.
 
 mod architecture;
+mod hooks;
 mod layout;
 mod ledger_durable;
 mod ledger_memory;
@@ -17,6 +18,7 @@ mod ledger_postgres;
 mod ledger_sqlite;
 mod macro_behaviour;
 mod mcp_e2e;
+mod metrics;
 mod mrtr;
 mod pedantic;
 mod rmcp_tasks;

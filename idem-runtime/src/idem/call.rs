@@ -21,6 +21,7 @@ use crate::secret::Secret;
 
 use super::Idem;
 use super::arguments::{CallArguments, Derive, scope_of};
+use super::hooks::{Completion, Seen, Timer, Watch};
 use super::keyring::{Keyring, no_secret};
 use super::operation::{LeaseState, Operation, acting_for, current_caller, running_as};
 use super::request_state::Binding;
@@ -135,6 +136,7 @@ impl Idem {
         let arguments = arguments?;
         let keyring = self.keyring().map_err(|error| no_secret(&error))?;
         let caller = self.caller(caller, fallback)?;
+        let watch = self.watch(recipe, &caller);
         let scope = scope_of(recipe, &caller, &arguments)?;
         // With `wait`, a repeat that finds the operation in flight waits for it to settle, and
         // claims again if it ended without effect.
@@ -142,14 +144,16 @@ impl Idem {
         let (attempt, won, window_end) = loop {
             let (now, clock_trusted) = self.ledger_time().await.map_err(|error| {
                 tracing::error!(tool, %error, "the ledger's clock could not be read; handler not run");
+                watch.unavailable();
                 unavailable(&error)
             })?;
             let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
             // Key → claim.
             let mut attempt = Attempt::prepare(self, &keyring.current, &at)?;
-            let mut claim = attempt.claim().await?;
+            let mut claim = attempt.claim().await.inspect_err(|_| watch.unavailable())?;
             if matches!(claim, Claim::Won { attempt: Won::Fresh, .. })
-                && let Some(earlier) = attempt.earlier_operation(&keyring, &at).await?
+                && let Some(earlier) =
+                    attempt.earlier_operation(&keyring, &at).await.inspect_err(|r| watch.refused(r))?
             {
                 (attempt, claim) = earlier;
             }
@@ -159,21 +163,25 @@ impl Idem {
                 Claim::Won { attempt: won, window_end } => break (attempt, won, window_end),
                 Claim::Replay { result } => {
                     tracing::info!(tool, %reference, "replay");
+                    watch.saw(reference, Seen::Replayed);
                     return attempt.replay(result);
                 }
                 Claim::InFlight { .. } => {
                     let Some(deadline) = deadline else {
                         tracing::info!(tool, %reference, "in flight");
+                        watch.saw(reference, Seen::InFlight);
                         return Err(Rejection::InFlight { reference });
                     };
                     tracing::debug!(tool, %reference, "in flight; waiting for it to settle");
                     match self.wait_for(&attempt.request, deadline).await {
                         Waited::Replay(result) => {
                             tracing::info!(tool, %reference, "replay after a wait");
+                            watch.saw(reference, Seen::Replayed);
                             return attempt.replay(result.to_vec());
                         }
                         Waited::Unknown => {
                             tracing::warn!(tool, %reference, "outcome unknown after a wait");
+                            watch.saw(reference, Seen::Unknown);
                             return Err(Rejection::OutcomeUnknown { reference });
                         }
                         Waited::ClaimAgain => {
@@ -181,17 +189,20 @@ impl Idem {
                         }
                         Waited::InFlight | Waited::Unavailable => {
                             tracing::info!(tool, %reference, "still in flight after the wait");
+                            watch.saw(reference, Seen::InFlight);
                             return Err(Rejection::InFlight { reference });
                         }
                     }
                 }
                 Claim::Unknown => {
                     tracing::warn!(tool, %reference, "outcome unknown");
+                    watch.saw(reference, Seen::Unknown);
                     return Err(Rejection::OutcomeUnknown { reference });
                 }
                 Claim::Conflict { arg_tags } => {
                     let (differing, missing) = attempt.fingerprint.differing(&arg_tags);
                     tracing::warn!(tool, %reference, ?differing, missing, "conflict");
+                    watch.saw(reference, Seen::Conflict);
                     return Err(Rejection::Conflict { reference, differing, missing });
                 }
             }
@@ -206,12 +217,18 @@ impl Idem {
             // operation by now. Give the claim back (fenced by our token) and run nothing.
             tracing::error!(tool, %reference, "the claim was answered after its lease ended; handler not run");
             self.release_lost_claim(&attempt.request);
+            watch.unavailable();
             return Err(Rejection::ledger_unavailable(format!("ref {reference}: the ledger answered too late")));
         }
-        let result = attempt.perform(won, operation, &caller, reconcile, handler).await?;
+        watch.saw(reference, Seen::Won(won));
+        let _running = watch.running();
+        let result = attempt.perform(won, operation, &watch, reconcile, handler).await?;
         // Handler → record → answer.
-        let (value, fenced) = attempt.record(result, won).await;
-        if fenced && let Some(stored) = attempt.stored_result(window_end).await {
+        let (value, completion) = attempt.record(result, won).await;
+        watch.completed(reference, completion);
+        if completion == Completion::Superseded
+            && let Some(stored) = attempt.stored_result(window_end).await
+        {
             // Superseded: the answer is the new holder's, the one every repeat gets too.
             return attempt.replay(stored);
         }
@@ -306,6 +323,7 @@ impl<'a> Attempt<'a> {
     async fn claim(&self) -> Result<Claim, Rejection> {
         let (idem, request) = (self.idem, &self.request);
         let reference = request.key.reference();
+        let timer = Timer::start();
         let first = idem.bounded(idem.inner.ledger.claim(request)).await;
         let (claim, ambiguous) = match first {
             Err(error @ (LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. })) => {
@@ -315,6 +333,7 @@ impl<'a> Attempt<'a> {
             }
             other => (other, false),
         };
+        timer.claimed(self.tool);
         claim.map_err(|error| {
             tracing::error!(%reference, %error, ambiguous, "ledger unavailable; handler not run");
             if ambiguous {
@@ -406,7 +425,7 @@ impl<'a> Attempt<'a> {
         &self,
         won: Won,
         operation: Operation,
-        caller: &Caller,
+        watch: &Watch<'_>,
         reconcile: R,
         handler: F,
     ) -> Result<Result<T, E>, Rejection>
@@ -420,53 +439,55 @@ impl<'a> Attempt<'a> {
         Ok(match won {
             Won::Reconcile => {
                 tracing::warn!(tool, %reference, "stale lease; reconciling with the downstream");
-                let asked = acting_for(caller.clone(), reconcile(operation.clone()));
+                let asked = acting_for(watch.caller().clone(), reconcile(operation.clone()));
                 match self.idem.drive(&self.request, &self.lease, &self.recorded, asked).await {
-                    Err(panic) => self.unwind(panic).await,
+                    Err(panic) => self.unwind(panic, watch).await,
                     Ok(Reconciled::Happened(result)) => result,
-                    Ok(Reconciled::NothingHappened) => self.run(operation, caller, handler).await,
+                    Ok(Reconciled::NothingHappened) => self.run(operation, watch, handler).await,
                     Ok(Reconciled::StillUnknown) => {
                         self.finish(Outcome::Unknown, false).await;
+                        watch.completed(reference, Completion::Unknown);
                         return Err(Rejection::OutcomeUnknown { reference });
                     }
                 }
             }
             Won::Takeover => {
                 tracing::warn!(tool, %reference, "stale lease taken over; running again under a new token");
-                self.run(operation, caller, handler).await
+                self.run(operation, watch, handler).await
             }
             Won::Fresh => {
                 tracing::debug!(tool, %reference, "claimed");
-                self.run(operation, caller, handler).await
+                self.run(operation, watch, handler).await
             }
         })
     }
 
-    /// Runs the handler as `operation` of `caller` (in scope for everything it calls) under
-    /// `Idem::drive`, which renews the lease meanwhile. A panic records the outcome as unknown
-    /// (the effect may have happened) and then continues unwinding.
-    async fn run<T, E, F, Fut>(&self, operation: Operation, caller: &Caller, handler: F) -> Result<T, E>
+    /// Runs the handler as `operation` of the watched caller (in scope for everything it calls)
+    /// under `Idem::drive`, which renews the lease meanwhile. A panic records the outcome as
+    /// unknown (the effect may have happened) and then continues unwinding.
+    async fn run<T, E, F, Fut>(&self, operation: Operation, watch: &Watch<'_>, handler: F) -> Result<T, E>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let handler = running_as(operation, caller.clone(), handler());
+        let handler = running_as(operation, watch.caller().clone(), handler());
         match self.idem.drive(&self.request, &self.lease, &self.recorded, handler).await {
             Ok(result) => result,
-            Err(panic) => self.unwind(panic).await,
+            Err(panic) => self.unwind(panic, watch).await,
         }
     }
 
-    async fn unwind(&self, panic: Box<dyn std::any::Any + Send>) -> ! {
-        tracing::error!(reference = %self.reference(), "the handler panicked; recording the outcome as unknown");
+    async fn unwind(&self, panic: Box<dyn std::any::Any + Send>, watch: &Watch<'_>) -> ! {
+        let reference = self.reference();
+        tracing::error!(%reference, "the handler panicked; recording the outcome as unknown");
         self.finish(Outcome::Unknown, false).await;
+        watch.completed(reference, Completion::Unknown);
         std::panic::resume_unwind(panic)
     }
 
-    /// Stores the handler's result per its classification and hands it back.
-    /// Returns the result and whether its completion was refused because the claim had been
-    /// taken over meanwhile.
-    async fn record<T, E>(&self, result: Result<T, E>, won: Won) -> (Result<T, E>, bool)
+    /// Stores the handler's result per its classification and hands it back with what was
+    /// recorded ([`Completion::Superseded`]: refused, the claim had been taken over meanwhile).
+    async fn record<T, E>(&self, result: Result<T, E>, won: Won) -> (Result<T, E>, Completion)
     where
         T: Serialize,
         E: IdempotentError,
@@ -486,8 +507,14 @@ impl<'a> Attempt<'a> {
         // Give the lease back instead, so the operation stays in progress (same window, same
         // forwarded key) and its stale policy decides again.
         let give_back = outcome == Outcome::Failed && won != Won::Fresh;
+        let completion = match &outcome {
+            _ if give_back => Completion::GivenBack,
+            Outcome::Completed(_) => Completion::Completed,
+            Outcome::Failed => Completion::Failed,
+            Outcome::Unknown => Completion::Unknown,
+        };
         let fenced = self.finish_with(outcome, recorded, give_back).await;
-        (result, fenced)
+        (result, if fenced { Completion::Superseded } else { completion })
     }
 
     /// Completes the claim. A failure here is logged, never hidden behind the caller's result:
@@ -503,6 +530,14 @@ impl<'a> Attempt<'a> {
 
     /// [`Attempt::finish`], or with `give_back` the claim's release instead of its completion.
     async fn finish_with(&self, outcome: Outcome, recorded: bool, give_back: bool) -> bool {
+        let timer = Timer::start();
+        let fenced = self.try_finish(outcome, recorded, give_back).await;
+        timer.completed(self.tool);
+        fenced
+    }
+
+    /// [`Attempt::finish_with`], untimed.
+    async fn try_finish(&self, outcome: Outcome, recorded: bool, give_back: bool) -> bool {
         let reference = self.reference();
         for pause in [50, 250, 0] {
             match self.idem.complete_once(&self.request, &outcome, recorded, give_back).await {

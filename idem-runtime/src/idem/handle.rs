@@ -14,6 +14,7 @@ use crate::scope::Caller;
 use crate::secret::{Secret, SecretError};
 
 use super::background::BACKGROUND_JOBS;
+use super::hooks::Hooks;
 use super::keyring::Keyring;
 use super::stored::ResultSeal;
 use super::time::Skew;
@@ -90,6 +91,8 @@ pub(super) struct Inner {
     /// The operations this process waits on and the claims it holds (`wait`); kept across the
     /// `with_*` builders, so a holder wakes the waiters of every handle made from this one.
     pub(super) waiting: Arc<Waiting>,
+    /// Told of each call's lifecycle ([`Idem::with_hooks`]).
+    pub(super) hooks: Option<Arc<dyn Hooks>>,
 }
 
 /// The recipes a handle has seen, per tool name: their namespace and where each is declared.
@@ -139,6 +142,7 @@ impl Idem {
                 measuring: Arc::default(),
                 background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_JOBS)),
                 waiting: Arc::default(),
+                hooks: None,
             }),
         }
     }

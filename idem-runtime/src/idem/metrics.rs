@@ -1,0 +1,87 @@
+//! Metrics of every call through the [`metrics`](https://docs.rs/metrics) facade (feature
+//! `metrics`): what [`describe`] lists, fed from the same call points as [`Hooks`](crate::Hooks).
+//!
+//! The facade records nothing until the program installs a recorder (an exporter): without one,
+//! each update is a check of a global. With one, any backend works —
+//! `metrics-exporter-prometheus` for a `/metrics` page, OpenTelemetry through a bridge crate,
+//! StatsD, or `metrics-util`'s `DebuggingRecorder` in tests.
+//!
+//! | metric | kind | labels | what |
+//! |---|---|---|---|
+//! | `idem_calls_total` | counter | `tool`, `outcome` | each call that reached the ledger, once, by how its claim was answered: `claimed`, `takeover`, `reconciled` (it ran), `replayed`, `in_flight`, `conflict`, `unknown` (answered from the ledger), `ledger_unavailable` (nothing ran) |
+//! | `idem_completions_total` | counter | `tool`, `outcome` | each outcome a won claim recorded: `completed`, `failed`, `unknown`, `given_back`, `superseded` ([`Completion`](crate::Completion)) |
+//! | `idem_claim_duration_seconds` | histogram | `tool` | how long a claim took the ledger to answer (a resend included) |
+//! | `idem_complete_duration_seconds` | histogram | `tool` | how long recording an outcome took (its quick retries included) |
+//! | `idem_operations_in_progress` | gauge | `tool` | operations this process runs now (claims won, not yet recorded) |
+//!
+//! Labels carry only tool names and fixed words — never refs, callers or arguments — so the
+//! number of series stays bounded by the number of tools.
+
+use std::time::Instant;
+
+/// Each call's answer, by tool and `outcome`.
+pub const CALLS: &str = "idem_calls_total";
+/// Each recorded outcome of a won claim, by tool and `outcome`.
+pub const COMPLETIONS: &str = "idem_completions_total";
+/// How long claims take, in seconds, by tool.
+pub const CLAIM_SECONDS: &str = "idem_claim_duration_seconds";
+/// How long recording an outcome takes, in seconds, by tool.
+pub const COMPLETE_SECONDS: &str = "idem_complete_duration_seconds";
+/// Operations running in this process, by tool.
+pub const IN_PROGRESS: &str = "idem_operations_in_progress";
+
+/// Gives each metric its unit and help text in the installed recorder (exporters show them, as
+/// Prometheus's `# HELP` lines). Call it once after installing the recorder; optional.
+pub fn describe() {
+    use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        CALLS,
+        Unit::Count,
+        "Calls that reached the ledger, by tool and by how their claim was answered."
+    );
+    describe_counter!(COMPLETIONS, Unit::Count, "Outcomes recorded by calls that ran, by tool and outcome.");
+    describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "How long the ledger took to answer a claim.");
+    describe_histogram!(COMPLETE_SECONDS, Unit::Seconds, "How long recording an outcome took.");
+    describe_gauge!(IN_PROGRESS, Unit::Count, "Operations this process is running now.");
+}
+
+pub(super) fn call(tool: &'static str, outcome: &'static str) {
+    ::metrics::counter!(CALLS, "tool" => tool, "outcome" => outcome).increment(1);
+}
+
+pub(super) fn completion(tool: &'static str, outcome: &'static str) {
+    ::metrics::counter!(COMPLETIONS, "tool" => tool, "outcome" => outcome).increment(1);
+}
+
+/// The in-progress gauge, raised while this is held.
+pub(super) struct Running(&'static str);
+
+impl Running {
+    pub(super) fn start(tool: &'static str) -> Self {
+        ::metrics::gauge!(IN_PROGRESS, "tool" => tool).increment(1.0);
+        Self(tool)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        ::metrics::gauge!(IN_PROGRESS, "tool" => self.0).decrement(1.0);
+    }
+}
+
+/// A ledger statement's time, from its start.
+pub(super) struct Timer(Instant);
+
+impl Timer {
+    pub(super) fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    pub(super) fn claimed(self, tool: &'static str) {
+        ::metrics::histogram!(CLAIM_SECONDS, "tool" => tool).record(self.0.elapsed().as_secs_f64());
+    }
+
+    pub(super) fn completed(self, tool: &'static str) {
+        ::metrics::histogram!(COMPLETE_SECONDS, "tool" => tool).record(self.0.elapsed().as_secs_f64());
+    }
+}

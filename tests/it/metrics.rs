@@ -1,0 +1,152 @@
+//! Metrics (feature `metrics`) through the facade's test recorder, `metrics-util`'s
+//! `DebuggingRecorder`, set for this test's thread only (a current-thread runtime: every task
+//! of the call runs on it): the counters after a fresh call, a replay, a conflict and an
+//! in-flight repeat; the latency histograms; the in-progress gauge while a handler runs.
+
+use std::collections::BTreeMap;
+
+use idem_runtime::ledger::Token;
+use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Rejection};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::Notify;
+
+static SHIP: Recipe = Recipe::new("ship", &["parcel"]);
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Error(String);
+
+impl IdempotentError for Error {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::NothingHappened
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self(rejection.code().to_owned())
+    }
+}
+
+/// Every metric so far as `name{label=value,…}` (labels sorted) → its value. A snapshot drains
+/// the recorder's counters and histograms, so each is added to what the earlier ones read.
+fn read(snapshotter: &Snapshotter, totals: &mut BTreeMap<String, Value>) -> BTreeMap<String, Value> {
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let mut labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let value = match value {
+            DebugValue::Counter(n) => Value::Counter(n),
+            DebugValue::Gauge(value) => Value::Gauge(value.into_inner()),
+            DebugValue::Histogram(values) => Value::Histogram(values.len() as u64),
+        };
+        match (totals.get_mut(&name), value) {
+            (Some(Value::Counter(total)), Value::Counter(n)) | (Some(Value::Histogram(total)), Value::Histogram(n)) => {
+                *total += n;
+            }
+            (Some(Value::Gauge(total)), Value::Gauge(change)) => *total += change,
+            (_, value) => {
+                totals.insert(name, value);
+            }
+        }
+    }
+    totals.clone()
+}
+
+/// A metric's value; a histogram's, how many samples it holds.
+#[derive(Debug, Clone, Copy)]
+enum Value {
+    Counter(u64),
+    Gauge(f64),
+    Histogram(u64),
+}
+
+fn counter(metrics: &BTreeMap<String, Value>, name: &str) -> u64 {
+    match metrics.get(name) {
+        Some(Value::Counter(n)) => *n,
+        None => 0,
+        Some(other) => panic!("{name} is not a counter: {other:?}"),
+    }
+}
+
+fn gauge(metrics: &BTreeMap<String, Value>, name: &str) -> f64 {
+    match metrics.get(name) {
+        Some(Value::Gauge(value)) => *value,
+        other => panic!("{name} is not a gauge: {other:?}"),
+    }
+}
+
+fn samples(metrics: &BTreeMap<String, Value>, name: &str) -> u64 {
+    match metrics.get(name) {
+        Some(Value::Histogram(n)) => *n,
+        other => panic!("{name} is not a histogram: {other:?}"),
+    }
+}
+
+fn calls(outcome: &str) -> String {
+    format!("idem_calls_total{{outcome={outcome},tool=ship}}")
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn counters_after_a_fresh_call_a_replay_a_conflict_and_an_in_flight_repeat() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = ::metrics::set_default_local_recorder(&recorder);
+    let mut totals = BTreeMap::new();
+    idem_runtime::metrics::describe();
+
+    let idem = Idem::new(MemoryLedger::new());
+    let alice = Caller::new("acme", "alice");
+    let parcel = format!("p-{}", Token::random().get());
+    let args = json!({ "parcel": parcel, "to": "Berlin" });
+    let ship = || async { Ok::<_, Error>("shipped".to_owned()) };
+
+    idem.call(&SHIP, Some(&alice), &args, ship).await.unwrap();
+    let m = read(&snapshotter, &mut totals);
+    assert_eq!(counter(&m, &calls("claimed")), 1, "{m:?}");
+    assert_eq!(counter(&m, "idem_completions_total{outcome=completed,tool=ship}"), 1, "{m:?}");
+    assert_eq!(samples(&m, "idem_claim_duration_seconds{tool=ship}"), 1);
+    assert_eq!(samples(&m, "idem_complete_duration_seconds{tool=ship}"), 1);
+    assert!(gauge(&m, "idem_operations_in_progress{tool=ship}").abs() < f64::EPSILON, "nothing runs now");
+
+    assert!(idem.call(&SHIP, Some(&alice), &args, ship).await.unwrap().replayed);
+    let elsewhere = json!({ "parcel": parcel, "to": "Paris" });
+    let conflict = idem.call(&SHIP, Some(&alice), &elsewhere, ship).await;
+    assert!(matches!(conflict, Err(Error(code)) if code == "conflict"));
+    let m = read(&snapshotter, &mut totals);
+    assert_eq!(
+        [calls("claimed"), calls("replayed"), calls("conflict"), calls("in_flight")].map(|name| counter(&m, &name)),
+        [1, 1, 1, 0],
+        "{m:?}"
+    );
+    assert_eq!(samples(&m, "idem_claim_duration_seconds{tool=ship}"), 3, "every claim is timed");
+    assert_eq!(samples(&m, "idem_complete_duration_seconds{tool=ship}"), 1, "one outcome was recorded");
+
+    // A second parcel whose handler waits: the gauge shows it running, and a repeat meanwhile
+    // is counted in flight.
+    let (started, release) = (Notify::new(), Notify::new());
+    let args = json!({ "parcel": format!("{parcel}-2") });
+    let first = idem.call(&SHIP, Some(&alice), &args, || async {
+        started.notify_one();
+        release.notified().await;
+        Ok::<_, Error>("shipped".to_owned())
+    });
+    let repeat = async {
+        started.notified().await;
+        let during = read(&snapshotter, &mut totals);
+        let repeat = idem.call(&SHIP, Some(&alice), &args, ship).await;
+        release.notify_one();
+        (during, repeat)
+    };
+    let (first, (during, repeat)) = tokio::join!(first, repeat);
+    first.unwrap();
+    assert!(matches!(repeat, Err(Error(code)) if code == "in_flight"));
+    assert!((gauge(&during, "idem_operations_in_progress{tool=ship}") - 1.0).abs() < f64::EPSILON, "{during:?}");
+    let m = read(&snapshotter, &mut totals);
+    assert_eq!(
+        [calls("claimed"), calls("replayed"), calls("conflict"), calls("in_flight")].map(|name| counter(&m, &name)),
+        [2, 1, 1, 1],
+        "{m:?}"
+    );
+    assert_eq!(counter(&m, "idem_completions_total{outcome=completed,tool=ship}"), 2);
+    assert!(gauge(&m, "idem_operations_in_progress{tool=ship}").abs() < f64::EPSILON, "nothing runs now");
+}
