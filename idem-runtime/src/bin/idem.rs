@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 /// The operator's tool for an idem ledger: stats, sweep, show, resolve.
 #[derive(Parser, Debug)]
-#[command(name = "idem", version, about, long_about = None)]
+#[command(name = "idem", version)]
 struct Cli {
     /// The ledger: a `postgres://`, `mysql://` or `sqlite:` URL, or a SQLite file's path.
     #[arg(long, global = true, env = DATABASE_URL_ENV, hide_env_values = true)]
@@ -289,7 +289,7 @@ fn stats_json(stats: &LedgerStats) -> Value {
 }
 
 fn stats_text(stats: &LedgerStats, now: u64) -> String {
-    let oldest = stats.oldest_unknown.map_or_else(String::new, |at| format!(" (oldest claimed {})", when(at, now)));
+    let oldest = stats.oldest_unknown.map_or_else(String::new, |at| format!(" (oldest claimed {})", ago(at, now)));
     let size = stats.size_bytes.map_or_else(|| "unknown".to_owned(), |bytes| format!("{bytes} bytes"));
     [
         format!("in progress  {} ({} with a lapsed lease)", stats.in_progress, stats.stale),
@@ -355,8 +355,16 @@ fn report_text(report: &StatusReport, target: &Target, now: u64) -> String {
 
 /// `at` as a UTC date and time, and how long ago (or from now) it is.
 fn when(at: u64, now: u64) -> String {
-    let relative = if at <= now { format!("{} ago", span(now - at)) } else { format!("in {}", span(at - now)) };
-    format!("{} ({relative})", utc(at))
+    format!("{} ({})", utc(at), relative(at, now))
+}
+
+/// How long ago (or from now) `at` is, then its date and time.
+fn ago(at: u64, now: u64) -> String {
+    format!("{}, at {}", relative(at, now), utc(at))
+}
+
+fn relative(at: u64, now: u64) -> String {
+    if at <= now { format!("{} ago", span(now - at)) } else { format!("in {}", span(at - now)) }
 }
 
 fn span(ms: u64) -> String {
