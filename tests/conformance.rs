@@ -514,6 +514,93 @@ pub async fn status_is_scoped_to_the_subject(ledger: Arc<dyn Ledger>) {
     ledger.resolve(unknown.tenant, reference, Resolution::NothingHappened, after, after).await.unwrap();
 }
 
+/// inspect: the operator's lookup by ref within a tenant finds an operation whoever its subject
+/// (current or superseded), never another tenant's, and not an expired one.
+pub async fn inspect_finds_any_subjects_operation_in_the_tenant(ledger: Arc<dyn Ledger>) {
+    let mine = request(T0);
+    claim(&*ledger, &mine).await;
+    complete(&*ledger, &mine, Outcome::Completed(b"mine".to_vec())).await;
+    let reference = mine.key.reference();
+    let found = ledger.inspect(mine.tenant, reference, T0 + 1).await.unwrap().expect("the tenant's operation");
+    assert_eq!((found.state, found.result.as_deref(), found.superseded), (State::Completed, Some(&b"mine"[..]), false));
+    let other = TenantTag::from_bytes(random_bytes());
+    assert_eq!(ledger.inspect(other, reference, T0 + 1).await.unwrap(), None, "another tenant's lookup");
+    assert_eq!(ledger.inspect(mine.tenant, reference, T0 + WINDOW + 1).await.unwrap(), None, "expired");
+
+    // A superseded unknown operation, for the operator.
+    let unknown = request(T0);
+    claim(&*ledger, &unknown).await;
+    complete(&*ledger, &unknown, Outcome::Unknown).await;
+    let after = T0 + WINDOW + 1;
+    let newer = repeat(&unknown, after);
+    assert_eq!(claim(&*ledger, &newer).await.won(), Some(Won::Fresh));
+    let current = ledger.inspect(unknown.tenant, unknown.key.reference(), after).await.unwrap().expect("current");
+    assert_eq!((current.state, current.superseded), (State::InProgress, false), "the current one first");
+    complete(&*ledger, &newer, Outcome::Failed).await;
+    let gone = after + WINDOW + 1;
+    let old = ledger.inspect(unknown.tenant, unknown.key.reference(), gone).await.unwrap().expect("superseded");
+    assert_eq!((old.state, old.superseded, old.created_at), (State::Unknown, true, T0), "then the superseded one");
+    assert_eq!(ledger.inspect(other, unknown.key.reference(), gone).await.unwrap(), None);
+}
+
+/// stats: records by state, the oldest unknown, what the sweep would delete — at least this
+/// case's own records, on a ledger shared with the cases running beside it.
+pub async fn stats_count_records_by_state(ledger: Arc<dyn Ledger>) {
+    stats_case(ledger, false).await;
+}
+
+/// stats, exactly, on a ledger of this case's own (called by each backend's file that can make
+/// one: memory, SQLite).
+pub async fn stats_count_exactly(ledger: Arc<dyn Ledger>) {
+    assert_eq!(ledger.stats(T0).await.unwrap().total(), 0, "an empty ledger");
+    stats_case(ledger, true).await;
+}
+
+async fn stats_case(ledger: Arc<dyn Ledger>, fresh: bool) {
+    let done = request(T0);
+    claim(&*ledger, &done).await;
+    complete(&*ledger, &done, Outcome::Completed(b"r".to_vec())).await;
+    let failed = request(T0);
+    claim(&*ledger, &failed).await;
+    complete(&*ledger, &failed, Outcome::Failed).await;
+    let unknown = request(T0 + 10);
+    claim(&*ledger, &unknown).await;
+    complete(&*ledger, &unknown, Outcome::Unknown).await;
+    let dead = request(T0 + 20);
+    claim(&*ledger, &dead).await;
+    let live = request(T0 + LEASE + 50);
+    claim(&*ledger, &live).await;
+
+    // Past the dead holder's lease, before any window ends.
+    let now = T0 + LEASE + 100;
+    let stats = ledger.stats(now).await.unwrap();
+    assert!(stats.oldest_unknown.is_some_and(|oldest| oldest <= T0 + 10), "{stats:?}");
+    if fresh {
+        assert_eq!(
+            (stats.in_progress, stats.stale, stats.completed, stats.failed, stats.unknown),
+            (2, 1, 1, 1, 1),
+            "{stats:?}"
+        );
+        assert_eq!((stats.superseded, stats.sweepable, stats.oldest_unknown), (0, 0, Some(T0 + 10)), "{stats:?}");
+        assert_eq!(stats.total(), 5);
+    } else {
+        assert!(stats.in_progress >= 2 && stats.stale >= 1 && stats.completed >= 1, "{stats:?}");
+        assert!(stats.failed >= 1 && stats.unknown >= 1, "{stats:?}");
+    }
+
+    // After every window: the completed and failed records are sweepable; the unknown one is
+    // superseded by a new claim and kept for the operator.
+    let later = T0 + 20 + WINDOW + 1;
+    assert_eq!(claim(&*ledger, &repeat(&unknown, later)).await.won(), Some(Won::Fresh));
+    let stats = ledger.stats(later).await.unwrap();
+    if fresh {
+        assert_eq!((stats.superseded, stats.superseded_unknown, stats.sweepable), (1, 1, 2), "{stats:?}");
+        assert_eq!(stats.oldest_unknown, Some(T0 + 10), "the superseded unknown is still the oldest");
+    } else {
+        assert!(stats.superseded >= 1 && stats.superseded_unknown >= 1 && stats.sweepable >= 2, "{stats:?}");
+    }
+}
+
 /// resolve: the operator path out of unknown, either way; live or finished records refuse it.
 pub async fn resolve_settles_unknown(ledger: Arc<dyn Ledger>) {
     let happened = request(T0);

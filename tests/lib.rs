@@ -37,6 +37,8 @@ macro_rules! ledger_conformance {
             status_is_scoped_to_the_tenant,
             status_is_scoped_to_the_subject,
             resolve_settles_unknown,
+            inspect_finds_any_subjects_operation_in_the_tenant,
+            stats_count_records_by_state,
             sweep_is_bounded_and_spares_live_leases,
             two_hundred_concurrent_claims_one_winner
         );

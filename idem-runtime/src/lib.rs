@@ -103,7 +103,7 @@ pub use idem::{
 };
 pub use key::{Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
-pub use ledger::{Ledger, LedgerError, Resolution, State, StatusReport, Token};
+pub use ledger::{Ledger, LedgerError, LedgerStats, Resolution, State, StatusReport, Token};
 pub use recipe::{DEFAULT_STATE_TTL, MAX_WAIT, Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL, StorableError};
 pub use scope::{Caller, CallerError, Scope, SubjectTag, TenantTag};

@@ -10,3 +10,8 @@ async fn memory() -> Option<Arc<dyn Ledger>> {
 }
 
 idem_tests::ledger_conformance!(memory);
+
+#[tokio::test]
+async fn stats_count_exactly() {
+    idem_tests::conformance::stats_count_exactly(Arc::new(MemoryLedger::new())).await;
+}

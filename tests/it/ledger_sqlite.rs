@@ -30,3 +30,14 @@ mod sqlite_file {
 mod sqlite_memory {
     idem_tests::ledger_conformance!(super::memory);
 }
+
+/// A ledger of its own (a fresh file), so its counts are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_exactly() {
+    let dir = std::env::temp_dir().join(format!("idem-sqlite-stats-{}", idem_runtime::ledger::Token::random().get()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display());
+    let ledger = SeaOrmLedger::connect(&url).await.expect("open the SQLite file");
+    idem_tests::conformance::stats_count_exactly(Arc::new(ledger)).await;
+    idem_tests::conformance::stats_count_exactly(memory().await.unwrap()).await;
+}

@@ -5,7 +5,7 @@
 //! [`Idem::spawn_sweeper`] (`sweeper.rs`).
 
 use crate::key::{Ref, RefError, SubjectTag, TenantTag};
-use crate::ledger::{LedgerError, Resolution, StatusReport};
+use crate::ledger::{LedgerError, LedgerStats, Resolution, StatusReport};
 use crate::scope::Caller;
 use crate::secret::SecretError;
 
@@ -93,6 +93,36 @@ impl Idem {
     /// # Errors
     /// A malformed ref, no such operation, or one that is not unknown.
     pub async fn resolve(&self, caller: &Caller, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
+        self.resolve_in(caller.tenant(), reference, resolution).await
+    }
+
+    /// The operator's view of operation `reference` of `tenant`, whoever its subject (an
+    /// operator knows the tenant, not necessarily the subject): what the `idem show` command
+    /// prints. Never another tenant's. Unlike [`Idem::status`], this is for operators only — do
+    /// not expose it to callers, who must see only their own operations.
+    ///
+    /// # Errors
+    /// A malformed ref, no usable secret, or the ledger's failure.
+    pub async fn inspect(&self, tenant: &str, reference: &str) -> Result<Option<StatusReport>, StatusError> {
+        let reference = Ref::parse(reference)?;
+        let keyring = self.keyring()?;
+        let (now, _) = self.ledger_time().await?;
+        for secret in keyring.all() {
+            let report = self.inner.ledger.inspect(TenantTag::of(secret, tenant), reference, now).await?;
+            if let Some(mut report) = report {
+                report.result = report.result.and_then(|stored| self.open(stored, report.reference).ok());
+                return Ok(Some(report));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Settles an unknown (or dead-holder) operation of `tenant`, as [`Idem::resolve`] does
+    /// for a caller of that tenant: what the `idem resolve` command does.
+    ///
+    /// # Errors
+    /// A malformed ref, no such operation, or one that is not unknown.
+    pub async fn resolve_in(&self, tenant: &str, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
         let reference = Ref::parse(reference)?;
         let keyring = self.keyring()?;
         // A resolve acts on time (is the holder's lease over?): only on a settled clock.
@@ -107,13 +137,23 @@ impl Idem {
         };
         let mut answer = Err(LedgerError::NotFound);
         for secret in keyring.all() {
-            let tenant = TenantTag::of(secret, caller.tenant());
+            let tenant = TenantTag::of(secret, tenant);
             answer = self.inner.ledger.resolve(tenant, reference, resolution.clone(), now, keep_until).await;
             if answer != Err(LedgerError::NotFound) {
                 break;
             }
         }
         Ok(answer?)
+    }
+
+    /// How many records the ledger holds, by state (see [`LedgerStats`]): what the
+    /// `idem stats` command prints.
+    ///
+    /// # Errors
+    /// The ledger's failure.
+    pub async fn stats(&self) -> Result<LedgerStats, LedgerError> {
+        let (now, _) = self.ledger_time().await?;
+        self.inner.ledger.stats(now).await
     }
 
     /// Deletes expired records, `batch` at a time (a `batch` of 0 counts as 1), until none are

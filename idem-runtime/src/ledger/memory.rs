@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, RecordView, Resolution, State, StatusReport, Token,
-    Verdict, Won, settled_expiry, won_stale,
+    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, RecordView, Resolution, State,
+    StatusReport, Token, Verdict, Won, settled_expiry, won_stale,
 };
 use crate::clock::Clock;
 use crate::key::{Key, Ref, SubjectTag, TenantTag};
@@ -316,6 +316,54 @@ impl Ledger for MemoryLedger {
                 .map(|((key, _), r)| r.report(key, now, true)),
         };
         Box::pin(async move { Ok(report) })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        let mut records = self.lock();
+        let Records { current, superseded } = &mut *records;
+        let current = Self::find(current, tenant, None, reference).filter(|(_, record)| !record.view().expired(now));
+        let report = match current {
+            Some((key, record)) => Some(record.report(key, now, false)),
+            None => {
+                Self::find_superseded(superseded, tenant, None, reference).map(|((key, _), r)| r.report(key, now, true))
+            }
+        };
+        Box::pin(async move { Ok(report) })
+    }
+
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
+        let records = self.lock();
+        let mut stats = LedgerStats::default();
+        let mut oldest = |record: &Record| {
+            if record.state == State::Unknown {
+                stats.oldest_unknown =
+                    Some(stats.oldest_unknown.map_or(record.created_at, |o| o.min(record.created_at)));
+            }
+        };
+        for record in records.current.values().chain(records.superseded.values()) {
+            oldest(record);
+        }
+        for record in records.current.values() {
+            match record.state {
+                State::InProgress => stats.in_progress += 1,
+                State::Completed => stats.completed += 1,
+                State::Failed => stats.failed += 1,
+                State::Unknown => stats.unknown += 1,
+            }
+            stats.stale += u64::from(record.view().lease_expired(now));
+            stats.sweepable += u64::from(record.view().sweepable(now));
+        }
+        for record in records.superseded.values() {
+            stats.superseded += 1;
+            stats.superseded_unknown += u64::from(record.state == State::Unknown);
+            stats.sweepable += u64::from(record.view().sweepable(now));
+        }
+        Box::pin(async move { Ok(stats) })
     }
 
     fn resolve<'a>(

@@ -336,6 +336,44 @@ pub struct StatusReport {
     pub superseded: bool,
 }
 
+/// What [`Ledger::stats`] counts: how many records the ledger holds, by state, and what an
+/// operator watches for — unsettled operations, and whether the sweep keeps up.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LedgerStats {
+    /// Current records in progress (under a live lease or not).
+    pub in_progress: u64,
+    /// Of those, the ones whose lease has lapsed: their holder is presumed dead.
+    pub stale: u64,
+    /// Current records completed (their results are replayed).
+    pub completed: u64,
+    /// Current records failed (nothing happened; a repeat runs again).
+    pub failed: u64,
+    /// Current records whose outcome is unknown: an operator must resolve them.
+    pub unknown: u64,
+    /// Unsettled records a newer operation superseded, kept aside for the operator.
+    pub superseded: u64,
+    /// Of those, the ones still unknown.
+    pub superseded_unknown: u64,
+    /// Records (current or superseded) the sweep would delete now: many means nobody sweeps.
+    pub sweepable: u64,
+    /// When the oldest unknown operation (current or superseded) was first claimed, in
+    /// milliseconds since the epoch on the ledger's clock.
+    pub oldest_unknown: Option<u64>,
+    /// The ledger's tables on disk, with their indexes, in bytes: PostgreSQL and MySQL measure
+    /// the two tables; SQLite the whole database file (which the ledger normally has to itself).
+    /// `None` where the backend cannot tell (the memory ledger).
+    pub size_bytes: Option<u64>,
+}
+
+impl LedgerStats {
+    /// Every record held: current and superseded.
+    #[must_use]
+    pub const fn total(&self) -> u64 {
+        self.in_progress + self.completed + self.failed + self.unknown + self.superseded
+    }
+}
+
 /// What a record stands for, seen by a claim at `request.now`: the one decision every backend
 /// makes, here in one place so they cannot drift apart.
 #[derive(Debug, PartialEq, Eq)]
@@ -646,6 +684,30 @@ pub trait Ledger: Send + Sync + 'static {
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>>;
 
+    /// The operation `reference` of `tenant`, whoever its subject — the operator's lookup, who
+    /// knows the tenant but not necessarily the subject. Never another tenant's. The current
+    /// record of its key if it is not expired at `now`, or else the newest superseded one.
+    ///
+    /// The default refuses (a ledger written before this method existed).
+    fn inspect<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        let _ = (tenant, reference, now);
+        Box::pin(async { Err(LedgerError::unavailable("this ledger does not implement Ledger::inspect")) })
+    }
+
+    /// How many records the ledger holds, by state, as of `now`: see [`LedgerStats`]. Counts
+    /// every record, expired or not (the sweep has not deleted them yet).
+    ///
+    /// The default refuses (a ledger written before this method existed).
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
+        let _ = now;
+        Box::pin(async { Err(LedgerError::unavailable("this ledger does not implement Ledger::stats")) })
+    }
+
     /// Deletes at most `limit` records whose retention ended by `now` — settled records past
     /// their window (or grace), unsettled ones past their unsettled retention, never a record
     /// under a live lease — returning how many. Call it repeatedly until it returns less than
@@ -709,6 +771,17 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         (**self).resolve(tenant, reference, resolution, now, keep_until)
+    }
+    fn inspect<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        (**self).inspect(tenant, reference, now)
+    }
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
+        (**self).stats(now)
     }
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         (**self).sweep(now, limit)

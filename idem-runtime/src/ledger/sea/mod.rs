@@ -71,8 +71,8 @@ use self::row::{
 };
 use self::statements::{Statements, Visible};
 use super::{
-    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, State, StatusReport, Token, Verdict, Won,
-    settled_expiry, won_stale,
+    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, Resolution, State, StatusReport, Token,
+    Verdict, Won, settled_expiry, won_stale,
 };
 use crate::clock::Clock;
 use crate::key::{Key, Ref, SubjectTag, TenantTag};
@@ -412,6 +412,40 @@ impl SeaOrmLedger {
         Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
     }
 
+    async fn stats_now(&self, now: u64) -> Result<LedgerStats, LedgerError> {
+        let texts = &self.statements().stats;
+        let mut stats = LedgerStats::default();
+        for (text, superseded) in [(texts.records, false), (texts.superseded, true)] {
+            let values = vec![millis(now), millis(now), millis(now)];
+            let statement = Statement::from_sql_and_values(self.backend(), text, values);
+            for row in self.db.query_all_raw(statement).await.map_err(failed)? {
+                let int = |at: usize| row.try_get_by_index::<i64>(at).map_err(corrupt).map(to_u64);
+                let state = row::state_of(row.try_get_by_index::<i16>(0).map_err(corrupt)?)?;
+                let (count, oldest, sweepable, stale) = (int(1)?, int(2)?, int(3)?, int(4)?);
+                stats.sweepable += sweepable;
+                if state == State::Unknown {
+                    stats.oldest_unknown = Some(stats.oldest_unknown.map_or(oldest, |known| known.min(oldest)));
+                }
+                if superseded {
+                    stats.superseded += count;
+                    stats.superseded_unknown += if state == State::Unknown { count } else { 0 };
+                    continue;
+                }
+                stats.stale += stale;
+                match state {
+                    State::InProgress => stats.in_progress += count,
+                    State::Completed => stats.completed += count,
+                    State::Failed => stats.failed += count,
+                    State::Unknown => stats.unknown += count,
+                }
+            }
+        }
+        let statement = Statement::from_string(self.backend(), self.statements().size);
+        let size = self.db.query_one_raw(statement).await.map_err(failed)?;
+        stats.size_bytes = size.map(|row| row.try_get_by_index::<i64>(0).map_err(corrupt).map(to_u64)).transpose()?;
+        Ok(stats)
+    }
+
     async fn now_ms(&self) -> Result<Option<u64>, LedgerError> {
         if let Some(clock) = &self.clock {
             return Ok(Some(clock.now_ms()));
@@ -458,6 +492,19 @@ impl Ledger for SeaOrmLedger {
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
         Box::pin(self.status_now(tenant, Some(subject), reference, now))
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        Box::pin(self.status_now(tenant, None, reference, now))
+    }
+
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
+        Box::pin(self.stats_now(now))
     }
 
     fn resolve<'a>(

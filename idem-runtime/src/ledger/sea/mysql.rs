@@ -81,6 +81,16 @@ pub(super) static STATEMENTS: Statements = Statements {
                      WHERE ? > 0 AND expires_at <= ? AND (state <> 1 OR lease_until <= ?) \
                      ORDER BY expires_at LIMIT ?",
     },
+    stats: Tables {
+        records: "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN expires_at <= ? AND (state <> 1 OR lease_until <= ?) THEN 1 END), \
+                  COUNT(CASE WHEN state = 1 AND lease_until <= ? THEN 1 END) FROM idem_records GROUP BY state",
+        superseded: "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN expires_at <= ? AND (state <> 1 OR lease_until <= ?) THEN 1 END), \
+                  COUNT(CASE WHEN state = 1 AND lease_until <= ? THEN 1 END) FROM idem_superseded GROUP BY state",
+    },
+    size: "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name IN ('idem_records', 'idem_superseded')",
     sweep_rechecks: false,
     now: "SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
 };

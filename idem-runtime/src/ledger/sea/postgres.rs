@@ -101,6 +101,16 @@ pub(super) static STATEMENTS: Statements = Statements {
                      ORDER BY expires_at LIMIT $4 FOR UPDATE SKIP LOCKED) \
                      AND $5 > 0 AND expires_at <= $6 AND (state <> 1 OR lease_until <= $7)",
     },
+    stats: Tables {
+        records: "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN expires_at <= $1 AND (state <> 1 OR lease_until <= $2) THEN 1 END), \
+                  COUNT(CASE WHEN state = 1 AND lease_until <= $3 THEN 1 END) FROM idem_records GROUP BY state",
+        superseded: "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN expires_at <= $1 AND (state <> 1 OR lease_until <= $2) THEN 1 END), \
+                  COUNT(CASE WHEN state = 1 AND lease_until <= $3 THEN 1 END) FROM idem_superseded GROUP BY state",
+    },
+    size: "SELECT CAST(pg_total_relation_size('idem_records') + pg_total_relation_size('idem_superseded') \
+                 AS BIGINT)",
     sweep_rechecks: true,
     now: "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
 };

@@ -153,7 +153,7 @@ fn ref_range(reference: Ref) -> (Vec<u8>, Vec<u8>) {
     (low, high)
 }
 
-fn state_of(code: i16) -> Result<State, LedgerError> {
+pub(super) fn state_of(code: i16) -> Result<State, LedgerError> {
     State::from_code(code).ok_or_else(|| LedgerError::corrupt(format!("unknown record state {code}")))
 }
 

@@ -85,6 +85,15 @@ pub(super) static STATEMENTS: Statements = Statements {
                      ORDER BY expires_at LIMIT ?) \
                      AND ? > 0 AND expires_at <= ? AND (state <> 1 OR lease_until <= ?)",
     },
+    stats: Tables {
+        records: "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN expires_at <= ? AND (state <> 1 OR lease_until <= ?) THEN 1 END), \
+                  COUNT(CASE WHEN state = 1 AND lease_until <= ? THEN 1 END) FROM idem_records GROUP BY state",
+        superseded: "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN expires_at <= ? AND (state <> 1 OR lease_until <= ?) THEN 1 END), \
+                  COUNT(CASE WHEN state = 1 AND lease_until <= ? THEN 1 END) FROM idem_superseded GROUP BY state",
+    },
+    size: "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
     sweep_rechecks: true,
     now: "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
 };

@@ -56,6 +56,13 @@ pub struct Statements {
     /// transaction (PostgreSQL's `FOR UPDATE SKIP LOCKED`), so sweeps on several replicas take
     /// disjoint batches rather than wait on one another.
     pub sweep: Tables<&'static str>,
+    /// Counts a table's records by state, for [`crate::ledger::Ledger::stats`]: one row per
+    /// state — state, count, oldest `created_at`, how many the sweep would delete, how many are
+    /// in progress under a lapsed lease — given now three times.
+    pub stats: Tables<&'static str>,
+    /// The ledger's size on disk in bytes, one `BIGINT`: both tables and their indexes
+    /// (PostgreSQL, MySQL), the database file (SQLite).
+    pub size: &'static str,
     /// Whether the sweep selects its rows in a subquery and checks the condition again on the
     /// rows the `DELETE` locks, so a record claimed afresh between the subquery and the delete is
     /// spared (MySQL deletes with `ORDER BY … LIMIT` directly instead).
@@ -173,6 +180,8 @@ mod tests {
             ("find_superseded.subject", s.find_superseded.subject),
             ("resolve.records", s.resolve.records),
             ("resolve.superseded", s.resolve.superseded),
+            ("stats.records", s.stats.records),
+            ("stats.superseded", s.stats.superseded),
             ("probe_upgrade", m.probe_upgrade),
             ("carry", m.carry),
         ]

@@ -1,0 +1,401 @@
+//! `idem`: the operator's command-line tool for an idem ledger.
+//!
+//! Pointed at the ledger by `IDEM_DATABASE_URL` (or `--database-url`) and, to find an operation
+//! by its ref, at the servers' secret the way they find it: `IDEM_SECRET` (and
+//! `IDEM_SECRET_PREVIOUS`), or else the secret file a SQLite ledger keeps beside itself.
+//!
+//! Exit status: 0 done; 1 the ledger, the URL or the secret failed; 2 a usage error; 3 no such
+//! operation; 4 the operation cannot be resolved (it is settled, or its holder is alive).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use idem_runtime::ledger::sea::{DATABASE_URL_ENV, SeaOrmLedger};
+use idem_runtime::secret::{self, SECRET_ENV, Secret};
+use idem_runtime::{Idem, Ledger, LedgerError, LedgerStats, Resolution, State, StatusError, StatusReport};
+use serde_json::{Value, json};
+
+/// The operator's tool for an idem ledger: stats, sweep, show, resolve.
+#[derive(Parser, Debug)]
+#[command(name = "idem", version)]
+struct Cli {
+    /// The ledger: a `postgres://`, `mysql://` or `sqlite:` URL, or a SQLite file's path.
+    #[arg(long, global = true, env = DATABASE_URL_ENV, hide_env_values = true)]
+    database_url: Option<String>,
+    /// Print JSON (one object) instead of text, for scripts.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Records by state, the oldest unknown operation, how many the sweep would delete, the size.
+    Stats,
+    /// Deletes expired records, a batch at a time, until none are left.
+    Sweep {
+        /// Records deleted per statement.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+    },
+    /// One operation: its state, times and stored result.
+    Show(Target),
+    /// Settles an operation whose outcome is unknown (or whose holder died), after you checked
+    /// the downstream system. Refuses a settled one.
+    Resolve {
+        #[command(flatten)]
+        target: Target,
+        /// It happened: this JSON is its result, replayed to every repeat as the tool's answer.
+        #[arg(
+            long,
+            value_name = "JSON",
+            conflicts_with = "nothing_happened",
+            required_unless_present = "nothing_happened"
+        )]
+        completed: Option<String>,
+        /// It did not happen: the next repeat runs the tool again.
+        #[arg(long)]
+        nothing_happened: bool,
+    },
+}
+
+/// An operation: its ref (as the tool's answer gave it) and its tenant.
+#[derive(Args, Debug)]
+struct Target {
+    /// The operation's ref (`ref` in the tool's answer or in `_meta["dev.idem/outcome"]`).
+    #[arg(value_name = "REF")]
+    reference: String,
+    /// The tenant the operation was made in (the caller's tenant; `local` for a stdio server).
+    #[arg(long)]
+    tenant: String,
+}
+
+/// A failure, with what to do about it and the exit status it gives.
+struct Failure {
+    message: String,
+    code: u8,
+}
+
+impl Failure {
+    fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), code: 1 }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(&Failure::new(format!("cannot start: {error}")), cli.json),
+    };
+    match runtime.block_on(run(&cli)) {
+        Ok(out) => {
+            println!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(failure) => fail(&failure, cli.json),
+    }
+}
+
+fn fail(failure: &Failure, json: bool) -> ExitCode {
+    if json {
+        println!("{}", json!({ "error": failure.message, "exit": failure.code }));
+    }
+    eprintln!("idem: error: {}", failure.message);
+    ExitCode::from(failure.code)
+}
+
+async fn run(cli: &Cli) -> Result<String, Failure> {
+    let url = cli.database_url.as_deref().map(str::trim).filter(|url| !url.is_empty()).ok_or_else(|| {
+        Failure::new(format!(
+            "no ledger given: set {DATABASE_URL_ENV} (or pass --database-url) to the URL the servers use, \
+             e.g. postgres://user@host/db or the SQLite file's path"
+        ))
+    })?;
+    let file = sqlite_file(url)?;
+    let ledger = SeaOrmLedger::connect(url)
+        .await
+        .map_err(|error| Failure::new(format!("{error} (check {DATABASE_URL_ENV} or --database-url)")))?;
+    let now = ledger.now().await.map_err(ledger_failure)?;
+    let now = now.unwrap_or_else(local_now);
+    match &cli.command {
+        Command::Stats => {
+            let idem = Idem::new(ledger);
+            let stats = idem.stats().await.map_err(ledger_failure)?;
+            Ok(if cli.json { stats_json(&stats).to_string() } else { stats_text(&stats, now) })
+        }
+        Command::Sweep { batch } => {
+            let idem = Idem::new(ledger);
+            let swept = idem.sweep(*batch).await.map_err(ledger_failure)?;
+            Ok(if cli.json { json!({ "swept": swept }).to_string() } else { format!("swept {swept} expired records") })
+        }
+        Command::Show(target) => {
+            let idem = with_secret(Idem::new(ledger), file.as_deref())?;
+            let report = idem.inspect(&target.tenant, &target.reference).await.map_err(status_failure)?;
+            let report = report.ok_or_else(|| not_found(target))?;
+            Ok(if cli.json {
+                report_json(&report, &target.tenant).to_string()
+            } else {
+                report_text(&report, target, now)
+            })
+        }
+        Command::Resolve { target, completed, nothing_happened } => {
+            let resolution = match (completed, nothing_happened) {
+                (Some(text), _) => {
+                    let value: Value = serde_json::from_str(text).map_err(|error| Failure {
+                        message: format!(
+                            "--completed takes the operation's result as JSON (quote a string: '\"done\"'): {error}"
+                        ),
+                        code: 2,
+                    })?;
+                    Resolution::completed(&value).map_err(|error| Failure::new(error.to_string()))?
+                }
+                (None, _) => Resolution::NothingHappened,
+            };
+            let idem = with_secret(Idem::new(ledger), file.as_deref())?;
+            idem.resolve_in(&target.tenant, &target.reference, resolution).await.map_err(|error| match error {
+                StatusError::Ledger(LedgerError::NotFound) => not_found(target),
+                StatusError::Ledger(LedgerError::NotResolvable { state }) => Failure {
+                    message: format!(
+                        "operation {} of tenant {} is {state}: only an unknown operation, or one in progress whose \
+                         holder's lease has lapsed, can be resolved; a settled record is never overwritten{}",
+                        target.reference,
+                        target.tenant,
+                        if state == State::InProgress {
+                            " (its holder is still running: wait, then look again)"
+                        } else {
+                            ""
+                        },
+                    ),
+                    code: 4,
+                },
+                other => status_failure(other),
+            })?;
+            let verdict = if *nothing_happened { "nothing_happened" } else { "completed" };
+            Ok(if cli.json {
+                json!({ "ref": target.reference, "tenant": target.tenant, "resolved": verdict }).to_string()
+            } else if *nothing_happened {
+                format!(
+                    "resolved {} (tenant {}): nothing happened; the next repeat runs the tool again",
+                    target.reference, target.tenant
+                )
+            } else {
+                format!(
+                    "resolved {} (tenant {}): completed; repeats now replay this result",
+                    target.reference, target.tenant
+                )
+            })
+        }
+    }
+}
+
+/// The SQLite file `url` names, if it names one; refuses a file that does not exist (the tool
+/// never creates a ledger: a typo would show an empty one) and an in-memory database.
+fn sqlite_file(url: &str) -> Result<Option<PathBuf>, Failure> {
+    if url.starts_with("postgres:")
+        || url.starts_with("postgresql:")
+        || url.starts_with("mysql:")
+        || url.starts_with("mariadb:")
+    {
+        return Ok(None);
+    }
+    if url.contains(":memory:") || url.contains("mode=memory") {
+        return Err(Failure::new(format!(
+            "{url} is an in-memory database, which only the process that opened it can see: \
+             point {DATABASE_URL_ENV} at the servers' ledger"
+        )));
+    }
+    let path = url.strip_prefix("sqlite:").map_or(url, |rest| rest.trim_start_matches("//"));
+    let path = PathBuf::from(path.split('?').next().unwrap_or_default());
+    if path.is_file() {
+        Ok(Some(path))
+    } else {
+        Err(Failure::new(format!(
+            "no ledger at {}: check {DATABASE_URL_ENV} or --database-url (idem does not create a ledger)",
+            path.display()
+        )))
+    }
+}
+
+/// The handle keyed as the servers are: `IDEM_SECRET` (and the previous secrets still honoured),
+/// or else the SQLite ledger's own secret file — which must exist: a new secret finds nothing.
+fn with_secret(idem: Idem, file: Option<&std::path::Path>) -> Result<Idem, Failure> {
+    let (current, previous) = match secret::from_env() {
+        Err(error) => return Err(Failure::new(format!("{error}: set {SECRET_ENV} to the servers' secret"))),
+        Ok(Some(configured)) => configured,
+        Ok(None) => {
+            let Some(file) = file else {
+                return Err(Failure::new(format!(
+                    "no secret: set {SECRET_ENV} to the secret the servers use (a shared ledger keeps none); \
+                     without it no operation can be found by its ref"
+                )));
+            };
+            let path = PathBuf::from(format!("{}.secret", file.display()));
+            if !path.is_file() {
+                return Err(Failure::new(format!(
+                    "no secret: set {SECRET_ENV} to the secret the servers use, or keep the SQLite ledger's \
+                     secret file beside it ({} does not exist)",
+                    path.display()
+                )));
+            }
+            let secret: Secret = Secret::load_or_create(&path).map_err(|error| Failure::new(error.to_string()))?;
+            (secret, Vec::new())
+        }
+    };
+    Ok(previous.into_iter().fold(idem.with_secret(current), Idem::with_previous_secret))
+}
+
+fn not_found(target: &Target) -> Failure {
+    Failure {
+        message: format!(
+            "no operation {} in tenant {}: check the ref and the tenant, and that {SECRET_ENV} is the servers' \
+             secret (a record may also have been swept after its retention)",
+            target.reference, target.tenant
+        ),
+        code: 3,
+    }
+}
+
+fn ledger_failure(error: LedgerError) -> Failure {
+    Failure::new(error.to_string())
+}
+
+fn status_failure(error: StatusError) -> Failure {
+    match error {
+        StatusError::Ref(error) => {
+            Failure { message: format!("{error} (copy the ref from the tool's answer)"), code: 2 }
+        }
+        StatusError::Secret(error) => Failure::new(format!("{error}: set {SECRET_ENV} to the servers' secret")),
+        other => Failure::new(other.to_string()),
+    }
+}
+
+fn stats_json(stats: &LedgerStats) -> Value {
+    json!({
+        "in_progress": stats.in_progress,
+        "stale": stats.stale,
+        "completed": stats.completed,
+        "failed": stats.failed,
+        "unknown": stats.unknown,
+        "superseded": stats.superseded,
+        "superseded_unknown": stats.superseded_unknown,
+        "sweepable": stats.sweepable,
+        "total": stats.total(),
+        "oldest_unknown_ms": stats.oldest_unknown,
+        "size_bytes": stats.size_bytes,
+    })
+}
+
+fn stats_text(stats: &LedgerStats, now: u64) -> String {
+    let oldest = stats.oldest_unknown.map_or_else(String::new, |at| format!(" (oldest claimed {})", ago(at, now)));
+    let size = stats.size_bytes.map_or_else(|| "unknown".to_owned(), |bytes| format!("{bytes} bytes"));
+    [
+        format!("in progress  {} ({} with a lapsed lease)", stats.in_progress, stats.stale),
+        format!("completed    {}", stats.completed),
+        format!("failed       {}", stats.failed),
+        format!("unknown      {}{oldest}", stats.unknown),
+        format!("superseded   {} ({} unknown)", stats.superseded, stats.superseded_unknown),
+        format!("sweepable    {}", stats.sweepable),
+        format!("size         {size}"),
+    ]
+    .join("\n")
+}
+
+/// The stored result as JSON (it is `{"ok": value}` or `{"err": …}`), or its bytes as text.
+fn result_value(report: &StatusReport) -> Value {
+    report.result.as_deref().map_or(Value::Null, |bytes| {
+        serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+    })
+}
+
+fn report_json(report: &StatusReport, tenant: &str) -> Value {
+    json!({
+        "ref": report.reference.to_string(),
+        "tenant": tenant,
+        "state": report.state.as_str(),
+        "created_at_ms": report.created_at,
+        "window_end_ms": report.window_end,
+        "expires_at_ms": report.expires_at,
+        "lease_expired": report.lease_expired,
+        "superseded": report.superseded,
+        "result": result_value(report),
+    })
+}
+
+fn report_text(report: &StatusReport, target: &Target, now: u64) -> String {
+    let mut lines = vec![
+        format!("ref         {}", report.reference),
+        format!("tenant      {}", target.tenant),
+        format!("state       {}", report.state),
+        format!("created     {}", when(report.created_at, now)),
+        format!("window end  {}", when(report.window_end, now)),
+        format!("expires     {}", when(report.expires_at, now)),
+    ];
+    if report.state == State::InProgress {
+        let lease =
+            if report.lease_expired { "lapsed: the holder is presumed dead" } else { "live: the holder is running" };
+        lines.push(format!("lease       {lease}"));
+    }
+    if report.superseded {
+        lines.push("superseded  yes: a newer operation with the same key replaced it after its window".to_owned());
+    }
+    if report.result.is_some() {
+        lines.push(format!("result      {}", result_value(report)));
+    }
+    if report.state == State::Unknown || report.lease_expired {
+        lines.push(format!(
+            "next        check the downstream system, then: idem resolve {} --tenant {} --completed JSON | --nothing-happened",
+            report.reference, target.tenant
+        ));
+    }
+    lines.join("\n")
+}
+
+/// `at` as a UTC date and time, and how long ago (or from now) it is.
+fn when(at: u64, now: u64) -> String {
+    format!("{} ({})", utc(at), relative(at, now))
+}
+
+/// How long ago (or from now) `at` is, then its date and time.
+fn ago(at: u64, now: u64) -> String {
+    format!("{}, at {}", relative(at, now), utc(at))
+}
+
+fn relative(at: u64, now: u64) -> String {
+    if at <= now { format!("{} ago", span(now - at)) } else { format!("in {}", span(at - now)) }
+}
+
+fn span(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS UTC` (civil-from-days, proleptic
+/// Gregorian).
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let z = days.cast_signed() + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
+fn local_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,251 @@
+//! The `idem` command-line tool end to end: the binary spawned as a process against a ledger
+//! that an `Idem` handle in this test filled with real operations (completed, unknown), output
+//! asserted — `stats`, `sweep`, `show`, `resolve` — and its errors: a wrong URL, a missing secret,
+//! an unknown ref, a settled record. On SQLite (a temporary file, its secret file beside it) and
+//! PostgreSQL (`IDEM_TEST_POSTGRES_URL`, default the local `test` database; skipped loudly when
+//! unreachable, a failure under `CI=true`).
+//!
+//! Runs under `cargo test --workspace` because the `idem-tests` package turns the `cli`
+//! feature on (features unify across the workspace); alone: `cargo test -p idem-runtime
+//! --features cli --test cli`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Recipe, Ref, Rejection, Secret, current_operation};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum ToolError {
+    /// The downstream timed out: the charge may or may not have happened.
+    Timeout(String),
+    Rejected(String),
+}
+
+impl IdempotentError for ToolError {
+    fn classify(&self) -> ErrorClass {
+        match self {
+            Self::Timeout(_) => ErrorClass::Unknown,
+            Self::Rejected(_) => ErrorClass::NothingHappened,
+        }
+    }
+
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self::Rejected(rejection.to_string())
+    }
+}
+
+static CHARGE: Recipe = Recipe::new("charge_card", &["order_id"]);
+
+/// A completed operation and an unknown one, made by `idem` as `tenant`'s alice: their refs.
+async fn operations(idem: &Idem, tenant: &str) -> (Ref, Ref) {
+    let alice = Caller::new(tenant, "alice");
+    let done = idem
+        .call(&CHARGE, Some(&alice), &json!({ "order_id": "A-1" }), || async {
+            Ok::<_, ToolError>(json!({ "charge": "ch_1", "amount": 4200 }))
+        })
+        .await
+        .expect("the first charge completes");
+    let mut unknown = None;
+    let answer = idem
+        .call(&CHARGE, Some(&alice), &json!({ "order_id": "A-2" }), || async {
+            unknown = current_operation().map(|operation| operation.reference());
+            Err::<Value, _>(ToolError::Timeout("the processor did not answer".to_owned()))
+        })
+        .await;
+    assert!(matches!(answer, Err(ToolError::Timeout(_))), "{answer:?}");
+    (done.reference, unknown.expect("the handler ran"))
+}
+
+/// `idem ARGS` with `env` (and nothing of this process's idem variables).
+fn idem(env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+    command.args(args).env_remove("IDEM_DATABASE_URL").env_remove("IDEM_SECRET").env_remove("IDEM_SECRET_PREVIOUS");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("spawn idem")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Succeeded, and printed one JSON object.
+fn ok_json(output: &Output) -> Value {
+    assert!(output.status.success(), "{:?}\nstdout: {}\nstderr: {}", output.status, stdout(output), stderr(output));
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|error| panic!("{error}: {}", stdout(output)))
+}
+
+/// Failed with `code`, saying `words` on stderr.
+fn failed(output: &Output, code: i32, words: &str) {
+    assert_eq!(output.status.code(), Some(code), "stdout: {}\nstderr: {}", stdout(output), stderr(output));
+    assert!(stderr(output).contains(words), "expected {words:?} in: {}", stderr(output));
+}
+
+fn scratch() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("idem-cli-{}", idem_runtime::ledger::Token::random().get()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Everything an operator does on one ledger, `env` pointing at it.
+fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared: bool) {
+    let (done, unknown) = (done.to_string(), unknown.to_string());
+
+    // stats: the two operations (a shared ledger may hold more).
+    let stats = ok_json(&idem(env, &["stats", "--json"]));
+    let count = |name: &str| stats[name].as_u64().unwrap_or_else(|| panic!("{name} in {stats}"));
+    if shared {
+        assert!(count("completed") >= 1 && count("unknown") >= 1, "{stats}");
+    } else {
+        assert_eq!(
+            (count("completed"), count("unknown"), count("in_progress"), count("failed")),
+            (1, 1, 0, 0),
+            "{stats}"
+        );
+        assert_eq!(count("total"), 2, "{stats}");
+    }
+    assert!(stats["oldest_unknown_ms"].as_u64().is_some(), "{stats}");
+    assert!(count("size_bytes") > 0, "{stats}");
+    let text = idem(env, &["stats"]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    assert!(stdout(&text).contains("unknown      ") && stdout(&text).contains("oldest claimed"), "{}", stdout(&text));
+
+    // show: the completed one and its stored result, the unknown one and what to do next.
+    let shown = ok_json(&idem(env, &["show", &done, "--tenant", tenant, "--json"]));
+    assert_eq!(shown["state"], "completed", "{shown}");
+    assert_eq!(shown["ref"], done.as_str());
+    assert_eq!(shown["result"], json!({ "ok": { "charge": "ch_1", "amount": 4200 } }), "{shown}");
+    let shown = idem(env, &["show", &unknown, "--tenant", tenant]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let text = stdout(&shown);
+    assert!(text.contains("state       unknown") && text.contains("idem resolve"), "{text}");
+
+    // Not in another tenant: refs never cross tenants.
+    failed(&idem(env, &["show", &unknown, "--tenant", "other-tenant"]), 3, "no operation");
+    // A ref that exists nowhere, and one that is not a ref.
+    failed(&idem(env, &["show", "0000000000000000", "--tenant", tenant]), 3, "check the ref and the tenant");
+    let malformed = idem(env, &["show", "not-a-ref", "--tenant", tenant]);
+    assert_eq!(malformed.status.code(), Some(2), "{}", stderr(&malformed));
+
+    // resolve: a settled record is refused, the unknown one settled; a second verdict refused.
+    failed(&idem(env, &["resolve", &done, "--tenant", tenant, "--nothing-happened"]), 4, "is completed");
+    failed(&idem(env, &["resolve", &unknown, "--tenant", tenant, "--completed", "{not json"]), 2, "as JSON");
+    let usage = idem(env, &["resolve", &unknown, "--tenant", tenant]);
+    assert_eq!(usage.status.code(), Some(2), "a verdict is required: {}", stderr(&usage));
+    let resolved = ok_json(&idem(
+        env,
+        &["resolve", &unknown, "--tenant", tenant, "--completed", r#"{"charge":"ch_2"}"#, "--json"],
+    ));
+    assert_eq!(resolved, json!({ "ref": unknown, "tenant": tenant, "resolved": "completed" }));
+    let shown = ok_json(&idem(env, &["show", &unknown, "--tenant", tenant, "--json"]));
+    assert_eq!(
+        (shown["state"].as_str(), &shown["result"]),
+        (Some("completed"), &json!({ "ok": { "charge": "ch_2" } }))
+    );
+    failed(&idem(env, &["resolve", &unknown, "--tenant", tenant, "--nothing-happened"]), 4, "never overwritten");
+
+    // sweep: nothing has expired yet (the records' windows are open).
+    if !shared {
+        assert_eq!(ok_json(&idem(env, &["sweep", "--json"])), json!({ "swept": 0 }));
+        assert_eq!(ok_json(&idem(env, &["stats", "--json"]))["unknown"], 0);
+    }
+    let swept = idem(env, &["sweep", "--batch", "10"]);
+    assert!(swept.status.success() && stdout(&swept).contains("expired records"), "{}", stderr(&swept));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_session() {
+    let dir = scratch();
+    let file = dir.join("ledger.sqlite3");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let idem_handle = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    let (done, unknown) = operations(&idem_handle, "acme").await;
+    assert!(Path::new(&format!("{}.secret", file.display())).is_file(), "the handle made its secret beside the file");
+
+    // Both ways of naming the ledger: the URL in the environment, a plain path as a flag.
+    session(&[("IDEM_DATABASE_URL", &url)], "acme", &done, &unknown, false);
+    let by_path = ok_json(&idem(
+        &[],
+        &["--database-url", &file.display().to_string(), "show", &done.to_string(), "--tenant", "acme", "--json"],
+    ));
+    assert_eq!(by_path["state"], "completed");
+}
+
+#[test]
+fn errors_say_what_to_do() {
+    let dir = scratch();
+    // No ledger named.
+    failed(&idem(&[], &["stats"]), 1, "set IDEM_DATABASE_URL");
+    // A file that does not exist: never created, never shown empty.
+    let missing = dir.join("typo.sqlite3").display().to_string();
+    failed(&idem(&[("IDEM_DATABASE_URL", &missing)], &["stats"]), 1, "no ledger at");
+    assert!(!Path::new(&missing).exists(), "idem created a ledger at a wrong path");
+    // A server that does not answer.
+    failed(
+        &idem(&[("IDEM_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")], &["stats"]),
+        1,
+        "check IDEM_DATABASE_URL",
+    );
+    // In --json mode the error is also an object on stdout.
+    let output = idem(&[], &["stats", "--json"]);
+    let error: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(error["exit"], 1);
+    assert!(error["error"].as_str().unwrap().contains("IDEM_DATABASE_URL"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_secret_is_an_error_not_a_new_secret() {
+    let dir = scratch();
+    let file = dir.join("ledger.sqlite3");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let idem_handle = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    let (done, _) = operations(&idem_handle, "acme").await;
+    let secret_file = PathBuf::from(format!("{}.secret", file.display()));
+    std::fs::remove_file(&secret_file).unwrap();
+    let env = [("IDEM_DATABASE_URL", url.as_str())];
+    failed(&idem(&env, &["show", &done.to_string(), "--tenant", "acme"]), 1, "set IDEM_SECRET");
+    assert!(!secret_file.exists(), "idem made a new secret, which finds nothing");
+    // stats and sweep need none.
+    assert_eq!(ok_json(&idem(&env, &["stats", "--json"]))["completed"], 1);
+    // A wrong secret finds nothing.
+    let (_, wrong) = Secret::generate(1);
+    let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", wrong.as_str())];
+    failed(&idem(&env, &["show", &done.to_string(), "--tenant", "acme"]), 3, "that IDEM_SECRET is the servers'");
+    // A malformed one says so.
+    let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", "nonsense")];
+    failed(&idem(&env, &["show", &done.to_string(), "--tenant", "acme"]), 1, "IDEM_SECRET");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_session() {
+    let ci = std::env::var("CI").is_ok_and(|value| value == "true" || value == "1");
+    let skip = |why: String| {
+        assert!(!ci, "cli::postgres_session: {why} (CI=true, so a missing server is a failure)");
+        eprintln!("SKIPPED cli::postgres_session: {why}");
+    };
+    if !cfg!(feature = "postgres") {
+        return skip("idem-runtime is built without the postgres feature".to_owned());
+    }
+    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let ledger = match SeaOrmLedger::connect(&url).await {
+        Ok(ledger) => ledger,
+        Err(error) => return skip(format!("cannot reach {url}: {error}")),
+    };
+    let (secret, text) = Secret::generate(1);
+    let idem_handle = Idem::new(ledger).with_secret(secret);
+    let tenant = format!("tenant-{}", idem_runtime::ledger::Token::random().get());
+    let (done, unknown) = operations(&idem_handle, &tenant).await;
+    let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", text.as_str())];
+    session(&env, &tenant, &done, &unknown, true);
+    // A shared ledger keeps no secret: without IDEM_SECRET, the tool says to set it.
+    failed(&idem(&env[..1], &["show", &done.to_string(), "--tenant", &tenant]), 1, "set IDEM_SECRET");
+}
