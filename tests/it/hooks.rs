@@ -18,6 +18,10 @@ use tokio::sync::Notify;
 const SECRET: &str = "4111-1111-1111-1111-planted";
 
 static CHARGE: Recipe = Recipe::new("charge", &["order"]).namespace("payments");
+/// The same tool for a downstream that dedupes by the forwarded key: a dead holder's lease is
+/// taken over.
+static CHARGE_TAKEOVER: Recipe =
+    Recipe::new("charge", &["order"]).namespace("payments").stale(idem_runtime::StalePolicy::Takeover);
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Error {
@@ -136,6 +140,7 @@ on_memory_and_sqlite!(
     a_failure_is_claimed_again,
     no_event_shows_an_argument_or_a_result,
     a_panicking_hook_breaks_no_call,
+    a_dead_holders_lease_is_taken_over,
 );
 
 /// A fresh call: claimed, then completed; its repeat: replayed; the same order with another
@@ -267,4 +272,40 @@ async fn a_panicking_hook_breaks_no_call(backend: &str) {
     assert_eq!((first.value.as_str(), again.value.as_str(), again.replayed), ("receipt", "receipt", true));
     assert_eq!(effects.load(Ordering::SeqCst), 1, "the completion was recorded despite the panic");
     assert_eq!(hooks.0.load(Ordering::SeqCst), 3, "claim, complete, replay: each hook was called");
+}
+
+/// A holder that dies mid-call (its call is dropped: no renewals, no completion) leaves its
+/// claim without a completion; once its lease has lapsed, a repeat on another handle takes it
+/// over, runs and completes.
+async fn a_dead_holders_lease_is_taken_over(backend: &str) {
+    let shared = ledger(backend).await;
+    let recording = Arc::new(Recording::default());
+    let lease = std::time::Duration::from_millis(90);
+    let holder = idem_tests::idem_shared(Arc::clone(&shared)).with_lease(lease).with_hooks(recording.clone());
+    let repeats = idem_tests::idem_shared(shared).with_lease(lease).with_hooks(recording.clone());
+    let args = charge(&unique("o"), 100);
+    let (started, caller) = (Notify::new(), alice());
+    let dying = holder.call(&CHARGE_TAKEOVER, Some(&caller), &args, || async {
+        started.notify_one();
+        std::future::pending::<Result<String, Error>>().await
+    });
+    // The holder's call is dropped once its handler runs: it dies holding the claim.
+    tokio::select! {
+        _ = dying => unreachable!("the handler never returns"),
+        () = started.notified() => {}
+    }
+    let events = recording.take();
+    let r = events[0].strip_prefix("claim ").expect("a claim first").to_owned();
+    assert_eq!(events, [format!("claim {r}")], "a dead holder records nothing");
+    let run = || async { Ok::<_, Error>("charged".to_owned()) };
+    let again = loop {
+        // In flight until the lease has lapsed (on the ledger's clock), then taken over.
+        match repeats.call(&CHARGE_TAKEOVER, Some(&alice()), &args, run).await {
+            Err(Error::Idem(code)) if code == "in_flight" => tokio::time::sleep(lease / 3).await,
+            other => break other.unwrap(),
+        }
+    };
+    assert!(!again.replayed);
+    let events: Vec<String> = recording.take().into_iter().filter(|event| !event.starts_with("in_flight")).collect();
+    assert_eq!(events, [format!("takeover {r}"), format!("complete:completed {r}")]);
 }

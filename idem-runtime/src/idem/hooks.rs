@@ -19,7 +19,9 @@ use super::Idem;
 /// Each call that reaches the ledger meets exactly one of `on_claim`, `on_takeover`,
 /// `on_reconcile` (its claim won: it runs), `on_replay`, `on_in_flight`, `on_conflict` or
 /// `on_unknown` (a repeat answered from the ledger); a call that won its claim then meets
-/// `on_complete` once its outcome is recorded. (A call refused before the ledger — no caller,
+/// `on_complete` once its outcome is sent to the ledger — unless the call itself is dropped
+/// first (its process dies, its future is cancelled): then the record stays in progress until
+/// its lease lapses, and a later call's `on_takeover`, `on_reconcile` or `on_unknown` says so. (A call refused before the ledger — no caller,
 /// invalid arguments — or because the ledger could not be reached meets none: nothing ran and
 /// no operation exists; the `ledger_unavailable` metric and the log count those.) A repeat that
 /// waits (`wait`) meets only the answer it finally gets.
