@@ -27,6 +27,7 @@ mod rmcp_waiting;
 mod security;
 mod sweeper;
 mod waiting;
+mod wire;
 
 /// Held by every test that calls `Idem::install`: the installed handle is one per process, so a
 /// second test's install would otherwise swap the ledger under the first one's free functions.

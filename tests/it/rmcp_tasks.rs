@@ -15,10 +15,11 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CancelTaskParams, GetTaskParams, GetTaskResult, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData, Json, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use rmcp::{ErrorData, Json, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::wire::{Wire, declares_tasks};
 use tokio::sync::{Notify, Semaphore};
 
 #[derive(Serialize, Deserialize, schemars::JsonSchema)]
@@ -115,92 +116,6 @@ impl ServerHandler for Deployer {
     }
 }
 
-/// A line-delimited JSON-RPC client that can have several requests outstanding (answers are
-/// kept by id until asked for).
-struct Wire {
-    writer: tokio::io::WriteHalf<tokio::io::DuplexStream>,
-    lines: tokio::io::Lines<BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
-    answers: HashMap<u64, Value>,
-    next_id: u64,
-}
-
-/// The request `_meta` of a client that declares the tasks extension.
-fn declares_tasks() -> Value {
-    json!({ "io.modelcontextprotocol/clientCapabilities": { "extensions": { "io.modelcontextprotocol/tasks": {} } } })
-}
-
-impl Wire {
-    async fn connect(server: Deployer) -> Self {
-        let (client, server_end) = tokio::io::duplex(256 * 1024);
-        tokio::spawn(async move {
-            let running = server.serve(tokio::io::split(server_end)).await.expect("the server starts");
-            let _ = running.waiting().await;
-        });
-        let (reader, writer) = tokio::io::split(client);
-        let mut wire = Self { writer, lines: BufReader::new(reader).lines(), answers: HashMap::new(), next_id: 0 };
-        let init = wire
-            .request(
-                "initialize",
-                json!({
-                    "protocolVersion": "2025-11-25",
-                    "capabilities": {},
-                    "clientInfo": { "name": "idem-test", "version": "0.0.0" }
-                }),
-            )
-            .await;
-        assert!(init.get("result").is_some(), "{init}");
-        let mut line = serde_json::to_vec(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" })).unwrap();
-        line.push(b'\n');
-        wire.writer.write_all(&line).await.unwrap();
-        wire
-    }
-
-    async fn send(&mut self, method: &str, params: Value) -> u64 {
-        self.next_id += 1;
-        let id = self.next_id;
-        let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
-        let mut line = serde_json::to_vec(&message).unwrap();
-        line.push(b'\n');
-        self.writer.write_all(&line).await.unwrap();
-        id
-    }
-
-    async fn answer(&mut self, id: u64) -> Value {
-        loop {
-            if let Some(answer) = self.answers.remove(&id) {
-                return answer;
-            }
-            let line = tokio::time::timeout(std::time::Duration::from_secs(20), self.lines.next_line())
-                .await
-                .expect("the server answers")
-                .unwrap()
-                .expect("the server keeps the pipe open");
-            let message: Value = serde_json::from_str(&line).unwrap();
-            if let Some(id) = message["id"].as_u64() {
-                self.answers.insert(id, message);
-            }
-        }
-    }
-
-    async fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.send(method, params).await;
-        self.answer(id).await
-    }
-
-    /// Sends a `tools/call` of `deploy`, from a client with (`tasks`) or without the extension.
-    async fn deploy(&mut self, deploy: &Value, tasks: bool) -> u64 {
-        let mut params = json!({ "name": "deploy", "arguments": deploy });
-        if tasks {
-            params["_meta"] = declares_tasks();
-        }
-        self.send("tools/call", params).await
-    }
-
-    async fn get_task(&mut self, task_id: &str) -> Value {
-        self.request("tasks/get", json!({ "taskId": task_id, "_meta": declares_tasks() })).await
-    }
-}
-
 fn server(ledger: Arc<dyn Ledger>, downstream: &Arc<Downstream>, subject: &str) -> Deployer {
     let idem = idem_tests::idem_shared(ledger).with_local_caller(Caller::new("acme", subject));
     Deployer::new(idem, Arc::clone(downstream), true)
@@ -238,9 +153,9 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
     let mut alice = Wire::connect(server(Arc::clone(&ledger), &downstream, "alice")).await;
     let deploy = fresh_deploy();
 
-    let first = alice.deploy(&deploy, true).await;
+    let first = alice.call("deploy", &deploy, true).await;
     downstream.started.notified().await;
-    let repeat = alice.deploy(&deploy, true).await;
+    let repeat = alice.call("deploy", &deploy, true).await;
     let repeat = alice.answer(repeat).await;
     let task = repeat.get("result").cloned().unwrap_or_else(|| panic!("a result: {repeat}"));
     assert_eq!(task["resultType"], "task", "{repeat}");
@@ -250,7 +165,7 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
     let task_id = task["taskId"].as_str().expect("a task id").to_owned();
 
     // A client without the extension is answered as before tasks existed.
-    let plain = alice.deploy(&deploy, false).await;
+    let plain = alice.call("deploy", &deploy, false).await;
     let plain = alice.answer(plain).await;
     assert_eq!(plain.pointer("/result/isError"), Some(&json!(true)), "{plain}");
     assert_eq!(plain.pointer("/result/_meta/idem/code"), Some(&json!("in_flight")), "{plain}");
@@ -281,7 +196,7 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
     assert_eq!(completed.pointer("/result/status"), Some(&json!("completed")), "{completed}");
     let result = completed.pointer("/result/result").cloned().expect("the task's result");
     assert_eq!(result["structuredContent"], first["structuredContent"], "the first caller's result: {completed}");
-    let replay = alice.deploy(&deploy, true).await;
+    let replay = alice.call("deploy", &deploy, true).await;
     let replay = alice.answer(replay).await["result"].clone();
     assert_eq!(replay["_meta"]["idem"], json!({ "ref": task_id, "replayed": true }), "{replay}");
     assert_eq!(shown(&result), shown(&replay), "tasks/get gives what a replay gives");
@@ -292,7 +207,7 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
         let after = restarted.get_task(&task_id).await;
         assert_eq!(after.pointer("/result/status"), Some(&json!("completed")), "{after}");
         assert_eq!(shown(&after["result"]["result"]), shown(&replay), "{after}");
-        let again = restarted.deploy(&deploy, true).await;
+        let again = restarted.call("deploy", &deploy, true).await;
         let again = restarted.answer(again).await["result"].clone();
         assert_eq!(again["_meta"]["idem"], json!({ "ref": task_id, "replayed": true }), "{again}");
     }
@@ -334,9 +249,9 @@ async fn a_server_without_the_extension_answers_in_flight() {
     let idem = idem_tests::idem(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"));
     let mut wire = Wire::connect(Deployer::new(idem, Arc::clone(&downstream), false)).await;
     let deploy = fresh_deploy();
-    let first = wire.deploy(&deploy, true).await;
+    let first = wire.call("deploy", &deploy, true).await;
     downstream.started.notified().await;
-    let repeat = wire.deploy(&deploy, true).await;
+    let repeat = wire.call("deploy", &deploy, true).await;
     let repeat = wire.answer(repeat).await;
     assert_eq!(repeat.pointer("/result/_meta/idem/code"), Some(&json!("in_flight")), "{repeat}");
     downstream.gate.add_permits(1);
