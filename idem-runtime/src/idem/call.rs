@@ -208,8 +208,9 @@ impl Idem {
             }
         };
         let reference = attempt.reference();
-        // Held here until the outcome is recorded: its end wakes this process's waiters.
-        let _holding = self.inner.waiting.hold(attempt.request.key);
+        // Held here until the outcome is recorded: its end wakes this process's waiters. Only a
+        // recipe with `wait` has waiters (one key is one recipe), so no other call pays the lock.
+        let _holding = recipe.wait_duration().is_some().then(|| self.inner.waiting.hold(attempt.request.key));
         // Claim → handler.
         let operation = attempt.operation(won, window_end);
         if operation.lease_lost() {
