@@ -585,15 +585,16 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
         let run = respan(quote!(#private::run_mcp), span);
         let note = recipe.replay_note.0;
         let server_tasks = if recipe.task.0 && has_self {
-            // At each call of a task tool: whether its server advertises tasks (`get_info`), so
-            // that no client is handed a task the server's `tasks/get` cannot answer.
+            // Asked only when a repeat of a task tool is about to get a task: whether its server
+            // advertises tasks (`get_info`), so that no client is handed a task the server's
+            // `tasks/get` cannot answer.
             let receiver = receiver_ref(item);
             quote! {
-                {
+                ::core::option::Option::Some(&|| {
                     use #private::server_kinds::*;
                     static IDEM_TASKS_CHECKED: ::core::sync::atomic::AtomicBool = ::core::sync::atomic::AtomicBool::new(false);
                     #private::server_tasks(&IDEM_TASKS_CHECKED, #tool_name, (&&#private::Server(#receiver)).idem_advertises_tasks())
-                }
+                })
             }
         } else {
             quote!(::core::option::Option::None)

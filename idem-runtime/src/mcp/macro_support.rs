@@ -32,10 +32,11 @@ pub struct ToolCall<'a> {
     pub caller: Option<Caller>,
     /// `false` leaves the replay note out of a replay's text (`_meta` still says it).
     pub replay_note: bool,
-    /// For a `task = true` tool: whether the server advertises the tasks extension (`None`:
-    /// it cannot be asked). A server that does not is never made to answer with a task its
-    /// `tasks/get` cannot serve.
-    pub server_tasks: Option<bool>,
+    /// For a `task = true` tool: asks whether the server advertises the tasks extension
+    /// (answering `None`: it cannot be asked). Asked only when a repeat is about to be answered
+    /// with a task, never on the path of an ordinary call: a server that does not advertise it
+    /// is never made to answer with a task its `tasks/get` cannot serve.
+    pub server_tasks: Option<&'a (dyn Fn() -> Option<bool> + Sync)>,
 }
 
 /// Runs an rmcp tool's handler under `recipe`, with the caller from the request context (else
@@ -90,7 +91,7 @@ where
         Err(Rejection::NoCaller) => return ToolOutcome::Refused(no_caller(context.is_remote())),
         // A repeat of a running task-capable operation, from a client that can poll: its task.
         Err(Rejection::InFlight { reference })
-            if task::answers_with_task(recipe, context.declares_tasks(), server_tasks) =>
+            if task::answers_with_task(recipe, context.declares_tasks(), || server_tasks.and_then(|ask| ask())) =>
         {
             return match task::created(idem, caller.as_ref(), fallback, reference).await {
                 Some(task) => ToolOutcome::Task { task, reference },
@@ -170,8 +171,8 @@ pub fn check_status_once<S: ?Sized>(
 }
 
 /// For a `task = true` tool: whether its server advertises the tasks extension, logging an
-/// error at the first call of each tool site whose server does not (its clients get "in
-/// flight", never a task, until it does: `ServerCapabilities::builder().enable_tasks()`, and
+/// error the first time a tool site would have answered with a task and its server does not
+/// (its clients get "in flight", never a task, until it does: `ServerCapabilities::builder().enable_tasks()`, and
 /// `tasks/get` forwarded to `idem_runtime::mcp::get_task`).
 pub fn server_tasks(site: &'static AtomicBool, tool: &str, advertises: Option<bool>) -> Option<bool> {
     if advertises == Some(false) && !site.swap(true, Ordering::Relaxed) {

@@ -70,8 +70,13 @@ pub(crate) async fn created(
 
 /// Whether a repeat of `recipe` from this request may be answered with a task: the tool runs as
 /// a task, the client declared the extension, and the server (when it can tell) advertises it.
-pub(crate) fn answers_with_task(recipe: &Recipe, client_declares: bool, server_advertises: Option<bool>) -> bool {
-    recipe.runs_as_task() && client_declares && server_advertises != Some(false)
+/// The server is asked last, and only when the other two hold.
+pub(crate) fn answers_with_task(
+    recipe: &Recipe,
+    client_declares: bool,
+    server_advertises: impl FnOnce() -> Option<bool>,
+) -> bool {
+    recipe.runs_as_task() && client_declares && server_advertises() != Some(false)
 }
 
 /// `tasks/get` answered from the ledger, for the caller of `context` (its authenticated caller;
