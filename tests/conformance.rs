@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use idem_runtime::ledger::{Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, State, Token, Won};
+use idem_runtime::ledger::{
+    Claim, ClaimRequest, Ledger, LedgerError, Outcome, PendingQuery, PendingRecord, Resolution, State, Token, Won,
+};
 use idem_runtime::{Key, StalePolicy, SubjectTag, TenantTag};
 
 /// A base time for records, far in the future of the sweep case's times.
@@ -45,6 +47,7 @@ fn request(now: u64) -> ClaimRequest {
         lease_until: now + LEASE,
         stale: StalePolicy::Hold,
         clock_trusted: true,
+        label: None,
     }
 }
 
@@ -599,6 +602,99 @@ async fn stats_case(ledger: Arc<dyn Ledger>, fresh: bool) {
     } else {
         assert!(stats.superseded >= 1 && stats.superseded_unknown >= 1 && stats.sweepable >= 2, "{stats:?}");
     }
+}
+
+/// pending: the unsettled records of a tenant — unknown, in progress under a live or a lapsed
+/// lease, superseded — oldest first, each with the label its claim carried; never a settled
+/// record, never another tenant's; filtered by state and age; a page at a time.
+pub async fn pending_lists_unsettled_operations_oldest_first(ledger: Arc<dyn Ledger>) {
+    let tenant = TenantTag::from_bytes(random_bytes());
+    let in_tenant =
+        |at: u64, label: Option<&[u8]>| ClaimRequest { tenant, label: label.map(<[u8]>::to_vec), ..request(at) };
+    let done = in_tenant(T0, Some(b"done"));
+    claim(&*ledger, &done).await;
+    complete(&*ledger, &done, Outcome::Completed(b"r".to_vec())).await;
+    let failed = in_tenant(T0 + 1, Some(b"failed"));
+    claim(&*ledger, &failed).await;
+    complete(&*ledger, &failed, Outcome::Failed).await;
+    let unknown = in_tenant(T0 + 10, Some(b"unknown one"));
+    claim(&*ledger, &unknown).await;
+    complete(&*ledger, &unknown, Outcome::Unknown).await;
+    let elsewhere = request(T0 + 15);
+    claim(&*ledger, &elsewhere).await;
+    complete(&*ledger, &elsewhere, Outcome::Unknown).await;
+    let dead = in_tenant(T0 + 20, Some(b"dead holder"));
+    claim(&*ledger, &dead).await;
+    let live = in_tenant(T0 + LEASE + 50, None);
+    claim(&*ledger, &live).await;
+
+    let now = T0 + LEASE + 100;
+    let list = |query: PendingQuery, now: u64| {
+        let ledger = Arc::clone(&ledger);
+        async move { ledger.pending(&query, now).await.expect("pending") }
+    };
+    let of_tenant = |limit: usize| {
+        let mut query = PendingQuery::new(limit);
+        query.tenants = vec![tenant];
+        query
+    };
+    let refs = |records: &[PendingRecord]| records.iter().map(|record| record.reference).collect::<Vec<_>>();
+    let all = list(of_tenant(10), now).await;
+    assert_eq!(refs(&all), [unknown.key.reference(), dead.key.reference(), live.key.reference()], "{all:#?}");
+    let states: Vec<_> = all.iter().map(|record| (record.state, record.created_at, record.superseded)).collect();
+    assert_eq!(
+        states,
+        [
+            (State::Unknown, T0 + 10, false),
+            (State::InProgress, T0 + 20, false),
+            (State::InProgress, T0 + LEASE + 50, false)
+        ]
+    );
+    let labels: Vec<_> = all.iter().map(|record| record.label.clone()).collect();
+    assert_eq!(labels, [Some(b"unknown one".to_vec()), Some(b"dead holder".to_vec()), None]);
+    assert!(all.iter().all(|record| record.tenant == tenant));
+    assert_eq!(all[1].lease_until, T0 + 20 + LEASE, "the dead holder's lease, to tell it from a live one");
+
+    let mut only = of_tenant(10);
+    only.state = Some(State::Unknown);
+    assert_eq!(refs(&list(only.clone(), now).await), [unknown.key.reference()]);
+    only.state = Some(State::InProgress);
+    assert_eq!(refs(&list(only, now).await), [dead.key.reference(), live.key.reference()]);
+    let mut old = of_tenant(10);
+    old.claimed_by = T0 + 15;
+    assert_eq!(refs(&list(old, now).await), [unknown.key.reference()], "claimed at or before");
+
+    // A page at a time: the page after the second record.
+    let first = list(of_tenant(2), now).await;
+    assert_eq!(refs(&first), [unknown.key.reference(), dead.key.reference()]);
+    let mut next = of_tenant(2);
+    next.after = Some((first[1].created_at, first[1].reference));
+    assert_eq!(refs(&list(next, now).await), [live.key.reference()]);
+
+    // Every tenant: at least these four (a shared ledger holds other cases' records too).
+    let everyone = list(PendingQuery::new(100_000), now).await;
+    for wanted in [&unknown, &elsewhere, &dead, &live] {
+        assert!(everyone.iter().any(|record| record.reference == wanted.key.reference()));
+    }
+    for settled in [&done, &failed] {
+        assert!(everyone.iter().all(|record| record.reference != settled.key.reference()), "a settled record");
+    }
+
+    // Superseded after its window: the old unknown stays listed with its own label, beside the
+    // new operation with the new claim's.
+    let later = T0 + 10 + WINDOW + 1;
+    let again = ClaimRequest { label: Some(b"second try".to_vec()), ..repeat(&unknown, later) };
+    assert_eq!(claim(&*ledger, &again).await.won(), Some(Won::Fresh));
+    let after = list(of_tenant(10), later).await;
+    let find = |superseded: bool| {
+        after
+            .iter()
+            .find(|record| record.reference == unknown.key.reference() && record.superseded == superseded)
+            .unwrap_or_else(|| panic!("superseded: {superseded} in {after:#?}"))
+    };
+    assert_eq!((find(true).state, find(true).label.as_deref()), (State::Unknown, Some(&b"unknown one"[..])));
+    assert_eq!((find(false).state, find(false).label.as_deref()), (State::InProgress, Some(&b"second try"[..])));
+    assert_eq!(after.len(), 4, "the superseded, the dead holder, the once-live one, the new one: {after:#?}");
 }
 
 /// resolve: the operator path out of unknown, either way; live or finished records refuse it.

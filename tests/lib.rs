@@ -39,6 +39,7 @@ macro_rules! ledger_conformance {
             resolve_settles_unknown,
             inspect_finds_any_subjects_operation_in_the_tenant,
             stats_count_records_by_state,
+            pending_lists_unsettled_operations_oldest_first,
             sweep_is_bounded_and_spares_live_leases,
             two_hundred_concurrent_claims_one_winner
         );
@@ -119,4 +120,43 @@ pub fn idem(ledger: impl idem_runtime::Ledger) -> idem_runtime::Idem {
 #[must_use]
 pub fn idem_shared(ledger: std::sync::Arc<dyn idem_runtime::Ledger>) -> idem_runtime::Idem {
     idem_runtime::Idem::from_shared(ledger).with_secret(test_secret())
+}
+
+/// A database of a test's own, `idem_<name>`, on the server the URL in `env` (or `default`)
+/// names, with the ledger schema and empty tables; `None` (reported skipped; a failure under CI)
+/// without a server.
+///
+/// # Panics
+/// The database cannot be made or migrated.
+pub async fn own_database(test: &str, env: &str, default: &str, name: &str) -> Option<String> {
+    use sea_orm::ConnectionTrait;
+    let base = std::env::var(env).unwrap_or_else(|_| default.to_owned());
+    let admin = match sea_orm::Database::connect(idem_runtime::ledger::sea::SeaOrmLedger::connect_options(&base)).await
+    {
+        Ok(admin) => admin,
+        Err(error) => {
+            skip(test, &format!("cannot reach {base} ({error}); set {env} to run it"));
+            return None;
+        }
+    };
+    let (prefix, _) = base.rsplit_once('/').expect("a database URL ends in /<database>");
+    let name = format!("idem_{name}");
+    let create = match admin.get_database_backend() {
+        sea_orm::DbBackend::Postgres => format!("CREATE DATABASE {name}"),
+        _ => format!("CREATE DATABASE IF NOT EXISTS {name}"),
+    };
+    if let Err(error) = admin.execute_unprepared(&create).await {
+        // PostgreSQL has no IF NOT EXISTS for databases: an existing one (an earlier run) is fine.
+        assert!(error.to_string().contains("already exists"), "create {name}: {error}");
+    }
+    let url = format!("{prefix}/{name}");
+    let ledger =
+        idem_runtime::ledger::sea::SeaOrmLedger::connect(&url).await.expect("connect to the test's own database");
+    ledger.migrate().await.expect("migrate");
+    let db = sea_orm::Database::connect(idem_runtime::ledger::sea::SeaOrmLedger::connect_options(&url))
+        .await
+        .expect("connect");
+    db.execute_unprepared("DELETE FROM idem_records").await.expect("empty the table");
+    db.execute_unprepared("DELETE FROM idem_superseded").await.expect("empty the table");
+    Some(url)
 }

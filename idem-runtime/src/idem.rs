@@ -32,6 +32,7 @@ mod keyring;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod operation;
+mod pending;
 #[cfg_attr(not(feature = "rmcp"), expect(dead_code, reason = "only rmcp tools ask for input"))]
 mod request_state;
 mod stored;
@@ -48,6 +49,7 @@ pub use handle::{
 };
 pub use hooks::{CallEvent, Completion, Hooks};
 pub use operation::{Operation, current_caller, current_operation, run_as};
+pub use pending::{CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage};
 #[cfg(feature = "rmcp")]
 pub(crate) use request_state::EchoedState;
 pub use stored::ResultSeal;

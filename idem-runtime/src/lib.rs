@@ -96,6 +96,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "metrics")]
 pub use idem::metrics;
 pub use idem::{CallEvent, Completion, Hooks};
+pub use idem::{CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage};
 pub use idem::{
     DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,
@@ -103,7 +104,9 @@ pub use idem::{
 };
 pub use key::{Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
-pub use ledger::{Ledger, LedgerError, LedgerStats, Resolution, State, StatusReport, Token};
+pub use ledger::{
+    Label, Ledger, LedgerError, LedgerStats, PendingQuery, PendingRecord, Resolution, State, StatusReport, Token,
+};
 pub use recipe::{DEFAULT_STATE_TTL, MAX_WAIT, Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL, StorableError};
 pub use scope::{Caller, CallerError, Scope, SubjectTag, TenantTag};

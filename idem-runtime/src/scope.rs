@@ -111,6 +111,12 @@ impl Scope {
         &self.tenant
     }
 
+    /// The subject this scope belongs to, or `None` for the whole tenant.
+    #[must_use]
+    pub fn subject_name(&self) -> Option<&str> {
+        self.subject.as_deref()
+    }
+
     /// The tag stored with records for tenant-scoped status lookups, keyed with `secret`.
     #[must_use]
     pub fn tenant_tag(&self, secret: &Secret) -> TenantTag {

@@ -1,6 +1,6 @@
 //! The `idem` command-line tool end to end: the binary spawned as a process against a ledger
 //! that an `Idem` handle in this test filled with real operations (completed, unknown), output
-//! asserted — `stats`, `sweep`, `show`, `resolve` — and its errors: a wrong URL, a missing secret,
+//! asserted — `pending`, `show`, `resolve`, `stats`, `sweep` — and its errors: a wrong URL, a missing secret,
 //! an unknown ref, a settled record. On SQLite (a temporary file, its secret file beside it) and
 //! PostgreSQL (`IDEM_TEST_POSTGRES_URL`, default the local `test` database; skipped loudly when
 //! unreachable, a failure under `CI=true`).
@@ -135,6 +135,54 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared
     let malformed = idem(env, &["show", "not-a-ref", "--tenant", tenant]);
     assert_eq!(malformed.status.code(), Some(2), "{}", stderr(&malformed));
 
+    // pending: the unknown operation, with whose it is and which tool made it; not the
+    // completed one, not in another tenant, not in progress, not old enough.
+    let pending = ok_json(&idem(env, &["pending", "--tenant", tenant, "--json"]));
+    assert_eq!(pending["next"], Value::Null, "{pending}");
+    let listed = pending["operations"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{pending}");
+    let expected = [("ref", json!(unknown)), ("tenant", json!(tenant)), ("subject", json!("alice"))];
+    for (field, value) in expected.into_iter().chain([("tool", json!("charge_card")), ("state", json!("unknown"))]) {
+        assert_eq!(listed[0][field], value, "{field} in {pending}");
+    }
+    assert!(listed[0]["age_ms"].as_u64().is_some() && listed[0]["created_at_ms"].as_u64().is_some(), "{pending}");
+    let text = idem(env, &["pending", "--tenant", tenant]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    let text = stdout(&text);
+    for word in [unknown.as_str(), tenant, "alice", "charge_card", "unknown", "REF", "TOOL", "idem resolve"] {
+        assert!(text.contains(word), "{word} in:\n{text}");
+    }
+    assert!(!text.contains(&done), "a completed operation is not pending:\n{text}");
+    if !shared {
+        let everyone = ok_json(&idem(env, &["pending", "--json"]));
+        assert_eq!(everyone["operations"].as_array().map(Vec::len), Some(1), "{everyone}");
+    }
+    for filter in [&["--state", "in-progress"][..], &["--tenant", "other-tenant"][..], &["--older-than", "1d"][..]] {
+        let mut args = vec!["pending", "--json"];
+        if filter[0] != "--tenant" {
+            args.extend(["--tenant", tenant]);
+        }
+        args.extend(filter);
+        let none = ok_json(&idem(env, &args));
+        assert_eq!(none["operations"], json!([]), "{filter:?}: {none}");
+    }
+    let only_unknown = ok_json(&idem(env, &["pending", "--tenant", tenant, "--state", "unknown", "--json"]));
+    assert_eq!(only_unknown["operations"][0]["ref"], json!(unknown), "{only_unknown}");
+    // A page at a time: a full page gives the cursor of the next, which is empty here.
+    let page = ok_json(&idem(env, &["pending", "--tenant", tenant, "--limit", "1", "--json"]));
+    let cursor = page["next"].as_str().unwrap_or_else(|| panic!("a full page has a next: {page}")).to_owned();
+    let rest = ok_json(&idem(env, &["pending", "--tenant", tenant, "--limit", "1", "--after", &cursor, "--json"]));
+    assert_eq!((&rest["operations"], &rest["next"]), (&json!([]), &Value::Null), "{rest}");
+    let text = stdout(&idem(env, &["pending", "--tenant", tenant, "--limit", "1"]));
+    assert!(text.contains(&format!("--after {cursor}")), "{text}");
+    // Bad input: usage errors that say what to write.
+    let bad = idem(env, &["pending", "--older-than", "ten minutes"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("invalid age") && stderr(&bad).contains("15m"), "{}", stderr(&bad));
+    let bad = idem(env, &["pending", "--after", "page-two"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("not a page cursor"), "{}", stderr(&bad));
+
     // resolve: a settled record is refused, the unknown one settled; a second verdict refused.
     failed(&idem(env, &["resolve", &done, "--tenant", tenant, "--nothing-happened"]), 4, "is completed");
     failed(&idem(env, &["resolve", &unknown, "--tenant", tenant, "--completed", "{not json"]), 2, "as JSON");
@@ -151,6 +199,8 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared
         (Some("completed"), &json!({ "ok": { "charge": "ch_2" } }))
     );
     failed(&idem(env, &["resolve", &unknown, "--tenant", tenant, "--nothing-happened"]), 4, "never overwritten");
+    let after = ok_json(&idem(env, &["pending", "--tenant", tenant, "--json"]));
+    assert_eq!(after["operations"], json!([]), "a resolved operation is no longer pending: {after}");
 
     // sweep: nothing has expired yet (the records' windows are open).
     if !shared {

@@ -76,6 +76,7 @@ on_every_backend!(
     statements_per_call,
     a_replica_whose_clock_runs_ahead_does_not_take_over,
     a_blocking_handler_keeps_its_lease,
+    a_table_without_labels_is_upgraded,
 );
 
 /// Complete an operation, drop every connection, open a new ledger on the same database, repeat:
@@ -337,6 +338,77 @@ async fn a_first_schema_table_is_upgraded_by_migrate() {
     let status = idem.status(&alice(), &served.reference.to_string()).await.unwrap().unwrap();
     assert_eq!(status.window_end, now + 3_600_000, "the old expires_at is the window end");
 }
+
+/// A table made before records kept a label (the version before issue 17) is brought up to date
+/// by `connect`: the `label` column is added to both tables, and an unsettled operation made
+/// afterwards is listed by `Idem::pending` with its tool and caller.
+async fn a_table_without_labels_is_upgraded(backend: &str) {
+    let test = format!("ledger_durable::a_table_without_labels_is_upgraded::{backend}");
+    let url = match backend {
+        "sqlite" => url(backend, &test).await,
+        "postgres" => {
+            let default = "postgres://postgres@127.0.0.1:5432/test";
+            idem_tests::own_database(&test, "IDEM_TEST_POSTGRES_URL", default, "upgrade_label").await
+        }
+        _ => {
+            let default = "mysql://root@127.0.0.1:3306/test";
+            idem_tests::own_database(&test, "IDEM_TEST_MYSQL_URL", default, "upgrade_label").await
+        }
+    };
+    let Some(url) = url else { return };
+    SeaOrmLedger::connect(&url).await.unwrap();
+    let db = Database::connect(SeaOrmLedger::connect_options(&url)).await.unwrap();
+    for table in ["idem_records", "idem_superseded"] {
+        db.execute_unprepared(&format!("ALTER TABLE {table} DROP COLUMN label")).await.unwrap();
+    }
+    assert!(db.execute_unprepared("SELECT label FROM idem_records").await.is_err(), "the old table has no label");
+    let idem = idem_tests::idem(SeaOrmLedger::connect(&url).await.expect("connect upgrades the table"));
+    SeaOrmLedger::connect(&url).await.expect("and a second connect finds nothing to do");
+    for table in ["idem_records", "idem_superseded"] {
+        db.execute_unprepared(&format!("SELECT label FROM {table}")).await.expect("the label column is there");
+    }
+    let args = json!({ "order_id": unique("upgraded") });
+    let unsettled = idem
+        .call(&HELD, Some(&alice()), &args, || async { Err::<String, _>(Unsure) })
+        .await
+        .expect_err("the handler's outcome is unknown");
+    assert_eq!(unsettled, Unsure);
+    let page = idem.pending(&idem_runtime::PendingFilter::new(10).tenant("acme")).await.unwrap();
+    let listed =
+        page.operations.iter().find(|operation| operation.label.as_ref().is_some_and(|l| l.tool == "hold_order"));
+    let label = listed.and_then(|operation| operation.label.clone()).unwrap_or_else(|| panic!("{page:#?}"));
+    assert_eq!((label.tenant.as_str(), label.subject.as_deref()), ("acme", Some("alice")));
+    assert_eq!(listed.map(|operation| operation.state), Some(idem_runtime::State::Unknown));
+
+    // A completed operation's row keeps no label: it is only for operations still unsettled.
+    let done = json!({ "order_id": unique("done") });
+    idem.call(&PLACE, Some(&alice()), &done, || async { Ok::<_, Error>("placed".to_owned()) }).await.unwrap();
+    let count = |sql: &'static str| {
+        let db = &db;
+        async move {
+            let row = db.query_one_raw(Statement::from_string(db.get_database_backend(), sql)).await.unwrap().unwrap();
+            row.try_get_by_index::<i64>(0).unwrap()
+        }
+    };
+    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 2").await, 1);
+    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 2 AND label IS NOT NULL").await, 0);
+    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 4 AND label IS NOT NULL").await, 1);
+}
+
+/// An error whose outcome nobody knows (a downstream timeout).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Unsure;
+
+impl IdempotentError for Unsure {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::Unknown
+    }
+    fn from_rejection(_: Rejection) -> Self {
+        Self
+    }
+}
+
+static HELD: Recipe = Recipe::new("hold_order", &["order_id"]);
 
 /// Issue 10.5: a handler that blocks its thread for 2.4 s under a 600 ms lease keeps its claim
 /// (the lease is renewed by a task of its own): a repeat 1.4 s in is answered "in flight" at

@@ -51,6 +51,7 @@ fn request(now: u64, window_end: u64, expires_at: u64, lease_until: u64) -> Clai
         lease_until,
         stale: StalePolicy::Hold,
         clock_trusted: true,
+        label: None,
     }
 }
 
@@ -119,36 +120,6 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     panic!("{what}: still not the case after a minute");
 }
 
-/// A database of its own on the server at `base_url` (its last path segment replaced), with
-/// the ledger schema and empty tables; `None` (reported skipped) without a server.
-async fn own_database(test: &str, env: &str, default: &str, name: &str) -> Option<String> {
-    let base = std::env::var(env).unwrap_or_else(|_| default.to_owned());
-    let admin = match sea_orm::Database::connect(SeaOrmLedger::connect_options(&base)).await {
-        Ok(admin) => admin,
-        Err(error) => {
-            idem_tests::skip(test, &format!("cannot reach {base} ({error}); set {env} to run it"));
-            return None;
-        }
-    };
-    let (prefix, _) = base.rsplit_once('/').expect("a database URL ends in /<database>");
-    let name = format!("idem_sweeper_{name}");
-    let create = match admin.get_database_backend() {
-        DbBackend::Postgres => format!("CREATE DATABASE {name}"),
-        _ => format!("CREATE DATABASE IF NOT EXISTS {name}"),
-    };
-    if let Err(error) = admin.execute_unprepared(&create).await {
-        // PostgreSQL has no IF NOT EXISTS for databases: an existing one (an earlier run) is fine.
-        assert!(error.to_string().contains("already exists"), "create {name}: {error}");
-    }
-    let url = format!("{prefix}/{name}");
-    let ledger = SeaOrmLedger::connect(&url).await.expect("connect to the test's own database");
-    ledger.migrate().await.expect("migrate");
-    let db = sea_orm::Database::connect(SeaOrmLedger::connect_options(&url)).await.expect("connect");
-    db.execute_unprepared("DELETE FROM idem_records").await.expect("empty the table");
-    db.execute_unprepared("DELETE FROM idem_superseded").await.expect("empty the table");
-    Some(url)
-}
-
 /// `n` ledgers on one store, each with connections of its own (as replicas have), or `None`
 /// (skipped).
 async fn replicas(backend: &str, test: &str, n: usize) -> Option<Vec<Arc<dyn Ledger>>> {
@@ -163,8 +134,10 @@ async fn replicas(backend: &str, test: &str, n: usize) -> Option<Vec<Arc<dyn Led
             std::fs::create_dir_all(&dir).unwrap();
             format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display())
         }
-        "postgres" => own_database(&name, "IDEM_TEST_POSTGRES_URL", POSTGRES_URL, test).await?,
-        _ => own_database(&name, "IDEM_TEST_MYSQL_URL", MYSQL_URL, test).await?,
+        "postgres" => {
+            idem_tests::own_database(&name, "IDEM_TEST_POSTGRES_URL", POSTGRES_URL, &format!("sweeper_{test}")).await?
+        }
+        _ => idem_tests::own_database(&name, "IDEM_TEST_MYSQL_URL", MYSQL_URL, &format!("sweeper_{test}")).await?,
     };
     let mut ledgers: Vec<Arc<dyn Ledger>> = Vec::new();
     for _ in 0..n {
@@ -394,7 +367,10 @@ async fn a_sweeper_survives_a_ledger_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_sweep_skips_locked_rows_instead_of_waiting() {
     let test = "sweeper::postgres_sweep_skips_locked_rows_instead_of_waiting";
-    let Some(url) = own_database(test, "IDEM_TEST_POSTGRES_URL", POSTGRES_URL, "skip_locked").await else { return };
+    let Some(url) = idem_tests::own_database(test, "IDEM_TEST_POSTGRES_URL", POSTGRES_URL, "sweeper_skip_locked").await
+    else {
+        return;
+    };
     let (_, name) = url.rsplit_once('/').unwrap();
     let ledger: Arc<dyn Ledger> = Arc::new(SeaOrmLedger::connect(&url).await.expect("connect"));
     seed(&ledger, 200, 0).await;
@@ -429,4 +405,21 @@ async fn postgres_sweep_skips_locked_rows_instead_of_waiting() {
     assert_eq!(sweep.await.unwrap().unwrap(), 190, "all but the locked rows");
     holder.rollback().await.unwrap();
     assert_eq!(ledger.sweep(now_ms(), 1_000).await.unwrap(), 10, "the locked rows, once let go");
+}
+
+/// `Idem::sweep_with` reports the running total after every batch (what `idem sweep` shows on
+/// a terminal), and deletes what `Idem::sweep` deletes: 25 expired records in batches of 10.
+#[tokio::test]
+async fn a_sweep_reports_its_progress_batch_by_batch() {
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+    let live = seed(&ledger, 25, 2).await;
+    let idem = Idem::from_shared(Arc::clone(&ledger));
+    let mut seen = Vec::new();
+    let swept = idem.sweep_with(10, |total| seen.push(total)).await.expect("sweep");
+    assert_eq!(swept, 25);
+    assert_eq!(seen, [10, 20, 25], "one report per batch, the running total");
+    assert_kept(&*ledger, &live).await;
+    let mut again = Vec::new();
+    assert_eq!(idem.sweep_with(10, |total| again.push(total)).await.expect("sweep"), 0);
+    assert_eq!(again, [0], "a sweep with nothing to delete reports once");
 }

@@ -71,6 +71,7 @@ fn requests() -> (ClaimRequest, ClaimRequest) {
         lease_until: now + 50,
         stale: StalePolicy::Takeover,
         clock_trusted: true,
+        label: None,
     };
     let b = ClaimRequest {
         token: Token::random(),

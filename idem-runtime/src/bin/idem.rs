@@ -1,4 +1,5 @@
-//! `idem`: the operator's command-line tool for an idem ledger.
+//! `idem`: the operator's command-line tool for an idem ledger: `pending`, `show`, `resolve`,
+//! `stats`, `sweep`.
 //!
 //! Pointed at the ledger by `IDEM_DATABASE_URL` (or `--database-url`) and, to find an operation
 //! by its ref, at the servers' secret the way they find it: `IDEM_SECRET` (and
@@ -7,16 +8,23 @@
 //! Exit status: 0 done; 1 the ledger, the URL or the secret failed; 2 a usage error; 3 no such
 //! operation; 4 the operation cannot be resolved (it is settled, or its holder is alive).
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use comfy_table::{Table, presets};
 use idem_runtime::ledger::sea::{DATABASE_URL_ENV, SeaOrmLedger};
 use idem_runtime::secret::{self, SECRET_ENV, Secret};
-use idem_runtime::{Idem, Ledger, LedgerError, LedgerStats, Resolution, State, StatusError, StatusReport};
+use idem_runtime::{
+    Idem, Ledger, LedgerError, LedgerStats, PendingCursor, PendingFilter, PendingOperation, PendingPage, Resolution,
+    State, StatusError, StatusReport, parse_window,
+};
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
-/// The operator's tool for an idem ledger: stats, sweep, show, resolve.
+/// The operator's tool for an idem ledger: pending, show, resolve, stats, sweep.
 #[derive(Parser, Debug)]
 #[command(name = "idem", version)]
 struct Cli {
@@ -32,6 +40,25 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Operations to look at: unknown, or in progress (a lapsed lease means its holder died),
+    /// oldest first, a page at a time, with their tenant, subject and tool.
+    Pending {
+        /// Only this state.
+        #[arg(long, value_enum)]
+        state: Option<PendingState>,
+        /// Only this tenant's operations.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only operations first claimed at least this long ago: 30s, 10m, 2h, 7d.
+        #[arg(long, value_name = "AGE", value_parser = parse_age)]
+        older_than: Option<Duration>,
+        /// Operations per page.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..))]
+        limit: u16,
+        /// The next page: the cursor the page before printed.
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<PendingCursor>,
+    },
     /// Records by state, the oldest unknown operation, how many the sweep would delete, the size.
     Stats,
     /// Deletes expired records, a batch at a time, until none are left.
@@ -59,6 +86,19 @@ enum Command {
         #[arg(long)]
         nothing_happened: bool,
     },
+}
+
+/// The state `idem pending --state` lists.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PendingState {
+    /// The outcome is unknown: check the downstream system, then resolve.
+    Unknown,
+    /// Claimed and not settled: alive, or its holder died (a lapsed lease).
+    InProgress,
+}
+
+fn parse_age(text: &str) -> Result<Duration, String> {
+    parse_window(text).map_err(|error| error.to_string().replacen("invalid window", "invalid age", 1))
 }
 
 /// An operation: its ref (as the tool's answer gave it) and its tenant.
@@ -126,9 +166,44 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             let stats = idem.stats().await.map_err(ledger_failure)?;
             Ok(if cli.json { stats_json(&stats).to_string() } else { stats_text(&stats, now) })
         }
+        Command::Pending { state, tenant, older_than, limit, after } => {
+            let idem = with_secret(Idem::new(ledger), file.as_deref())?;
+            let mut filter = PendingFilter::new(usize::from(*limit));
+            if let Some(state) = state {
+                filter = filter.state(match state {
+                    PendingState::Unknown => State::Unknown,
+                    PendingState::InProgress => State::InProgress,
+                });
+            }
+            if let Some(tenant) = tenant {
+                filter = filter.tenant(tenant);
+            }
+            if let Some(age) = older_than {
+                filter = filter.older_than(*age);
+            }
+            if let Some(cursor) = after {
+                filter = filter.after(*cursor);
+            }
+            let page = idem.pending(&filter).await.map_err(status_failure)?;
+            Ok(if cli.json { pending_json(&page).to_string() } else { pending_text(&page) })
+        }
         Command::Sweep { batch } => {
             let idem = Idem::new(ledger);
-            let swept = idem.sweep(*batch).await.map_err(ledger_failure)?;
+            // A bar on a terminal only: a script's stderr stays clean.
+            let bar = if std::io::stderr().is_terminal() && !cli.json {
+                let bar = ProgressBar::new_spinner();
+                bar.set_style(
+                    ProgressStyle::with_template("{spinner} swept {pos} expired records ({per_sec}, {elapsed})")
+                        .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                );
+                bar.enable_steady_tick(Duration::from_millis(120));
+                bar
+            } else {
+                ProgressBar::hidden()
+            };
+            let swept = idem.sweep_with(*batch, |total| bar.set_position(total as u64)).await;
+            bar.finish_and_clear();
+            let swept = swept.map_err(ledger_failure)?;
             Ok(if cli.json { json!({ "swept": swept }).to_string() } else { format!("swept {swept} expired records") })
         }
         Command::Show(target) => {
@@ -301,6 +376,89 @@ fn stats_text(stats: &LedgerStats, now: u64) -> String {
         format!("size         {size}"),
     ]
     .join("\n")
+}
+
+/// The operation's state as a word, with its lease: what an operator decides on.
+fn state_word(operation: &PendingOperation) -> &'static str {
+    match (operation.state, operation.lease_expired) {
+        (State::Unknown, _) => "unknown",
+        (_, true) => "holder dead",
+        _ => "running",
+    }
+}
+
+fn pending_json(page: &PendingPage) -> Value {
+    let operations: Vec<Value> = page
+        .operations
+        .iter()
+        .map(|operation| {
+            let label = operation.label.as_ref();
+            json!({
+                "ref": operation.reference.to_string(),
+                "tenant": label.map(|label| &label.tenant),
+                "subject": label.and_then(|label| label.subject.as_ref()),
+                "tool": label.map(|label| &label.tool),
+                "state": operation.state.as_str(),
+                "lease_expired": operation.lease_expired,
+                "superseded": operation.superseded,
+                "created_at_ms": operation.created_at,
+                "age_ms": page.now.saturating_sub(operation.created_at),
+                "window_end_ms": operation.window_end,
+                "lease_until_ms": operation.lease_until,
+                "expires_at_ms": operation.expires_at,
+            })
+        })
+        .collect();
+    json!({ "operations": operations, "next": page.next.map(|cursor| cursor.to_string()) })
+}
+
+fn pending_text(page: &PendingPage) -> String {
+    if page.operations.is_empty() {
+        return "no pending operations".to_owned();
+    }
+    let mut table = Table::new();
+    table.load_preset(presets::NOTHING).set_header(["REF", "TENANT", "SUBJECT", "TOOL", "STATE", "AGE", "LEASE"]);
+    for operation in &page.operations {
+        let label = operation.label.as_ref();
+        let unknown = || "?".to_owned();
+        let lease = match operation.state {
+            State::InProgress if operation.lease_expired => {
+                format!("lapsed {}", relative(operation.lease_until, page.now))
+            }
+            State::InProgress => format!("live, {} left", span(operation.lease_until.saturating_sub(page.now))),
+            _ => "-".to_owned(),
+        };
+        let state = if operation.superseded {
+            format!("{} (superseded)", state_word(operation))
+        } else {
+            state_word(operation).to_owned()
+        };
+        table.add_row([
+            operation.reference.to_string(),
+            label.map_or_else(unknown, |label| label.tenant.clone()),
+            label.map_or_else(unknown, |label| label.subject.clone().unwrap_or_else(|| "(tenant)".to_owned())),
+            label.map_or_else(unknown, |label| label.tool.clone()),
+            state,
+            span(page.now.saturating_sub(operation.created_at)),
+            lease,
+        ]);
+    }
+    let mut lines = vec![table.trim_fmt()];
+    if page.operations.iter().any(|operation| operation.label.is_none()) {
+        lines.push(
+            "? = not recorded (an operation made before idem kept labels, or under a secret no longer given)"
+                .to_owned(),
+        );
+    }
+    if let Some(next) = page.next {
+        lines.push(format!("more: idem pending --after {next} (with the same filters)"));
+    }
+    lines.push(
+        "next: idem show REF --tenant T; after checking the downstream system, \
+         idem resolve REF --tenant T --completed JSON | --nothing-happened"
+            .to_owned(),
+    );
+    lines.join("\n")
 }
 
 /// The stored result as JSON (it is `{"ok": value}` or `{"err": …}`), or its bytes as text.

@@ -163,6 +163,15 @@ impl Idem {
     /// # Errors
     /// The ledger's failure; records deleted before it stay deleted.
     pub async fn sweep(&self, batch: usize) -> Result<usize, LedgerError> {
+        self.sweep_with(batch, |_| {}).await
+    }
+
+    /// [`Idem::sweep`], calling `progress` with the running total after every batch — for a
+    /// progress indicator on a long sweep (`idem sweep` shows one on a terminal).
+    ///
+    /// # Errors
+    /// The ledger's failure; records deleted before it stay deleted.
+    pub async fn sweep_with(&self, batch: usize, mut progress: impl FnMut(usize) + Send) -> Result<usize, LedgerError> {
         let batch = batch.max(1);
         let mut total = 0;
         loop {
@@ -170,6 +179,7 @@ impl Idem {
             let now = self.trusted_time().await?;
             let swept = self.inner.ledger.sweep(now, batch).await?;
             total += swept;
+            progress(total);
             if swept < batch {
                 tracing::debug!(swept = total, "sweep done");
                 return Ok(total);

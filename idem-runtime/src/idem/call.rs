@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::key::{Fingerprint, Key, Ref};
-use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won};
+use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won, seal_label};
 use crate::recipe::{INPUT_KEY_PREFIX, Recipe};
 use crate::rejection::{ErrorClass, IdempotentError, Rejection};
 use crate::scope::Caller;
@@ -291,6 +291,11 @@ impl<'a> Attempt<'a> {
             lease_until: clamp(now.saturating_add(millis(idem.inner.lease))),
             stale: recipe.stale_policy(),
             clock_trusted: at.clock_trusted,
+            label: idem
+                .inner
+                .ledger
+                .keeps_labels()
+                .then(|| seal_label(secret, recipe.tool(), at.scope.tenant_name(), at.scope.subject_name())),
         };
         // Input responses that joined the key are left out of what a `requestState` is sealed
         // to: the continuation that carries them must open the state its first round was given.

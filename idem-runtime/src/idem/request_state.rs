@@ -163,6 +163,7 @@ impl Idem {
             lease_until: clamp(now.saturating_add(super::time::millis(self.inner.lease))),
             stale: StalePolicy::Hold,
             clock_trusted,
+            label: None,
         };
         // A claim whose answer was lost is sent once more with the same token: if the first
         // committed, the ledger recognises it as ours (won), so a lost answer does not burn the

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, RecordView, Resolution, State,
-    StatusReport, Token, Verdict, Won, settled_expiry, won_stale,
+    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, PendingQuery, PendingRecord, RecordView,
+    Resolution, State, StatusReport, Token, Verdict, Won, settled_expiry, won_stale,
 };
 use crate::clock::Clock;
 use crate::key::{Key, Ref, SubjectTag, TenantTag};
@@ -30,6 +30,8 @@ struct Record {
     expires_at: u64,
     lease_until: u64,
     result: Option<Vec<u8>>,
+    /// The sealed label, kept while unsettled.
+    label: Option<Vec<u8>>,
 }
 
 impl Record {
@@ -61,6 +63,7 @@ impl Record {
             expires_at: request.expires_at,
             lease_until: request.lease_until,
             result: None,
+            label: request.label.clone(),
         }
     }
 
@@ -214,6 +217,13 @@ impl MemoryLedger {
     }
 }
 
+/// The highest key starting with `reference`: a page that ended at `reference` goes on after it.
+fn high_of(reference: Ref) -> [u8; 32] {
+    let mut high = [0xff; 32];
+    high[..reference.as_bytes().len()].copy_from_slice(reference.as_bytes());
+    high
+}
+
 fn low(reference: Ref) -> [u8; 32] {
     let mut low = [0u8; 32];
     low[..reference.as_bytes().len()].copy_from_slice(reference.as_bytes());
@@ -260,6 +270,10 @@ impl Ledger for MemoryLedger {
         let answer = match record {
             Some(record) => {
                 record.settle(state, result, keep_until);
+                // Settled: nobody needs to be told whose it was any more.
+                if state != State::Unknown {
+                    record.label = None;
+                }
                 Ok(())
             }
             None => Err(LedgerError::Fenced),
@@ -334,6 +348,43 @@ impl Ledger for MemoryLedger {
             }
         };
         Box::pin(async move { Ok(report) })
+    }
+
+    fn pending<'a>(
+        &'a self,
+        query: &'a PendingQuery,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
+        let records = self.lock();
+        let current = records.current.iter().map(|(key, record)| (key, record, false));
+        let superseded = records.superseded.iter().map(|((key, _), record)| (key, record, true));
+        let mut found: Vec<PendingRecord> = current
+            .chain(superseded)
+            .filter(|(key, record, _)| {
+                query.wants(record.state)
+                    && record.expires_at > now
+                    && (query.tenants.is_empty() || query.tenants.contains(&record.tenant))
+                    && record.created_at <= query.claimed_by
+                    && query.after.is_none_or(|(at, after)| {
+                        record.created_at > at || record.created_at == at && key.as_bytes()[..] > high_of(after)[..]
+                    })
+            })
+            .map(|(key, record, superseded)| PendingRecord {
+                reference: key.reference(),
+                tenant: record.tenant,
+                state: record.state,
+                created_at: record.created_at,
+                window_end: record.window_end,
+                expires_at: record.expires_at,
+                lease_until: record.lease_until,
+                superseded,
+                label: record.label.clone(),
+            })
+            .collect();
+        drop(records);
+        found.sort_by(|a, b| (a.created_at, a.reference.as_bytes()).cmp(&(b.created_at, b.reference.as_bytes())));
+        found.truncate(query.limit);
+        Box::pin(async move { Ok(found) })
     }
 
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {

@@ -24,6 +24,7 @@
 //! `window_end`), so a takeover stays a takeover. [`Ledger::release`] undoes a claim whose answer
 //! never came, and only what that claim did.
 
+mod label;
 pub mod memory;
 #[cfg(feature = "sea")]
 // `sea` is internal: name the features a user turns on.
@@ -37,6 +38,9 @@ use std::pin::Pin;
 use crate::key::{Key, Ref, SubjectTag, TenantTag};
 use crate::recipe::StalePolicy;
 use crate::secret::{Secret, SecretError};
+
+pub use self::label::Label;
+pub(crate) use self::label::{open as open_label, seal as seal_label};
 
 /// A boxed, sendable future: keeps [`Ledger`] object-safe so `Arc<dyn Ledger>` can be chosen at
 /// run time (by URL).
@@ -185,6 +189,10 @@ pub struct ClaimRequest {
     /// operation. When `false`, a stale lease is answered "in flight" and a record past its
     /// window is treated as still live — waiting is safe, acting early is not.
     pub clock_trusted: bool,
+    /// The tool, tenant and subject sealed under the secret ([`Label`]), kept with the record
+    /// while it is unsettled so an operator can tell whose operation is stuck (`idem pending`).
+    /// `None` where the ledger keeps no labels ([`Ledger::keeps_labels`]).
+    pub label: Option<Vec<u8>>,
 }
 
 /// How the claimer won.
@@ -372,6 +380,63 @@ impl LedgerStats {
     pub const fn total(&self) -> u64 {
         self.in_progress + self.completed + self.failed + self.unknown + self.superseded
     }
+}
+
+/// Which unsettled operations [`Ledger::pending`] lists: in progress (under a live lease or
+/// not) and unknown, current or superseded, not past their retention — oldest first, a page at
+/// a time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PendingQuery {
+    /// Only this state ([`State::InProgress`] or [`State::Unknown`]); `None` for both.
+    pub state: Option<State>,
+    /// Only records with one of these tenant tags (the tenant under each secret still
+    /// honoured); empty for every tenant.
+    pub tenants: Vec<TenantTag>,
+    /// Only records first claimed at or before this time.
+    pub claimed_by: u64,
+    /// The page after this one: the `(created_at, ref)` of the last record of the page before.
+    pub after: Option<(u64, Ref)>,
+    /// At most this many records.
+    pub limit: usize,
+}
+
+impl PendingQuery {
+    /// The first `limit` unsettled records, of every tenant, claimed at any time.
+    #[must_use]
+    pub const fn new(limit: usize) -> Self {
+        Self { state: None, tenants: Vec::new(), claimed_by: u64::MAX, after: None, limit }
+    }
+
+    /// Whether `state` is one this query lists.
+    #[must_use]
+    pub fn wants(&self, state: State) -> bool {
+        matches!(state, State::InProgress | State::Unknown) && self.state.is_none_or(|wanted| wanted == state)
+    }
+}
+
+/// One record [`Ledger::pending`] lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PendingRecord {
+    /// The operation's ref.
+    pub reference: Ref,
+    /// Its tenant's tag.
+    pub tenant: TenantTag,
+    /// Its state: in progress or unknown.
+    pub state: State,
+    /// When it was first claimed.
+    pub created_at: u64,
+    /// When its window ends.
+    pub window_end: u64,
+    /// When the sweep may delete it.
+    pub expires_at: u64,
+    /// When its holder's lease runs out (for an in-progress record).
+    pub lease_until: u64,
+    /// Whether a newer operation with the same key superseded it.
+    pub superseded: bool,
+    /// The sealed [`Label`], if the record has one.
+    pub label: Option<Vec<u8>>,
 }
 
 /// What a record stands for, seen by a claim at `request.now`: the one decision every backend
@@ -708,6 +773,26 @@ pub trait Ledger: Send + Sync + 'static {
         Box::pin(async { Err(LedgerError::unavailable("this ledger does not implement Ledger::stats")) })
     }
 
+    /// The unsettled records `query` asks for, as of `now`: oldest first (by `created_at`,
+    /// then key), at most `query.limit`. What `idem pending` lists.
+    ///
+    /// The default refuses (a ledger written before this method existed).
+    fn pending<'a>(
+        &'a self,
+        query: &'a PendingQuery,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
+        let _ = (query, now);
+        Box::pin(async { Err(LedgerError::unavailable("this ledger does not implement Ledger::pending")) })
+    }
+
+    /// Whether the ledger keeps the sealed [`Label`] a claim carries, so a handle seals one
+    /// per claim only for a ledger that keeps it. The durable ledgers do; the default (and the
+    /// memory ledger) does not, and a claim's label is then `None`.
+    fn keeps_labels(&self) -> bool {
+        false
+    }
+
     /// Deletes at most `limit` records whose retention ended by `now` — settled records past
     /// their window (or grace), unsettled ones past their unsettled retention, never a record
     /// under a live lease — returning how many. Call it repeatedly until it returns less than
@@ -782,6 +867,16 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
     }
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
         (**self).stats(now)
+    }
+    fn pending<'a>(
+        &'a self,
+        query: &'a PendingQuery,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
+        (**self).pending(query, now)
+    }
+    fn keeps_labels(&self) -> bool {
+        (**self).keeps_labels()
     }
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         (**self).sweep(now, limit)

@@ -69,6 +69,7 @@ impl Snap {
             expires_at: self.expires_at,
             lease_until: self.lease_until,
             result: self.result.clone(),
+            label: None,
         }
     }
 
@@ -207,6 +208,7 @@ impl Sys {
             lease_until: sent_at + LEASE,
             stale: policy,
             clock_trusted: true,
+            label: None,
         }
     }
 

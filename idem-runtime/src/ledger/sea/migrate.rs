@@ -4,7 +4,7 @@
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 
 use super::error::{corrupt, failed};
-use super::statements::{AddSubject, Migration};
+use super::statements::{AddColumn, Migration};
 use super::{SeaOrmLedger, mysql};
 use crate::ledger::LedgerError;
 
@@ -72,15 +72,20 @@ impl SeaOrmLedger {
                 done => done?,
             }
         }
-        for table in [&migration.add_subject.records, &migration.add_subject.superseded] {
-            self.add_subject(table).await?;
+        for table in [
+            &migration.add_subject.records,
+            &migration.add_subject.superseded,
+            &migration.add_label.records,
+            &migration.add_label.superseded,
+        ] {
+            self.add_column(table).await?;
         }
         Ok(())
     }
 
-    /// Adds the `subject` column (issue 11) to a table if it lacks it. Records made before it
-    /// get 0: visible to their whole tenant, as they were.
-    async fn add_subject(&self, table: &AddSubject) -> Result<(), LedgerError> {
+    /// Adds a column to a table if it lacks it: `subject` (issue 11; records made before it get
+    /// 0, visible to their whole tenant as they were) and `label` (issue 17; none before it).
+    async fn add_column(&self, table: &AddColumn) -> Result<(), LedgerError> {
         if self.db.execute_unprepared(table.probe).await.is_ok() {
             return Ok(());
         }

@@ -14,6 +14,7 @@
 //! | `fingerprint` | 32 bytes | keyed digest of all fingerprinted arguments |
 //! | `arg_tags` | 4 bytes per argument | keyed tags that name the differing arguments of a conflict; without the secret they say nothing about the values |
 //! | `result` | bytes, null until completed | the stored result, replayed byte for byte |
+//! | `label` | bytes, null once settled | the tool, tenant and subject, sealed under the secret (a [`Label`](crate::ledger::Label)): who an unsettled operation is for, for `idem pending`; cleared when it completes or fails |
 //!
 //! No index covers a column that completion or renewal changes (the sweep's index is on
 //! `window_end`, which only a new operation changes), so on PostgreSQL those updates can be HOT
@@ -71,8 +72,8 @@ use self::row::{
 };
 use self::statements::{Statements, Visible};
 use super::{
-    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, Resolution, State, StatusReport, Token,
-    Verdict, Won, settled_expiry, won_stale,
+    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, PendingQuery, PendingRecord, Resolution,
+    State, StatusReport, Token, Verdict, Won, settled_expiry, won_stale,
 };
 use crate::clock::Clock;
 use crate::key::{Key, Ref, SubjectTag, TenantTag};
@@ -237,6 +238,15 @@ impl SeaOrmLedger {
     /// aside for the operator — both or neither.
     async fn supersede(&self, request: &ClaimRequest, row: &Row) -> Result<Option<Claim>, LedgerError> {
         let backend = self.backend();
+        // The old operation's label, for the operator: read apart, as the claim's own read
+        // leaves it out (a repeat has no use for it). The compare-and-set below fails if the
+        // record changed since the claim read it, so a label read meanwhile is never kept.
+        let label_of =
+            Statement::from_sql_and_values(backend, self.statements().label_of, vec![key_value(&request.key)]);
+        let label = match self.db.query_one_raw(label_of).await.map_err(failed)? {
+            Some(found) => found.try_get_by_index::<Option<Vec<u8>>>(0).map_err(corrupt)?,
+            None => return Ok(None),
+        };
         let txn = self.db.begin().await.map_err(failed)?;
         // The compare-and-set first: on SQLite a transaction that writes first takes the write
         // lock at once instead of failing to upgrade a read.
@@ -259,6 +269,7 @@ impl SeaOrmLedger {
             Value::Bytes(Some(tags_bytes(&row.arg_tags))),
             bytes_opt(row.result.clone()),
             subject_value(request.subject),
+            bytes_opt(label),
         ];
         let keep = Statement::from_sql_and_values(backend, Statements::of(backend).keep_superseded, values);
         txn.execute_raw(keep).await.map_err(failed)?;
@@ -446,6 +457,46 @@ impl SeaOrmLedger {
         Ok(stats)
     }
 
+    async fn pending_now(&self, query: &PendingQuery, now: u64) -> Result<Vec<PendingRecord>, LedgerError> {
+        let (low, high) = match query.state {
+            Some(state) => (state, state),
+            None => (State::InProgress, State::Unknown),
+        };
+        if !query.wants(low) || !query.wants(high) {
+            return Ok(Vec::new());
+        }
+        let every = i64::from(query.tenants.is_empty());
+        // Two tenant slots: the tenant under the current secret and the previous one.
+        let tenant = |at: usize| {
+            let tag = query.tenants.get(at).or_else(|| query.tenants.first());
+            tag.map_or(Value::BigInt(Some(0)), |tag| tenant_value(*tag))
+        };
+        let (after_at, after_key) = query.after.map_or((-1, Vec::new()), |(at, reference)| {
+            let mut high = [0xff; 32];
+            high[..reference.as_bytes().len()].copy_from_slice(reference.as_bytes());
+            (i64::try_from(at).unwrap_or(i64::MAX), high.to_vec())
+        });
+        let mut values = Vec::with_capacity(21);
+        for _table in 0..2 {
+            values.extend([
+                state_value(low),
+                state_value(high),
+                millis(now),
+                Value::BigInt(Some(every)),
+                tenant(0),
+                tenant(1),
+                millis(query.claimed_by),
+                Value::BigInt(Some(after_at)),
+                Value::BigInt(Some(after_at)),
+                Value::Bytes(Some(after_key.clone())),
+            ]);
+        }
+        values.push(Value::BigInt(Some(i64::try_from(query.limit).unwrap_or(i64::MAX))));
+        let statement = Statement::from_sql_and_values(self.backend(), self.statements().pending, values);
+        let rows = self.db.query_all_raw(statement).await.map_err(failed)?;
+        rows.iter().map(row::pending).collect()
+    }
+
     async fn now_ms(&self) -> Result<Option<u64>, LedgerError> {
         if let Some(clock) = &self.clock {
             return Ok(Some(clock.now_ms()));
@@ -505,6 +556,18 @@ impl Ledger for SeaOrmLedger {
 
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
         Box::pin(self.stats_now(now))
+    }
+
+    fn pending<'a>(
+        &'a self,
+        query: &'a PendingQuery,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
+        Box::pin(self.pending_now(query, now))
+    }
+
+    fn keeps_labels(&self) -> bool {
+        true
     }
 
     fn resolve<'a>(
@@ -590,6 +653,7 @@ impl Take {
                     Value::Bytes(Some(tags_bytes(&request.arg_tags))),
                     tenant_value(request.tenant),
                     subject_value(request.subject),
+                    bytes_opt(request.label.clone()),
                 ],
             ),
             Self::Unknown => (statements.take_unknown, Vec::new()),

@@ -5,23 +5,23 @@
 //! quotes the column. A plain `INSERT` claims an absent key (the primary key refuses a second);
 //! on a duplicate, the record is read apart.
 
-use super::statements::{AddSubject, Complete, Migration, Statements, Tables, Visible};
+use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (`key`, tenant, state, token, attempt, created_at, window_end,
-                expires_at, lease_until, fingerprint, arg_tags, result, subject)
-            VALUES (?, ?, 1, ?, 0, ?, ?, ?, ?, ?, ?, NULL, ?)",
+                expires_at, lease_until, fingerprint, arg_tags, result, subject, label)
+            VALUES (?, ?, 1, ?, 0, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
     read: "SELECT state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint, arg_tags, \
            result FROM idem_records WHERE `key` = ?",
     take_fresh: "UPDATE idem_records SET state = 1, token = ?, attempt = 0, created_at = ?, window_end = ?, \
                  expires_at = ?, lease_until = ?, fingerprint = ?, arg_tags = ?, result = NULL, tenant = ?, \
-                 subject = ? WHERE `key` = ? AND token = ? AND state = ? AND lease_until = ?",
+                 subject = ?, label = ? WHERE `key` = ? AND token = ? AND state = ? AND lease_until = ?",
     take_unknown: "UPDATE idem_records SET state = 4 WHERE `key` = ? AND token = ? AND state = ? AND lease_until = ?",
     take_over: "UPDATE idem_records SET token = ?, attempt = ?, lease_until = ? \
                 WHERE `key` = ? AND token = ? AND state = ? AND lease_until = ?",
     keep_superseded: "INSERT IGNORE INTO idem_superseded (`key`, window_end, tenant, state, token, attempt, \
-                      created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject) \
-                      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject, label) \
+                      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     renew: "UPDATE idem_records SET lease_until = CASE WHEN lease_until < ? THEN ? ELSE lease_until END \
             WHERE `key` = ? AND token = ? AND state = 1",
     release: "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
@@ -30,20 +30,20 @@ pub(super) static STATEMENTS: Statements = Statements {
               WHERE `key` = ? AND token = ? AND (state = 1 OR (state = 4 AND attempt = 0))",
     complete: Tables {
         records: Complete {
-            completed: "UPDATE idem_records SET state = ?, result = ?, \
+            completed: "UPDATE idem_records SET state = ?, result = ?, label = NULL, \
                         expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
                         WHERE `key` = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_records SET state = ?, result = ?, expires_at = window_end \
+            failed: "UPDATE idem_records SET state = ?, result = ?, label = NULL, expires_at = window_end \
                      WHERE `key` = ? AND token = ? AND state IN (1, 4)",
             unknown: "UPDATE idem_records SET state = ?, result = ?, \
                       expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
                       WHERE `key` = ? AND token = ? AND state IN (1, 4)",
         },
         superseded: Complete {
-            completed: "UPDATE idem_superseded SET state = ?, result = ?, \
+            completed: "UPDATE idem_superseded SET state = ?, result = ?, label = NULL, \
                         expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
                         WHERE `key` = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_superseded SET state = ?, result = ?, expires_at = window_end \
+            failed: "UPDATE idem_superseded SET state = ?, result = ?, label = NULL, expires_at = window_end \
                      WHERE `key` = ? AND token = ? AND state IN (1, 4)",
             unknown: "UPDATE idem_superseded SET state = ?, result = ?, \
                       expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
@@ -93,6 +93,15 @@ pub(super) static STATEMENTS: Statements = Statements {
                  WHERE table_schema = DATABASE() AND table_name IN ('idem_records', 'idem_superseded')",
     sweep_rechecks: false,
     now: "SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+    label_of: "SELECT label FROM idem_records WHERE `key` = ?",
+    // No index serves it: an operator's occasional scan, not a call's path.
+    pending: "SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
+             SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, CAST(0 AS SIGNED) AS superseded FROM idem_records \
+             WHERE state IN (?, ?) AND expires_at > ? AND (? = 1 OR tenant IN (?, ?)) AND created_at <= ? AND (created_at > ? OR (created_at = ? AND `key` > ?)) \
+             UNION ALL \
+             SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, CAST(1 AS SIGNED) FROM idem_superseded \
+             WHERE state IN (?, ?) AND expires_at > ? AND (? = 1 OR tenant IN (?, ?)) AND created_at <= ? AND (created_at > ? OR (created_at = ? AND `key` > ?)) \
+             ) pending ORDER BY created_at, `key` LIMIT ?",
 };
 
 pub(super) static MIGRATION: Migration = Migration {
@@ -112,6 +121,7 @@ pub(super) static MIGRATION: Migration = Migration {
                 arg_tags LONGBLOB NOT NULL,
                 result LONGBLOB NULL,
                 subject BIGINT NOT NULL DEFAULT 0,
+                label BLOB NULL,
                 INDEX idem_records_window_end (window_end)
             ) ENGINE=InnoDB",
         "CREATE TABLE IF NOT EXISTS idem_superseded (
@@ -128,6 +138,7 @@ pub(super) static MIGRATION: Migration = Migration {
                 arg_tags LONGBLOB NOT NULL,
                 result LONGBLOB NULL,
                 subject BIGINT NOT NULL DEFAULT 0,
+                label BLOB NULL,
                 PRIMARY KEY (`key`, window_end),
                 INDEX idem_superseded_expires_at (expires_at)
             ) ENGINE=InnoDB",
@@ -138,13 +149,23 @@ pub(super) static MIGRATION: Migration = Migration {
     carry: "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
             THEN expires_at + ? ELSE expires_at END WHERE window_end = 0",
     add_subject: Tables {
-        records: AddSubject {
+        records: AddColumn {
             probe: "SELECT subject FROM idem_records WHERE 1 = 0",
             add: "ALTER TABLE idem_records ADD COLUMN subject BIGINT NOT NULL DEFAULT 0",
         },
-        superseded: AddSubject {
+        superseded: AddColumn {
             probe: "SELECT subject FROM idem_superseded WHERE 1 = 0",
             add: "ALTER TABLE idem_superseded ADD COLUMN subject BIGINT NOT NULL DEFAULT 0",
+        },
+    },
+    add_label: Tables {
+        records: AddColumn {
+            probe: "SELECT label FROM idem_records WHERE 1 = 0",
+            add: "ALTER TABLE idem_records ADD COLUMN label BLOB NULL",
+        },
+        superseded: AddColumn {
+            probe: "SELECT label FROM idem_superseded WHERE 1 = 0",
+            add: "ALTER TABLE idem_superseded ADD COLUMN label BLOB NULL",
         },
     },
 };

@@ -6,13 +6,13 @@
 //! an advisory lock: replicas starting together would race `CREATE TABLE IF NOT EXISTS`, which
 //! PostgreSQL can fail with a duplicate type name.
 
-use super::statements::{AddSubject, Complete, Migration, Statements, Tables, Visible};
+use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "WITH claimed AS (
             INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end, expires_at,
-                                      lease_until, fingerprint, arg_tags, result, subject)
-            VALUES ($1, $2, 1, $3, 0, $4, $5, $6, $7, $8, $9, NULL, $10)
+                                      lease_until, fingerprint, arg_tags, result, subject, label)
+            VALUES ($1, $2, 1, $3, 0, $4, $5, $6, $7, $8, $9, NULL, $10, $11)
             ON CONFLICT (key) DO NOTHING
             RETURNING state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint,
                       arg_tags, result
@@ -27,13 +27,13 @@ pub(super) static STATEMENTS: Statements = Statements {
            result FROM idem_records WHERE key = $1",
     take_fresh: "UPDATE idem_records SET state = 1, token = $1, attempt = 0, created_at = $2, window_end = $3, \
                  expires_at = $4, lease_until = $5, fingerprint = $6, arg_tags = $7, result = NULL, tenant = $8, \
-                 subject = $9 WHERE key = $10 AND token = $11 AND state = $12 AND lease_until = $13",
+                 subject = $9, label = $10 WHERE key = $11 AND token = $12 AND state = $13 AND lease_until = $14",
     take_unknown: "UPDATE idem_records SET state = 4 WHERE key = $1 AND token = $2 AND state = $3 AND lease_until = $4",
     take_over: "UPDATE idem_records SET token = $1, attempt = $2, lease_until = $3 \
                 WHERE key = $4 AND token = $5 AND state = $6 AND lease_until = $7",
     keep_superseded: "INSERT INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
-                      created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject) \
-                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING",
+                      created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject, label) \
+                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
     renew: "UPDATE idem_records SET lease_until = CASE WHEN lease_until < $1 THEN $2 ELSE lease_until END \
             WHERE key = $3 AND token = $4 AND state = 1",
     release: "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
@@ -42,20 +42,20 @@ pub(super) static STATEMENTS: Statements = Statements {
               WHERE key = $1 AND token = $2 AND (state = 1 OR (state = 4 AND attempt = 0))",
     complete: Tables {
         records: Complete {
-            completed: "UPDATE idem_records SET state = $1, result = $2, \
+            completed: "UPDATE idem_records SET state = $1, result = $2, label = NULL, \
                         expires_at = CASE WHEN window_end > $3 THEN window_end ELSE $4 END \
                         WHERE key = $5 AND token = $6 AND state IN (1, 4)",
-            failed: "UPDATE idem_records SET state = $1, result = $2, expires_at = window_end \
+            failed: "UPDATE idem_records SET state = $1, result = $2, label = NULL, expires_at = window_end \
                      WHERE key = $3 AND token = $4 AND state IN (1, 4)",
             unknown: "UPDATE idem_records SET state = $1, result = $2, \
                       expires_at = CASE WHEN expires_at > $3 THEN expires_at ELSE $4 END \
                       WHERE key = $5 AND token = $6 AND state IN (1, 4)",
         },
         superseded: Complete {
-            completed: "UPDATE idem_superseded SET state = $1, result = $2, \
+            completed: "UPDATE idem_superseded SET state = $1, result = $2, label = NULL, \
                         expires_at = CASE WHEN window_end > $3 THEN window_end ELSE $4 END \
                         WHERE key = $5 AND token = $6 AND state IN (1, 4)",
-            failed: "UPDATE idem_superseded SET state = $1, result = $2, expires_at = window_end \
+            failed: "UPDATE idem_superseded SET state = $1, result = $2, label = NULL, expires_at = window_end \
                      WHERE key = $3 AND token = $4 AND state IN (1, 4)",
             unknown: "UPDATE idem_superseded SET state = $1, result = $2, \
                       expires_at = CASE WHEN expires_at > $3 THEN expires_at ELSE $4 END \
@@ -113,6 +113,15 @@ pub(super) static STATEMENTS: Statements = Statements {
                  AS BIGINT)",
     sweep_rechecks: true,
     now: "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+    label_of: "SELECT label FROM idem_records WHERE key = $1",
+    // No index serves it: an operator's occasional scan, not a call's path.
+    pending: "SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
+             SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 0::bigint AS superseded FROM idem_records \
+             WHERE state IN ($1, $2) AND expires_at > $3 AND ($4 = 1 OR tenant IN ($5, $6)) AND created_at <= $7 AND (created_at > $8 OR (created_at = $9 AND key > $10)) \
+             UNION ALL \
+             SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 1::bigint FROM idem_superseded \
+             WHERE state IN ($11, $12) AND expires_at > $13 AND ($14 = 1 OR tenant IN ($15, $16)) AND created_at <= $17 AND (created_at > $18 OR (created_at = $19 AND key > $20)) \
+             ) pending ORDER BY created_at, key LIMIT $21",
 };
 
 pub(super) static MIGRATION: Migration = Migration {
@@ -131,7 +140,8 @@ pub(super) static MIGRATION: Migration = Migration {
                 fingerprint bytea NOT NULL,
                 arg_tags bytea NOT NULL,
                 result bytea,
-                subject bigint NOT NULL DEFAULT 0
+                subject bigint NOT NULL DEFAULT 0,
+                label bytea
             )",
         "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
         "DROP INDEX IF EXISTS idem_records_expires_at",
@@ -149,6 +159,7 @@ pub(super) static MIGRATION: Migration = Migration {
                 arg_tags bytea NOT NULL,
                 result bytea,
                 subject bigint NOT NULL DEFAULT 0,
+                label bytea,
                 PRIMARY KEY (key, window_end)
             )",
         "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
@@ -161,13 +172,23 @@ pub(super) static MIGRATION: Migration = Migration {
     carry: "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
             THEN expires_at + $1 ELSE expires_at END WHERE window_end = 0",
     add_subject: Tables {
-        records: AddSubject {
+        records: AddColumn {
             probe: "SELECT subject FROM idem_records WHERE 1 = 0",
             add: "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS subject bigint NOT NULL DEFAULT 0",
         },
-        superseded: AddSubject {
+        superseded: AddColumn {
             probe: "SELECT subject FROM idem_superseded WHERE 1 = 0",
             add: "ALTER TABLE idem_superseded ADD COLUMN IF NOT EXISTS subject bigint NOT NULL DEFAULT 0",
+        },
+    },
+    add_label: Tables {
+        records: AddColumn {
+            probe: "SELECT label FROM idem_records WHERE 1 = 0",
+            add: "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS label bytea",
+        },
+        superseded: AddColumn {
+            probe: "SELECT label FROM idem_superseded WHERE 1 = 0",
+            add: "ALTER TABLE idem_superseded ADD COLUMN IF NOT EXISTS label bytea",
         },
     },
 };

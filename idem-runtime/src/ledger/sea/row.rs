@@ -6,7 +6,7 @@ use sea_orm::{QueryResult, Value};
 
 use super::error::corrupt;
 use crate::key::{Key, REF_HEX_LEN, Ref, SubjectTag, TenantTag};
-use crate::ledger::{ClaimRequest, LedgerError, RecordView, State, StatusReport, Token, Won};
+use crate::ledger::{ClaimRequest, LedgerError, PendingRecord, RecordView, State, StatusReport, Token, Won};
 
 /// A record as a claim reads it: the columns `state, token, attempt, created_at, window_end,
 /// expires_at, lease_until, fingerprint, arg_tags, result`, in this order.
@@ -129,6 +129,7 @@ pub(super) fn insert_values(request: &ClaimRequest) -> Vec<Value> {
         Value::Bytes(Some(request.fingerprint.to_vec())),
         Value::Bytes(Some(tags_bytes(&request.arg_tags))),
         subject_value(request.subject),
+        bytes_opt(request.label.clone()),
     ]
 }
 
@@ -151,6 +152,25 @@ fn ref_range(reference: Ref) -> (Vec<u8>, Vec<u8>) {
     high.resize(32, 0xff);
     debug_assert_eq!(reference.as_bytes().len(), REF_HEX_LEN / 2);
     (low, high)
+}
+
+/// A row of the `pending` statement: key, tenant, state, created, window end, expiry, lease,
+/// label, and whether it came from the superseded table.
+pub(super) fn pending(row: &QueryResult) -> Result<PendingRecord, LedgerError> {
+    let key: Vec<u8> = row.try_get_by_index(0).map_err(corrupt)?;
+    let key: [u8; 32] = key.try_into().map_err(|_| LedgerError::corrupt("a key is not 32 bytes"))?;
+    let int = |at: usize| row.try_get_by_index::<i64>(at).map_err(corrupt);
+    Ok(PendingRecord {
+        reference: Key::from_bytes(key).reference(),
+        tenant: TenantTag::from_bytes(int(1)?.to_be_bytes()),
+        state: state_of(row.try_get_by_index::<i16>(2).map_err(corrupt)?)?,
+        created_at: to_u64(int(3)?),
+        window_end: to_u64(int(4)?),
+        expires_at: to_u64(int(5)?),
+        lease_until: to_u64(int(6)?),
+        label: row.try_get_by_index::<Option<Vec<u8>>>(7).map_err(corrupt)?,
+        superseded: int(8)? != 0,
+    })
 }
 
 pub(super) fn state_of(code: i16) -> Result<State, LedgerError> {

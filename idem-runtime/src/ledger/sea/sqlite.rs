@@ -5,25 +5,25 @@
 //! PostgreSQL claim's. `INSERT … ON CONFLICT DO NOTHING RETURNING` claims an absent key in one
 //! statement (SQLite 3.35+); when it does not claim, the record in the way is read apart.
 
-use super::statements::{AddSubject, Complete, Migration, Statements, Tables, Visible};
+use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end,
-                expires_at, lease_until, fingerprint, arg_tags, result, subject)
-            VALUES (?1, ?2, 1, ?3, 0, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10)
+                expires_at, lease_until, fingerprint, arg_tags, result, subject, label)
+            VALUES (?1, ?2, 1, ?3, 0, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10, ?11)
             ON CONFLICT (key) DO NOTHING
             RETURNING state",
     read: "SELECT state, token, attempt, created_at, window_end, expires_at, lease_until, fingerprint, arg_tags, \
            result FROM idem_records WHERE key = ?",
     take_fresh: "UPDATE idem_records SET state = 1, token = ?, attempt = 0, created_at = ?, window_end = ?, \
                  expires_at = ?, lease_until = ?, fingerprint = ?, arg_tags = ?, result = NULL, tenant = ?, \
-                 subject = ? WHERE key = ? AND token = ? AND state = ? AND lease_until = ?",
+                 subject = ?, label = ? WHERE key = ? AND token = ? AND state = ? AND lease_until = ?",
     take_unknown: "UPDATE idem_records SET state = 4 WHERE key = ? AND token = ? AND state = ? AND lease_until = ?",
     take_over: "UPDATE idem_records SET token = ?, attempt = ?, lease_until = ? \
                 WHERE key = ? AND token = ? AND state = ? AND lease_until = ?",
     keep_superseded: "INSERT OR IGNORE INTO idem_superseded (key, window_end, tenant, state, token, attempt, \
-                      created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject) \
-                      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      created_at, expires_at, lease_until, fingerprint, arg_tags, result, subject, label) \
+                      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     renew: "UPDATE idem_records SET lease_until = CASE WHEN lease_until < ? THEN ? ELSE lease_until END \
             WHERE key = ? AND token = ? AND state = 1",
     release: "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
@@ -32,20 +32,20 @@ pub(super) static STATEMENTS: Statements = Statements {
               WHERE key = ? AND token = ? AND (state = 1 OR (state = 4 AND attempt = 0))",
     complete: Tables {
         records: Complete {
-            completed: "UPDATE idem_records SET state = ?, result = ?, \
+            completed: "UPDATE idem_records SET state = ?, result = ?, label = NULL, \
                         expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
                         WHERE key = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_records SET state = ?, result = ?, expires_at = window_end \
+            failed: "UPDATE idem_records SET state = ?, result = ?, label = NULL, expires_at = window_end \
                      WHERE key = ? AND token = ? AND state IN (1, 4)",
             unknown: "UPDATE idem_records SET state = ?, result = ?, \
                       expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
                       WHERE key = ? AND token = ? AND state IN (1, 4)",
         },
         superseded: Complete {
-            completed: "UPDATE idem_superseded SET state = ?, result = ?, \
+            completed: "UPDATE idem_superseded SET state = ?, result = ?, label = NULL, \
                         expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
                         WHERE key = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_superseded SET state = ?, result = ?, expires_at = window_end \
+            failed: "UPDATE idem_superseded SET state = ?, result = ?, label = NULL, expires_at = window_end \
                      WHERE key = ? AND token = ? AND state IN (1, 4)",
             unknown: "UPDATE idem_superseded SET state = ?, result = ?, \
                       expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
@@ -96,6 +96,15 @@ pub(super) static STATEMENTS: Statements = Statements {
     size: "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
     sweep_rechecks: true,
     now: "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    label_of: "SELECT label FROM idem_records WHERE key = ?",
+    // No index serves it: an operator's occasional scan, not a call's path.
+    pending: "SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
+             SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 0 AS superseded FROM idem_records \
+             WHERE state IN (?, ?) AND expires_at > ? AND (? = 1 OR tenant IN (?, ?)) AND created_at <= ? AND (created_at > ? OR (created_at = ? AND key > ?)) \
+             UNION ALL \
+             SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 1 FROM idem_superseded \
+             WHERE state IN (?, ?) AND expires_at > ? AND (? = 1 OR tenant IN (?, ?)) AND created_at <= ? AND (created_at > ? OR (created_at = ? AND key > ?)) \
+             ) pending ORDER BY created_at, key LIMIT ?",
 };
 
 pub(super) static MIGRATION: Migration = Migration {
@@ -114,7 +123,8 @@ pub(super) static MIGRATION: Migration = Migration {
                 fingerprint BLOB NOT NULL,
                 arg_tags BLOB NOT NULL,
                 result BLOB,
-                subject INTEGER NOT NULL DEFAULT 0
+                subject INTEGER NOT NULL DEFAULT 0,
+                label BLOB
             ) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
         "DROP INDEX IF EXISTS idem_records_expires_at",
@@ -132,6 +142,7 @@ pub(super) static MIGRATION: Migration = Migration {
                 arg_tags BLOB NOT NULL,
                 result BLOB,
                 subject INTEGER NOT NULL DEFAULT 0,
+                label BLOB,
                 PRIMARY KEY (key, window_end)
             ) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
@@ -144,13 +155,23 @@ pub(super) static MIGRATION: Migration = Migration {
     carry: "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
             THEN expires_at + ? ELSE expires_at END WHERE window_end = 0",
     add_subject: Tables {
-        records: AddSubject {
+        records: AddColumn {
             probe: "SELECT subject FROM idem_records WHERE 1 = 0",
             add: "ALTER TABLE idem_records ADD COLUMN subject INTEGER NOT NULL DEFAULT 0",
         },
-        superseded: AddSubject {
+        superseded: AddColumn {
             probe: "SELECT subject FROM idem_superseded WHERE 1 = 0",
             add: "ALTER TABLE idem_superseded ADD COLUMN subject INTEGER NOT NULL DEFAULT 0",
+        },
+    },
+    add_label: Tables {
+        records: AddColumn {
+            probe: "SELECT label FROM idem_records WHERE 1 = 0",
+            add: "ALTER TABLE idem_records ADD COLUMN label BLOB",
+        },
+        superseded: AddColumn {
+            probe: "SELECT label FROM idem_superseded WHERE 1 = 0",
+            add: "ALTER TABLE idem_superseded ADD COLUMN label BLOB",
         },
     },
 };

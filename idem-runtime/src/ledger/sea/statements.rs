@@ -69,6 +69,14 @@ pub struct Statements {
     pub sweep_rechecks: bool,
     /// The database server's clock, in milliseconds since the epoch.
     pub now: &'static str,
+    /// The sealed label of a current record, read before a superseding claim replaces it: key.
+    pub label_of: &'static str,
+    /// The unsettled records an operator looks at (`idem pending`), current and superseded,
+    /// oldest first, with a flag saying which table each came from. For each table in turn:
+    /// two states, now, whether every tenant (1) or only the two tenant tags that follow, the
+    /// latest creation time, then the page's start — a creation time twice and a key; finally
+    /// the limit.
+    pub pending: &'static str,
 }
 
 impl Statements {
@@ -129,16 +137,18 @@ pub(crate) struct Migration {
     /// Moves the old `expires_at` (the window end) to `window_end` and gives unsettled records
     /// the unsettled retention (the parameter, in milliseconds) on top of it.
     pub(crate) carry: &'static str,
-    /// Adds the `subject` column (issue 11).
-    pub(crate) add_subject: Tables<AddSubject>,
+    /// Adds the `subject` column (issue 11): 0 (tenant-wide) for existing records.
+    pub(crate) add_subject: Tables<AddColumn>,
+    /// Adds the `label` column (issue 17): none for existing records.
+    pub(crate) add_label: Tables<AddColumn>,
 }
 
-/// Adding the `subject` column to one table.
+/// Adding a column to one table.
 #[derive(Debug)]
-pub(crate) struct AddSubject {
+pub(crate) struct AddColumn {
     /// Fails when the column is missing.
     pub(crate) probe: &'static str,
-    /// Adds it, 0 (tenant-wide) for existing records.
+    /// Adds it.
     pub(crate) add: &'static str,
 }
 
@@ -182,6 +192,7 @@ mod tests {
             ("resolve.superseded", s.resolve.superseded),
             ("stats.records", s.stats.records),
             ("stats.superseded", s.stats.superseded),
+            ("label_of", s.label_of),
             ("probe_upgrade", m.probe_upgrade),
             ("carry", m.carry),
         ]
