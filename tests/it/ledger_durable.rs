@@ -202,8 +202,11 @@ async fn statements_per_call(backend: &str) {
     let handler = || async { Ok::<_, Error>("done".to_owned()) };
     // The handle reads the database's clock once per third of a lease (its skew), not per call:
     // one call first, so the count below is of calls alone.
+    // A repeat is one statement everywhere: PostgreSQL's claim reads the record in the way in
+    // the same statement; SQLite and MariaDB read first (a first call pays that read).
+    let expected_first = if backend == "postgres" { 2 } else { 3 };
     idem.call(&PLACE, Some(&alice()), &json!({ "order_id": unique("o") }), handler).await.unwrap();
-    let clock_read = sent.swap(0, Ordering::SeqCst) - 2;
+    let clock_read = sent.swap(0, Ordering::SeqCst) - expected_first;
     assert_eq!(clock_read, 1, "{backend}: one clock read");
     let args = json!({ "order_id": unique("o") });
     idem.call(&PLACE, Some(&alice()), &args, handler).await.unwrap();
@@ -211,8 +214,7 @@ async fn statements_per_call(backend: &str) {
     assert!(idem.call(&PLACE, Some(&alice()), &args, handler).await.unwrap().replayed);
     let repeat = sent.swap(0, Ordering::SeqCst);
     eprintln!("{backend}: {first} statements for a first call, {repeat} for a repeat");
-    let expected_repeat = if backend == "postgres" { 1 } else { 2 };
-    assert_eq!((first, repeat), (2, expected_repeat), "{backend}");
+    assert_eq!((first, repeat), (expected_first, 1), "{backend}");
 }
 
 #[tokio::test]
@@ -391,8 +393,8 @@ async fn a_table_without_labels_is_upgraded(backend: &str) {
         }
     };
     assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 2").await, 1);
-    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 2 AND label IS NOT NULL").await, 0);
-    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 4 AND label IS NOT NULL").await, 1);
+    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 2 AND LENGTH(label) > 0").await, 0);
+    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 4 AND LENGTH(label) > 0").await, 1);
 }
 
 /// An error whose outcome nobody knows (a downstream timeout).

@@ -14,7 +14,7 @@
 //! | `fingerprint` | 32 bytes | keyed digest of all fingerprinted arguments |
 //! | `arg_tags` | 4 bytes per argument | keyed tags that name the differing arguments of a conflict; without the secret they say nothing about the values |
 //! | `result` | bytes, null until completed | the stored result, replayed byte for byte |
-//! | `label` | bytes, null once settled | the tool, tenant and subject, sealed under the secret (a [`Label`](crate::ledger::Label)): who an unsettled operation is for, for `idem pending`; cleared when it completes or fails |
+//! | `label` | bytes, empty once settled | the tool, tenant and subject, sealed under the secret (a [`Label`](crate::ledger::Label)): who an unsettled operation is for, for `idem pending`; emptied when it completes or fails |
 //!
 //! No index covers a column that completion or renewal changes (the sweep's index is on
 //! `window_end`, which only a new operation changes), so on PostgreSQL those updates can be HOT
@@ -28,10 +28,15 @@
 //! - **PostgreSQL**: one statement — `INSERT … ON CONFLICT (key) DO NOTHING RETURNING` inside a
 //!   CTE, with the existing row selected in the same statement when the key is taken. A repeat is
 //!   answered from that read (no lock, no write).
-//! - **SQLite**: `INSERT … ON CONFLICT (key) DO NOTHING RETURNING`; when it does not claim, a
-//!   second statement reads the record that stood in the way.
-//! - **MySQL/MariaDB**: a plain `INSERT` claims an absent key (the primary key refuses a second);
-//!   on a duplicate, the record is read.
+//! - **SQLite**: a read first, so a repeat costs one read and never takes the single writer's
+//!   lock; a key it found absent is claimed by `INSERT … ON CONFLICT (key) DO NOTHING RETURNING`,
+//!   and when that does not claim (a concurrent first call won), the record is read again.
+//! - **MySQL/MariaDB**: a read first too (a repeat costs it alone); a key it found absent is
+//!   claimed by a plain `INSERT` (the primary key refuses a second), and on a duplicate the record
+//!   is read again.
+//!
+//! A first call costs one statement more there (the read that found nothing): the price of a
+//! repeat costing one.
 //!
 //! The record read is judged in Rust by the one decision function every backend shares. Only an
 //! expired, failed, stale or superseded record is then taken, by a compare-and-set `UPDATE` whose
@@ -143,6 +148,12 @@ impl SeaOrmLedger {
                 State::InProgress | State::Unknown => table.unknown,
             };
             let mut values = vec![state_value(state), bytes_opt(result.clone())];
+            if state != State::Unknown {
+                // Settled: the label is emptied, not nulled — a row with no null needs no null
+                // bitmap (8 bytes a row on PostgreSQL), and the empty value fills alignment
+                // padding before the result.
+                values.push(Value::Bytes(Some(Vec::new())));
+            }
             if state != State::Failed {
                 values.extend([millis(keep_until), millis(keep_until)]);
             }
@@ -171,8 +182,14 @@ impl SeaOrmLedger {
             }
             let existing = match self.backend() {
                 DbBackend::Postgres => self.insert_postgres(request).await?,
-                DbBackend::MySql => self.insert_mysql(request).await?,
-                _ => self.insert_sqlite(request).await?,
+                // A read first: a repeat is answered by it alone, and on SQLite it never queues
+                // for the single writer's lock (WAL readers do not block the writer, nor it
+                // them). Only a key the read found absent is inserted.
+                backend => match self.read(&request.key).await? {
+                    Some(row) => Inserted::Existing(row),
+                    None if backend == DbBackend::MySql => self.insert_mysql(request).await?,
+                    None => self.insert_sqlite(request).await?,
+                },
             };
             let row = match existing {
                 Inserted::Claimed => return Ok(Claim::Won { attempt: Won::Fresh, window_end: request.window_end }),

@@ -30,20 +30,20 @@ pub(super) static STATEMENTS: Statements = Statements {
               WHERE `key` = ? AND token = ? AND (state = 1 OR (state = 4 AND attempt = 0))",
     complete: Tables {
         records: Complete {
-            completed: "UPDATE idem_records SET state = ?, result = ?, label = NULL, \
+            completed: "UPDATE idem_records SET state = ?, result = ?, label = ?, \
                         expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
                         WHERE `key` = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_records SET state = ?, result = ?, label = NULL, expires_at = window_end \
+            failed: "UPDATE idem_records SET state = ?, result = ?, label = ?, expires_at = window_end \
                      WHERE `key` = ? AND token = ? AND state IN (1, 4)",
             unknown: "UPDATE idem_records SET state = ?, result = ?, \
                       expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
                       WHERE `key` = ? AND token = ? AND state IN (1, 4)",
         },
         superseded: Complete {
-            completed: "UPDATE idem_superseded SET state = ?, result = ?, label = NULL, \
+            completed: "UPDATE idem_superseded SET state = ?, result = ?, label = ?, \
                         expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
                         WHERE `key` = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_superseded SET state = ?, result = ?, label = NULL, expires_at = window_end \
+            failed: "UPDATE idem_superseded SET state = ?, result = ?, label = ?, expires_at = window_end \
                      WHERE `key` = ? AND token = ? AND state IN (1, 4)",
             unknown: "UPDATE idem_superseded SET state = ?, result = ?, \
                       expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
@@ -119,9 +119,9 @@ pub(super) static MIGRATION: Migration = Migration {
                 lease_until BIGINT NOT NULL,
                 fingerprint BINARY(32) NOT NULL,
                 arg_tags LONGBLOB NOT NULL,
+                label BLOB NULL,
                 result LONGBLOB NULL,
                 subject BIGINT NOT NULL DEFAULT 0,
-                label BLOB NULL,
                 INDEX idem_records_window_end (window_end)
             ) ENGINE=InnoDB",
         "CREATE TABLE IF NOT EXISTS idem_superseded (
@@ -136,9 +136,9 @@ pub(super) static MIGRATION: Migration = Migration {
                 lease_until BIGINT NOT NULL,
                 fingerprint BINARY(32) NOT NULL,
                 arg_tags LONGBLOB NOT NULL,
+                label BLOB NULL,
                 result LONGBLOB NULL,
                 subject BIGINT NOT NULL DEFAULT 0,
-                label BLOB NULL,
                 PRIMARY KEY (`key`, window_end),
                 INDEX idem_superseded_expires_at (expires_at)
             ) ENGINE=InnoDB",

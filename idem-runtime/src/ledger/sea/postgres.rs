@@ -42,21 +42,21 @@ pub(super) static STATEMENTS: Statements = Statements {
               WHERE key = $1 AND token = $2 AND (state = 1 OR (state = 4 AND attempt = 0))",
     complete: Tables {
         records: Complete {
-            completed: "UPDATE idem_records SET state = $1, result = $2, label = NULL, \
-                        expires_at = CASE WHEN window_end > $3 THEN window_end ELSE $4 END \
-                        WHERE key = $5 AND token = $6 AND state IN (1, 4)",
-            failed: "UPDATE idem_records SET state = $1, result = $2, label = NULL, expires_at = window_end \
-                     WHERE key = $3 AND token = $4 AND state IN (1, 4)",
+            completed: "UPDATE idem_records SET state = $1, result = $2, label = $3, \
+                        expires_at = CASE WHEN window_end > $4 THEN window_end ELSE $5 END \
+                        WHERE key = $6 AND token = $7 AND state IN (1, 4)",
+            failed: "UPDATE idem_records SET state = $1, result = $2, label = $3, expires_at = window_end \
+                     WHERE key = $4 AND token = $5 AND state IN (1, 4)",
             unknown: "UPDATE idem_records SET state = $1, result = $2, \
                       expires_at = CASE WHEN expires_at > $3 THEN expires_at ELSE $4 END \
                       WHERE key = $5 AND token = $6 AND state IN (1, 4)",
         },
         superseded: Complete {
-            completed: "UPDATE idem_superseded SET state = $1, result = $2, label = NULL, \
-                        expires_at = CASE WHEN window_end > $3 THEN window_end ELSE $4 END \
-                        WHERE key = $5 AND token = $6 AND state IN (1, 4)",
-            failed: "UPDATE idem_superseded SET state = $1, result = $2, label = NULL, expires_at = window_end \
-                     WHERE key = $3 AND token = $4 AND state IN (1, 4)",
+            completed: "UPDATE idem_superseded SET state = $1, result = $2, label = $3, \
+                        expires_at = CASE WHEN window_end > $4 THEN window_end ELSE $5 END \
+                        WHERE key = $6 AND token = $7 AND state IN (1, 4)",
+            failed: "UPDATE idem_superseded SET state = $1, result = $2, label = $3, expires_at = window_end \
+                     WHERE key = $4 AND token = $5 AND state IN (1, 4)",
             unknown: "UPDATE idem_superseded SET state = $1, result = $2, \
                       expires_at = CASE WHEN expires_at > $3 THEN expires_at ELSE $4 END \
                       WHERE key = $5 AND token = $6 AND state IN (1, 4)",
@@ -139,9 +139,9 @@ pub(super) static MIGRATION: Migration = Migration {
                 key bytea PRIMARY KEY CHECK (octet_length(key) = 32),
                 fingerprint bytea NOT NULL,
                 arg_tags bytea NOT NULL,
+                label bytea,
                 result bytea,
-                subject bigint NOT NULL DEFAULT 0,
-                label bytea
+                subject bigint NOT NULL DEFAULT 0
             )",
         "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
         "DROP INDEX IF EXISTS idem_records_expires_at",
@@ -157,9 +157,9 @@ pub(super) static MIGRATION: Migration = Migration {
                 key bytea NOT NULL CHECK (octet_length(key) = 32),
                 fingerprint bytea NOT NULL,
                 arg_tags bytea NOT NULL,
+                label bytea,
                 result bytea,
                 subject bigint NOT NULL DEFAULT 0,
-                label bytea,
                 PRIMARY KEY (key, window_end)
             )",
         "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",

@@ -168,7 +168,8 @@ pub(super) fn pending(row: &QueryResult) -> Result<PendingRecord, LedgerError> {
         window_end: to_u64(int(4)?),
         expires_at: to_u64(int(5)?),
         lease_until: to_u64(int(6)?),
-        label: row.try_get_by_index::<Option<Vec<u8>>>(7).map_err(corrupt)?,
+        // Emptied once settled (a superseded record settled by its late holder).
+        label: row.try_get_by_index::<Option<Vec<u8>>>(7).map_err(corrupt)?.filter(|label| !label.is_empty()),
         superseded: int(8)? != 0,
     })
 }

@@ -32,20 +32,20 @@ pub(super) static STATEMENTS: Statements = Statements {
               WHERE key = ? AND token = ? AND (state = 1 OR (state = 4 AND attempt = 0))",
     complete: Tables {
         records: Complete {
-            completed: "UPDATE idem_records SET state = ?, result = ?, label = NULL, \
+            completed: "UPDATE idem_records SET state = ?, result = ?, label = ?, \
                         expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
                         WHERE key = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_records SET state = ?, result = ?, label = NULL, expires_at = window_end \
+            failed: "UPDATE idem_records SET state = ?, result = ?, label = ?, expires_at = window_end \
                      WHERE key = ? AND token = ? AND state IN (1, 4)",
             unknown: "UPDATE idem_records SET state = ?, result = ?, \
                       expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
                       WHERE key = ? AND token = ? AND state IN (1, 4)",
         },
         superseded: Complete {
-            completed: "UPDATE idem_superseded SET state = ?, result = ?, label = NULL, \
+            completed: "UPDATE idem_superseded SET state = ?, result = ?, label = ?, \
                         expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
                         WHERE key = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_superseded SET state = ?, result = ?, label = NULL, expires_at = window_end \
+            failed: "UPDATE idem_superseded SET state = ?, result = ?, label = ?, expires_at = window_end \
                      WHERE key = ? AND token = ? AND state IN (1, 4)",
             unknown: "UPDATE idem_superseded SET state = ?, result = ?, \
                       expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
@@ -122,9 +122,9 @@ pub(super) static MIGRATION: Migration = Migration {
                 lease_until INTEGER NOT NULL,
                 fingerprint BLOB NOT NULL,
                 arg_tags BLOB NOT NULL,
+                label BLOB,
                 result BLOB,
-                subject INTEGER NOT NULL DEFAULT 0,
-                label BLOB
+                subject INTEGER NOT NULL DEFAULT 0
             ) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
         "DROP INDEX IF EXISTS idem_records_expires_at",
@@ -140,9 +140,9 @@ pub(super) static MIGRATION: Migration = Migration {
                 lease_until INTEGER NOT NULL,
                 fingerprint BLOB NOT NULL,
                 arg_tags BLOB NOT NULL,
+                label BLOB,
                 result BLOB,
                 subject INTEGER NOT NULL DEFAULT 0,
-                label BLOB,
                 PRIMARY KEY (key, window_end)
             ) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",

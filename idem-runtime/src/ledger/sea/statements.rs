@@ -101,7 +101,8 @@ pub struct Tables<T> {
 }
 
 /// The completion of a held claim (state `1` or `4`), by the state it settles in: state,
-/// result, then the time to keep it until twice (not for a failure), then key and token.
+/// result, the emptied label (not for an unknown outcome, which keeps it for the operator), then
+/// the time to keep it until twice (not for a failure), then key and token.
 #[derive(Debug)]
 pub struct Complete {
     /// A completed result: kept until its window ends or the time given, whichever is later.
