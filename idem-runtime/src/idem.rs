@@ -26,6 +26,7 @@ mod admin;
 mod arguments;
 mod background;
 mod call;
+mod coalesce;
 mod handle;
 mod hooks;
 mod keyring;

@@ -77,6 +77,7 @@ on_every_backend!(
     a_replica_whose_clock_runs_ahead_does_not_take_over,
     a_blocking_handler_keeps_its_lease,
     a_table_without_labels_is_upgraded,
+    a_storm_of_identical_calls_costs_the_ledger_one_claim,
 );
 
 /// Complete an operation, drop every connection, open a new ledger on the same database, repeat:
@@ -215,6 +216,54 @@ async fn statements_per_call(backend: &str) {
     let repeat = sent.swap(0, Ordering::SeqCst);
     eprintln!("{backend}: {first} statements for a first call, {repeat} for a repeat");
     assert_eq!((first, repeat), (expected_first, 1), "{backend}");
+}
+
+/// A storm of identical calls through one handle: the handler runs once, every other call is
+/// answered "in flight", and the ledger is sent the first call's statements and a few more —
+/// not one per call (before coalescing: at least one each, and on SQLite each repeat's claim
+/// queued for the single writer's lock).
+async fn a_storm_of_identical_calls_costs_the_ledger_one_claim(backend: &str) {
+    let Some(url) = url(backend, "a_storm_of_identical_calls_costs_the_ledger_one_claim").await else { return };
+    SeaOrmLedger::connect(&url).await.unwrap(); // migrate outside the count
+    let mut db = Database::connect(&url).await.unwrap();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&sent);
+    db.set_metric_callback(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let idem = idem_tests::idem(SeaOrmLedger::from_connection(db));
+    // Warm: the clock read once, outside the count.
+    idem.call(&PLACE, Some(&alice()), &json!({ "order_id": unique("warm") }), || async { Ok::<_, Error>(()) })
+        .await
+        .unwrap();
+    sent.store(0, Ordering::SeqCst);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let args = json!({ "order_id": unique("storm") });
+    let calls: Vec<_> = (0..200)
+        .map(|_| {
+            let (idem, runs, args) = (idem.clone(), Arc::clone(&runs), args.clone());
+            tokio::spawn(async move {
+                idem.call(&PLACE, Some(&alice()), &args, || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                    Ok::<_, Error>("placed".to_owned())
+                })
+                .await
+            })
+        })
+        .collect();
+    let mut in_flight = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(served) => assert!(!served.replayed),
+            Err(Error::Idem(code)) if code == "in_flight" => in_flight += 1,
+            Err(other) => panic!("{backend}: {other:?}"),
+        }
+    }
+    let statements = sent.load(Ordering::SeqCst);
+    eprintln!("{backend}: a storm of 200 identical calls sent {statements} statements");
+    assert_eq!((runs.load(Ordering::SeqCst), in_flight), (1, 199), "{backend}");
+    assert!(statements <= 10, "{backend}: {statements} statements for one operation's storm");
 }
 
 #[tokio::test]

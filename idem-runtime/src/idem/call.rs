@@ -21,6 +21,7 @@ use crate::secret::Secret;
 
 use super::Idem;
 use super::arguments::{CallArguments, Derive, scope_of};
+use super::coalesce::Begin;
 use super::hooks::{Completion, Seen, Timer, Watch};
 use super::keyring::{Keyring, no_secret};
 use super::operation::{LeaseState, Operation, acting_for, current_caller, running_as};
@@ -141,6 +142,9 @@ impl Idem {
         // With `wait`, a repeat that finds the operation in flight waits for it to settle, and
         // claims again if it ended without effect.
         let deadline = recipe.wait_duration().map(|wait| tokio::time::Instant::now() + wait);
+        // Held until the outcome is recorded (or the call ends): identical calls in this
+        // process are answered "in flight" meanwhile, with no statement.
+        let mut held = None;
         let (attempt, won, window_end) = loop {
             let (now, clock_trusted) = self.ledger_time().await.map_err(|error| {
                 tracing::error!(tool, %error, "the ledger's clock could not be read; handler not run");
@@ -150,7 +154,14 @@ impl Idem {
             let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
             // Key → claim.
             let mut attempt = Attempt::prepare(self, &keyring.current, &at)?;
-            let mut claim = attempt.claim().await.inspect_err(|_| watch.unavailable())?;
+            // Identical calls in this process share one claim (see `coalesce.rs`).
+            let begin =
+                if self.inner.ledger.local() { Begin::Alone } else { self.inner.claims.begin(&attempt.request).await };
+            let (mut claim, pending) = match begin {
+                Begin::Answered(claim) => (claim, None),
+                Begin::Claim(pending) => (attempt.claim().await.inspect_err(|_| watch.unavailable())?, Some(pending)),
+                Begin::Alone => (attempt.claim().await.inspect_err(|_| watch.unavailable())?, None),
+            };
             if matches!(claim, Claim::Won { attempt: Won::Fresh, .. })
                 && let Some(earlier) =
                     attempt.earlier_operation(&keyring, &at).await.inspect_err(|r| watch.refused(r))?
@@ -159,6 +170,12 @@ impl Idem {
             }
             // A claim that did not win is answered from the ledger.
             let reference = attempt.reference();
+            if let Some(pending) = pending {
+                match &claim {
+                    Claim::Won { .. } => held = Some(pending.won()),
+                    answer => pending.answered(answer),
+                }
+            }
             match claim {
                 Claim::Won { attempt: won, window_end } => break (attempt, won, window_end),
                 Claim::Replay { result } => {
@@ -226,6 +243,8 @@ impl Idem {
         let result = attempt.perform(won, operation, &watch, reconcile, handler).await?;
         // Handler → record → answer.
         let (value, completion) = attempt.record(result, won).await;
+        // Recorded: identical calls from now on are answered by the ledger (a replay).
+        drop(held);
         watch.completed(reference, completion);
         if completion == Completion::Superseded
             && let Some(stored) = attempt.stored_result(window_end).await

@@ -91,6 +91,8 @@ pub(super) struct Inner {
     /// The operations this process waits on and the claims it holds (`wait`); kept across the
     /// `with_*` builders, so a holder wakes the waiters of every handle made from this one.
     pub(super) waiting: Arc<Waiting>,
+    /// The claims this process is sending or holding, for coalescing identical calls.
+    pub(super) claims: Arc<super::coalesce::Claims>,
     /// Told of each call's lifecycle ([`Idem::with_hooks`]).
     pub(super) hooks: Option<Arc<dyn Hooks>>,
 }
@@ -142,6 +144,7 @@ impl Idem {
                 measuring: Arc::default(),
                 background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_JOBS)),
                 waiting: Arc::default(),
+                claims: Arc::default(),
                 hooks: None,
             }),
         }

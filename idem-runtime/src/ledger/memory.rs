@@ -387,6 +387,10 @@ impl Ledger for MemoryLedger {
         Box::pin(async move { Ok(found) })
     }
 
+    fn local(&self) -> bool {
+        true
+    }
+
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
         let records = self.lock();
         let mut stats = LedgerStats::default();

@@ -793,6 +793,13 @@ pub trait Ledger: Send + Sync + 'static {
         false
     }
 
+    /// Whether the ledger answers in this process without a round trip (the memory ledger).
+    /// A handle coalesces identical concurrent claims only on a ledger that is not local, where
+    /// each would cost a statement (and, on SQLite, a turn at the writer's lock).
+    fn local(&self) -> bool {
+        false
+    }
+
     /// Deletes at most `limit` records whose retention ended by `now` — settled records past
     /// their window (or grace), unsettled ones past their unsettled retention, never a record
     /// under a live lease — returning how many. Call it repeatedly until it returns less than
@@ -877,6 +884,9 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
     }
     fn keeps_labels(&self) -> bool {
         (**self).keeps_labels()
+    }
+    fn local(&self) -> bool {
+        (**self).local()
     }
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         (**self).sweep(now, limit)

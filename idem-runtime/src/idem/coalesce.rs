@@ -1,0 +1,225 @@
+//! One claim per operation at a time from this process: a storm of identical calls costs the
+//! ledger one statement, not one per call.
+//!
+//! The first call of an operation (a key and the arguments' fingerprint) to reach the ledger
+//! sends its claim; identical calls arriving meanwhile wait for that answer instead of sending
+//! their own — which, on SQLite, would each queue for the single writer's lock, and elsewhere for
+//! a pooled connection. Then:
+//! - the claim was won: the holder runs in this process, so every identical call until its
+//!   outcome is recorded is answered "in flight" at once, with no statement;
+//! - it was answered (a replay, "in flight", "outcome unknown", a conflict): every waiter gets
+//!   the same answer, as each would have got it from the ledger at that moment — the answer is
+//!   the ledger's, for the same key and the same arguments;
+//! - it failed (the ledger did not answer), or the call was cancelled: each waiter claims on its
+//!   own, exactly as without coalescing.
+//!
+//! A call with other arguments under the same key is never coalesced: it goes to the ledger,
+//! which tells it of the conflict. Only ledgers that answer over a round trip are coalesced
+//! ([`Ledger::local`](crate::Ledger::local) is false); the memory ledger already answers under
+//! one lock. Nothing here decides who runs: the ledger's atomic claim still does, and a call of
+//! another process (another replica) is never told anything from here.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+use crate::key::Key;
+use crate::ledger::{Claim, ClaimRequest};
+
+/// The claims this process is sending or holding, by key. Shared by every clone of a handle.
+#[derive(Default)]
+pub(super) struct Claims {
+    entries: Mutex<HashMap<Key, Entry>>,
+}
+
+struct Entry {
+    /// The arguments' fingerprint of the call that claims (or holds) the key.
+    fingerprint: [u8; 32],
+    /// When that claim's lease runs out unless renewed (what "in flight" reports).
+    lease_until: u64,
+    /// `None` while its claim is on its way; then how it went.
+    outcome: watch::Sender<Option<Shared>>,
+}
+
+/// How the first call's claim went, as the identical calls waiting on it see it.
+#[derive(Clone, Debug)]
+enum Shared {
+    /// Won: the holder runs here until its guard drops.
+    Held,
+    /// Answered by the ledger: the same answer for every identical call.
+    Answered(Claim),
+    /// No answer to share: each claims on its own.
+    Alone,
+}
+
+/// What a call does about its claim.
+pub(super) enum Begin {
+    /// Send it, and tell the calls that wait on it how it went ([`Pending`]).
+    Claim(Pending),
+    /// Identical to a claim this process sent: its answer, with no statement of its own.
+    Answered(Claim),
+    /// Send it on its own (another call's arguments hold the key here, or nothing to share).
+    Alone,
+}
+
+impl Claims {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How the call that would send `request` proceeds; waits for an identical claim on its way.
+    pub(super) async fn begin(self: &Arc<Self>, request: &ClaimRequest) -> Begin {
+        let mut outcome = {
+            let mut entries = self.lock();
+            match entries.get(&request.key) {
+                None => {
+                    let (outcome, _) = watch::channel(None);
+                    let entry = Entry { fingerprint: request.fingerprint, lease_until: request.lease_until, outcome };
+                    entries.insert(request.key, entry);
+                    return Begin::Claim(Pending { claims: Arc::clone(self), key: request.key, published: false });
+                }
+                Some(entry) if entry.fingerprint != request.fingerprint => return Begin::Alone,
+                Some(entry) => match &*entry.outcome.borrow() {
+                    Some(Shared::Held) => return Begin::Answered(Claim::InFlight { lease_until: entry.lease_until }),
+                    _ => entry.outcome.subscribe(),
+                },
+            }
+        };
+        let lease_until = request.lease_until;
+        // The sender lives as long as the entry; a dropped one (the entry went) shares nothing.
+        let shared = outcome.wait_for(Option::is_some).await.map(|seen| seen.clone());
+        match shared {
+            Ok(Some(Shared::Held)) => Begin::Answered(Claim::InFlight { lease_until }),
+            Ok(Some(Shared::Answered(claim))) => Begin::Answered(claim),
+            _ => Begin::Alone,
+        }
+    }
+}
+
+/// The claim of the first of identical calls, on its way. Dropped without [`Pending::won`] or
+/// [`Pending::answered`] (an error, a cancelled call), its waiters claim on their own.
+pub(super) struct Pending {
+    claims: Arc<Claims>,
+    key: Key,
+    published: bool,
+}
+
+impl Pending {
+    /// The claim was won: identical calls are answered "in flight" until the returned guard
+    /// drops (once the outcome is recorded, or the call ends otherwise).
+    pub(super) fn won(mut self) -> Held {
+        self.publish(Shared::Held, false);
+        Held { claims: Arc::clone(&self.claims), key: self.key }
+    }
+
+    /// The claim was answered: the identical calls waiting get `claim` too; later ones ask the
+    /// ledger again.
+    pub(super) fn answered(mut self, claim: &Claim) {
+        self.publish(Shared::Answered(claim.clone()), true);
+    }
+
+    fn publish(&mut self, shared: Shared, remove: bool) {
+        self.published = true;
+        let mut entries = self.claims.lock();
+        if let Some(entry) = entries.get(&self.key) {
+            entry.outcome.send_replace(Some(shared));
+        }
+        if remove {
+            entries.remove(&self.key);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.published {
+            self.publish(Shared::Alone, true);
+        }
+    }
+}
+
+/// A claim this process holds: identical calls are answered "in flight" while it lives.
+pub(super) struct Held {
+    claims: Arc<Claims>,
+    key: Key,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.claims.lock().remove(&self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::Token;
+    use crate::recipe::StalePolicy;
+    use crate::{SubjectTag, TenantTag};
+
+    fn request(key: u8, fingerprint: u8) -> ClaimRequest {
+        ClaimRequest {
+            key: Key::from_bytes([key; 32]),
+            tenant: TenantTag::from_bytes([1; 8]),
+            subject: SubjectTag::TENANT,
+            fingerprint: [fingerprint; 32],
+            arg_tags: Vec::new(),
+            token: Token::random(),
+            now: 1,
+            window_end: 2,
+            expires_at: 3,
+            lease_until: 4,
+            stale: StalePolicy::Hold,
+            clock_trusted: true,
+            label: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn identical_calls_share_the_first_claims_answer() {
+        let claims = Arc::new(Claims::default());
+        let Begin::Claim(pending) = claims.begin(&request(1, 1)).await else { panic!("the first claims") };
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let claims = Arc::clone(&claims);
+                tokio::spawn(async move { claims.begin(&request(1, 1)).await })
+            })
+            .collect();
+        // Other arguments under the same key go to the ledger on their own (a conflict there).
+        assert!(matches!(claims.begin(&request(1, 2)).await, Begin::Alone));
+        tokio::task::yield_now().await;
+        pending.answered(&Claim::Replay { result: b"r".to_vec() });
+        for waiter in waiters {
+            match waiter.await.unwrap() {
+                Begin::Answered(Claim::Replay { result }) => assert_eq!(result, b"r"),
+                _ => panic!("a waiter gets the replay"),
+            }
+        }
+        assert!(matches!(claims.begin(&request(1, 1)).await, Begin::Claim(_)), "a later call asks the ledger");
+    }
+
+    #[tokio::test]
+    async fn a_won_claim_answers_identical_calls_in_flight_until_it_is_done() {
+        let claims = Arc::new(Claims::default());
+        let Begin::Claim(pending) = claims.begin(&request(2, 1)).await else { panic!("the first claims") };
+        let held = pending.won();
+        assert!(matches!(claims.begin(&request(2, 1)).await, Begin::Answered(Claim::InFlight { lease_until: 4 })));
+        drop(held);
+        assert!(matches!(claims.begin(&request(2, 1)).await, Begin::Claim(_)), "done: the ledger decides again");
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_cancelled_claim_leaves_each_waiter_to_claim_alone() {
+        let claims = Arc::new(Claims::default());
+        let Begin::Claim(pending) = claims.begin(&request(3, 1)).await else { panic!("the first claims") };
+        let waiter = {
+            let claims = Arc::clone(&claims);
+            tokio::spawn(async move { claims.begin(&request(3, 1)).await })
+        };
+        tokio::task::yield_now().await;
+        drop(pending);
+        assert!(matches!(waiter.await.unwrap(), Begin::Alone));
+        assert!(claims.lock().is_empty(), "nothing left behind");
+    }
+}
