@@ -78,6 +78,7 @@ on_every_backend!(
     a_blocking_handler_keeps_its_lease,
     a_table_without_labels_is_upgraded,
     a_storm_of_identical_calls_costs_the_ledger_one_claim,
+    a_cold_handles_first_burst_reads_the_clock_once,
 );
 
 /// Complete an operation, drop every connection, open a new ledger on the same database, repeat:
@@ -264,6 +265,35 @@ async fn a_storm_of_identical_calls_costs_the_ledger_one_claim(backend: &str) {
     eprintln!("{backend}: a storm of 200 identical calls sent {statements} statements");
     assert_eq!((runs.load(Ordering::SeqCst), in_flight), (1, 199), "{backend}");
     assert!(statements <= 10, "{backend}: {statements} statements for one operation's storm");
+}
+
+/// A cold handle's first burst: the ledger's clock is read once, by one call, and the others
+/// take its measurement (before, every call that found no measurement sent its own read, so a
+/// burst of 100 calls queued 100 clock reads on the pool before its first claim).
+async fn a_cold_handles_first_burst_reads_the_clock_once(backend: &str) {
+    let Some(url) = url(backend, "a_cold_handles_first_burst_reads_the_clock_once").await else { return };
+    SeaOrmLedger::connect(&url).await.unwrap(); // migrate outside the count
+    let mut db = Database::connect(&url).await.unwrap();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&sent);
+    db.set_metric_callback(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let idem = idem_tests::idem(SeaOrmLedger::from_connection(db));
+    let calls: Vec<_> = (0..100)
+        .map(|_| {
+            let idem = idem.clone();
+            tokio::spawn(async move {
+                let args = json!({ "order_id": unique("cold") });
+                idem.call(&PLACE, Some(&alice()), &args, || async { Ok::<_, Error>(()) }).await.unwrap();
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap();
+    }
+    let per_call = if backend == "postgres" { 2 } else { 3 };
+    assert_eq!(sent.load(Ordering::SeqCst), 100 * per_call + 1, "{backend}: one clock read for the burst");
 }
 
 #[tokio::test]

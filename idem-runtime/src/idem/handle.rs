@@ -86,6 +86,10 @@ pub(super) struct Inner {
     pub(super) skew: Arc<std::sync::Mutex<Option<Skew>>>,
     /// Set while a background measurement of the skew runs, so calls start at most one.
     pub(super) measuring: Arc<AtomicBool>,
+    /// Taken by the call that measures the skew while none exists (a cold handle's first
+    /// burst); the others wait for its measurement, or its failure (when it failed), instead of
+    /// each sending its own.
+    pub(super) first_measure: Arc<tokio::sync::Mutex<Option<(u64, crate::ledger::LedgerError)>>>,
     /// Bounds the background ledger work (lost-claim releases, completion retries).
     pub(super) background: Arc<tokio::sync::Semaphore>,
     /// The operations this process waits on and the claims it holds (`wait`); kept across the
@@ -142,6 +146,7 @@ impl Idem {
                 ledger_timeout_set: false,
                 skew: Arc::default(),
                 measuring: Arc::default(),
+                first_measure: Arc::default(),
                 background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_JOBS)),
                 waiting: Arc::default(),
                 claims: Arc::default(),

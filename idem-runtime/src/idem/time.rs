@@ -62,13 +62,26 @@ impl Idem {
         let skew = match skew {
             // This clock stepped back since the last measurement (an NTP step, a restored VM):
             // its offset is void, and nothing may be stamped with it — measure again now.
-            Some(skew) if local < skew.at => None,
-            other => other,
-        };
-        let Some(skew) = skew else {
-            // Every call measures until one measurement exists.
-            let skew = self.measure().await?;
-            return Ok((self.now_ms().saturating_add_signed(skew.offset), skew.trusted));
+            Some(skew) if local < skew.at => {
+                let skew = self.measure().await?;
+                return Ok((self.now_ms().saturating_add_signed(skew.offset), skew.trusted));
+            }
+            Some(skew) => skew,
+            None => {
+                // No measurement yet (a cold handle's first burst): one call measures, and the
+                // calls that arrive meanwhile take its measurement — or, if it failed, its failure
+                // — instead of each sending one.
+                let mut failed = self.inner.first_measure.lock().await;
+                let skew = match (self.skew(), &*failed) {
+                    (Some(skew), _) => skew,
+                    (None, Some((at, error))) if *at >= local => return Err(error.clone()),
+                    (None, _) => {
+                        self.measure().await.inspect_err(|error| *failed = Some((self.now_ms(), error.clone())))?
+                    }
+                };
+                let offset = if skew.clockless { 0 } else { skew.offset };
+                return Ok((self.now_ms().saturating_add_signed(offset), skew.trusted));
+            }
         };
         let age = local - skew.at;
         if age >= millis(self.inner.lease / 3).max(1)
