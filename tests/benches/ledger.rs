@@ -4,7 +4,8 @@
 //! run on the same machine and pool: raw sqlx executing idem's own claim and completion
 //! statements. Durable backends that do not answer are skipped and say so.
 //! `IDEM_BENCH_OPS` sets the operations per measurement (default 2000); `IDEM_BENCH_ONLY=waiting`
-//! runs only the measurement of 1,000 repeats waiting on one operation (`wait`).
+//! runs only the measurement of 1,000 repeats waiting on one operation (`wait`), and
+//! `IDEM_BENCH_ONLY=cpu` only the key derivation and the wrapped no-op (no database).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -766,9 +767,10 @@ async fn waiting(rows: &mut Vec<Row>, name: &str, url: &str) {
 #[tokio::main]
 async fn main() {
     let mut rows = Vec::new();
-    // `IDEM_BENCH_ONLY=waiting` runs the waiting measurement alone.
-    let all = std::env::var("IDEM_BENCH_ONLY").map_or(true, |only| only != "waiting");
-    if all {
+    // `IDEM_BENCH_ONLY=waiting` runs the waiting measurement alone, `cpu` the two without a database.
+    let only = std::env::var("IDEM_BENCH_ONLY").ok();
+    let all = only.is_none();
+    if all || only.as_deref() == Some("cpu") {
         cpu(&mut rows);
         wrapped_noop(&mut rows).await;
     }
@@ -785,6 +787,9 @@ async fn main() {
     for (name, url) in
         [("SQLite (file, FULL)", sqlite_url.as_str()), ("PostgreSQL", pg_url.as_str()), ("MariaDB", my_url.as_str())]
     {
+        if !all && only.as_deref() != Some("waiting") {
+            break;
+        }
         waiting(&mut rows, name, url).await;
         if !all {
             continue;
