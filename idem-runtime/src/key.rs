@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use crate::canonical::{self, CanonicalError};
+use crate::canonical::{self, CanonicalError, Members};
 use crate::scope::Scope;
 use crate::secret::Secret;
 use serde_json::{Map, Value};
@@ -44,19 +44,26 @@ impl Key {
         tool: &str,
         selected: &Map<String, Value>,
     ) -> Result<Self, CanonicalError> {
-        let mut material = Vec::with_capacity(192);
-        material.extend_from_slice(b"[\"");
-        material.extend_from_slice(KEY_VERSION.as_bytes());
-        material.extend_from_slice(b"\",");
-        material.extend_from_slice(secret.version().to_string().as_bytes());
-        material.push(b',');
-        canonical::write_canonical_str(namespace, &mut material);
-        material.push(b',');
-        scope.write_material(&mut material)?;
-        material.push(b',');
-        canonical::write_canonical_str(tool, &mut material);
-        material.push(b',');
+        let mut material = material_head(secret, namespace, scope, tool)?;
         write_object(selected.iter(), &mut material, |_, _| {})?;
+        material.push(b']');
+        Ok(Self(secret.mac("idem/v2/key", &[&material])))
+    }
+
+    /// [`Key::derive`] from the `selected` values already in canonical form: the same key for
+    /// the same values, with nothing left to refuse in them.
+    ///
+    /// # Errors
+    /// The scope's task or conversation id has no canonical form.
+    pub fn derive_members(
+        secret: &Secret,
+        namespace: &str,
+        scope: &Scope,
+        tool: &str,
+        selected: &Members,
+    ) -> Result<Self, CanonicalError> {
+        let mut material = material_head(secret, namespace, scope, tool)?;
+        selected.write_object(&mut material, |_, _| true, |_, _| {});
         material.push(b']');
         Ok(Self(secret.mac("idem/v2/key", &[&material])))
     }
@@ -223,12 +230,26 @@ impl<'a> Fingerprint<'a> {
         let mut names = Vec::with_capacity(arguments.len());
         let kept = arguments.iter().filter(|(name, value)| !value.is_null() && !ignore.contains(&name.as_str()));
         write_object(kept, &mut material, |name, value_bytes| {
-            let name_tag = secret.mac("idem/v2/argument-name", &[name.as_bytes()]);
-            let value_tag = secret.mac("idem/v2/argument-value", &[name.as_bytes(), b"\0", value_bytes]);
-            tags.push([name_tag[0], name_tag[1], value_tag[0], value_tag[1]]);
+            tags.push(argument_tag(secret, name, value_bytes));
             names.push(name);
         })?;
         Ok(Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags, names })
+    }
+
+    /// [`Fingerprint::of`] from arguments already in canonical form ([`Members::of_arguments`]):
+    /// the same digest, tags and names for the same arguments.
+    #[must_use]
+    pub fn of_members(secret: &Secret, arguments: &'a Members, ignore: &[&str]) -> Self {
+        let mut material = Vec::with_capacity(128);
+        let mut tags = Vec::with_capacity(arguments.len());
+        let mut names = Vec::with_capacity(arguments.len());
+        // A top-level `null` is the only canonical value that is exactly `null`.
+        let kept = |name: &str, value: &[u8]| value != b"null" && !ignore.contains(&name);
+        arguments.write_object(&mut material, kept, |name, value_bytes| {
+            tags.push(argument_tag(secret, name, value_bytes));
+            names.push(name);
+        });
+        Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags, names }
     }
 
     /// Names of this call's arguments that differ from a stored record's `stored_tags`, and how
@@ -248,6 +269,31 @@ impl<'a> Fingerprint<'a> {
         let removed = stored_tags.iter().filter(|stored| !self.tags.iter().any(|tag| tag[..2] == stored[..2])).count();
         (differing, removed)
     }
+}
+
+/// `["idem/v2",version,namespace,scope,tool,` — key material up to the selected values.
+fn material_head(secret: &Secret, namespace: &str, scope: &Scope, tool: &str) -> Result<Vec<u8>, CanonicalError> {
+    let mut material = Vec::with_capacity(192);
+    material.extend_from_slice(b"[\"");
+    material.extend_from_slice(KEY_VERSION.as_bytes());
+    material.extend_from_slice(b"\",");
+    // Writing to a Vec cannot fail.
+    let _ = std::io::Write::write_fmt(&mut material, format_args!("{}", secret.version()));
+    material.push(b',');
+    canonical::write_canonical_str(namespace, &mut material);
+    material.push(b',');
+    scope.write_material(&mut material)?;
+    material.push(b',');
+    canonical::write_canonical_str(tool, &mut material);
+    material.push(b',');
+    Ok(material)
+}
+
+/// One argument's tag: 2 bytes of its name's MAC, 2 of its value's.
+fn argument_tag(secret: &Secret, name: &str, value_bytes: &[u8]) -> [u8; 4] {
+    let name_tag = secret.mac("idem/v2/argument-name", &[name.as_bytes()]);
+    let value_tag = secret.mac("idem/v2/argument-value", &[name.as_bytes(), b"\0", value_bytes]);
+    [name_tag[0], name_tag[1], value_tag[0], value_tag[1]]
 }
 
 /// Writes a canonical JSON object from `(name, value)` members in any order, calling

@@ -232,7 +232,7 @@ pub(super) fn write_finite<O: Out>(f: f64, out: &mut O) {
 
 /// An integer's exact decimal digits. For magnitudes up to 2^53 this is also
 /// its ECMAScript text, as RFC 8785 asks.
-fn write_integer<O: Out>(n: i128, out: &mut O) {
+pub(super) fn write_integer<O: Out>(n: i128, out: &mut O) {
     let mut digits = [0u8; 40];
     let mut start = digits.len();
     let mut rest = n.unsigned_abs();

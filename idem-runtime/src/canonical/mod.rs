@@ -60,12 +60,15 @@ mod encode;
 mod error;
 mod parse;
 mod serialize;
+mod stream;
 
 pub use encode::{to_canonical_vec, utf16_cmp, write_canonical, write_canonical_str};
 pub use error::CanonicalError;
 pub use parse::parse_strict;
 pub(crate) use serialize::arguments_to_value;
 pub use serialize::to_value;
+pub(crate) use stream::Found;
+pub use stream::Members;
 
 use error::Path;
 
