@@ -91,7 +91,7 @@ impl<T: Serialize + ?Sized> ArgumentsStruct for T {}
 /// Collects a call's arguments from the handler's parameters.
 #[derive(Debug, Default)]
 pub struct Arguments {
-    arguments: CallArguments<'static>,
+    arguments: CallArguments,
     error: Option<CanonicalError>,
 }
 
@@ -115,7 +115,7 @@ impl Arguments {
     /// All arguments at once: the handler's arguments struct (rmcp's `Parameters<T>`).
     pub fn all<T: ArgumentsStruct + ?Sized>(&mut self, value: &T) {
         match self.value("", value) {
-            Some(Value::Object(map)) => self.arguments.all = std::borrow::Cow::Owned(map),
+            Some(Value::Object(map)) => self.arguments.all = map,
             Some(_) => {
                 self.error.get_or_insert(CanonicalError::Invalid {
                     message: "the arguments struct must serialise to a JSON object".to_owned(),
@@ -128,7 +128,7 @@ impl Arguments {
     /// One named argument.
     pub fn insert<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) {
         if let Some(value) = self.value(name, value) {
-            self.arguments.all.to_mut().insert(name.to_owned(), value);
+            self.arguments.all.insert(name.to_owned(), value);
         }
     }
 
@@ -144,7 +144,7 @@ impl Arguments {
         self.arguments.within = self.value("within", value);
     }
 
-    pub(crate) fn finish(self) -> Result<CallArguments<'static>, Rejection> {
+    pub(crate) fn finish(self) -> Result<CallArguments, Rejection> {
         match self.error {
             Some(error) => Err(Rejection::InvalidArguments { error }),
             None => Ok(self.arguments),

@@ -6,26 +6,27 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::canonical::{self, CanonicalError};
-use crate::key::Key;
-use crate::recipe::{Recipe, ScopeRule};
+use crate::key::{Fingerprint, Key};
+use crate::recipe::{INPUT_KEY_PREFIX, Recipe, ScopeRule};
 use crate::rejection::Rejection;
 use crate::scope::{Caller, Scope};
+use crate::secret::Secret;
 
 use super::Idem;
 use super::keyring::no_secret;
 
 /// A call's arguments, split the way a recipe needs them.
 #[derive(Debug, Default)]
-pub(crate) struct CallArguments<'a> {
+pub(crate) struct CallArguments {
     /// Every argument by name (the fingerprint's input; ignored names are dropped there).
-    pub(crate) all: std::borrow::Cow<'a, Map<String, Value>>,
+    pub(crate) all: Map<String, Value>,
     /// The key's arguments by path.
     pub(crate) selected: Map<String, Value>,
     /// The task or conversation id, for `ScopeRule::Within`.
     pub(crate) within: Option<Value>,
 }
 
-impl CallArguments<'static> {
+impl CallArguments {
     /// Canonicalises `arguments` (an object of arguments by name, refused otherwise) and splits
     /// them by the recipe's paths.
     pub(super) fn of<A: Serialize + ?Sized>(recipe: &Recipe, arguments: &A) -> Result<Self, Rejection> {
@@ -53,7 +54,35 @@ impl CallArguments<'static> {
             Some(path) => lookup(&all, path).cloned(),
             None => None,
         };
-        Ok(Self { all: std::borrow::Cow::Owned(all), selected, within })
+        Ok(Self { all, selected, within })
+    }
+
+    /// The key of these arguments under `secret`.
+    pub(super) fn key(&self, secret: &Secret, namespace: &str, scope: &Scope, tool: &str) -> Result<Key, Rejection> {
+        Key::derive(secret, namespace, scope, tool, &self.selected).map_err(|error| Rejection::InvalidArguments { error })
+    }
+
+    /// The key of these arguments under `secret` without the input responses that joined it
+    /// (what a `requestState` is sealed to); `None` if none joined it.
+    pub(super) fn key_without_inputs(
+        &self,
+        secret: &Secret,
+        namespace: &str,
+        scope: &Scope,
+        tool: &str,
+    ) -> Result<Option<Key>, Rejection> {
+        if !self.selected.keys().any(|path| path.starts_with(INPUT_KEY_PREFIX)) {
+            return Ok(None);
+        }
+        let mut without = self.selected.clone();
+        without.retain(|path, _| !path.starts_with(INPUT_KEY_PREFIX));
+        let key = Key::derive(secret, namespace, scope, tool, &without);
+        key.map(Some).map_err(|error| Rejection::InvalidArguments { error })
+    }
+
+    /// The fingerprint of these arguments under `secret`, without the `ignore`d ones.
+    pub(super) fn fingerprint(&self, secret: &Secret, ignore: &[&str]) -> Result<Fingerprint<'_>, Rejection> {
+        Fingerprint::of(secret, &self.all, ignore).map_err(|error| Rejection::InvalidArguments { error })
     }
 }
 
@@ -68,7 +97,7 @@ fn lookup<'a>(arguments: &'a Map<String, Value>, path: &str) -> Option<&'a Value
 pub(super) struct Derive<'r, 'a, 's> {
     pub(super) recipe: &'r Recipe,
     pub(super) scope: &'s Scope,
-    pub(super) arguments: &'a CallArguments<'a>,
+    pub(super) arguments: &'a CallArguments,
     /// Ledger time when the call is claimed.
     pub(super) now: u64,
     /// Whether `now` can be acted on (see [`crate::ledger::ClaimRequest::clock_trusted`]).
@@ -76,7 +105,7 @@ pub(super) struct Derive<'r, 'a, 's> {
 }
 
 /// The scope `recipe` keys a call of `caller` in.
-pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArguments<'_>) -> Result<Scope, Rejection> {
+pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArguments) -> Result<Scope, Rejection> {
     let rule = recipe.scope_rule();
     Ok(match (rule.within(), &arguments.within) {
         _ if rule == ScopeRule::Tenant => Scope::tenant(caller),
@@ -112,7 +141,6 @@ impl Idem {
         let keyring = self.keyring().map_err(|error| no_secret(&error))?;
         let arguments = CallArguments::of(recipe, arguments)?;
         let scope = scope_of(recipe, caller, &arguments)?;
-        Key::derive(&keyring.current, self.namespace(recipe), &scope, recipe.tool(), &arguments.selected)
-            .map_err(|error| Rejection::InvalidArguments { error })
+        arguments.key(&keyring.current, self.namespace(recipe), &scope, recipe.tool())
     }
 }
