@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::key::{Fingerprint, Key, Ref};
+use crate::key::{Fingerprint, Ref};
 use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won, seal_label};
-use crate::recipe::{INPUT_KEY_PREFIX, Recipe};
+use crate::recipe::Recipe;
 use crate::rejection::{ErrorClass, IdempotentError, Rejection};
 use crate::scope::Caller;
 use crate::secret::Secret;
@@ -119,7 +119,7 @@ impl Idem {
         recipe: &Recipe,
         caller: Option<&Caller>,
         fallback: bool,
-        arguments: Result<CallArguments<'_>, Rejection>,
+        arguments: Result<CallArguments, Rejection>,
         reconcile: R,
         handler: F,
     ) -> Result<Served<Result<T, E>>, Rejection>
@@ -289,11 +289,9 @@ impl<'a> Attempt<'a> {
     /// Derives the claim for a call under `secret`, or the rejection that stops it before the
     /// ledger.
     fn prepare(idem: &'a Idem, secret: &Secret, at: &Derive<'_, 'a, '_>) -> Result<Self, Rejection> {
-        let invalid = |error| Rejection::InvalidArguments { error };
         let recipe = at.recipe;
-        let (all, selected) = (&*at.arguments.all, &at.arguments.selected);
-        let key = Key::derive(secret, idem.namespace(recipe), at.scope, recipe.tool(), selected).map_err(invalid)?;
-        let fingerprint = Fingerprint::of(secret, all, recipe.ignored()).map_err(invalid)?;
+        let key = at.arguments.key(secret, idem.namespace(recipe), at.scope, recipe.tool())?;
+        let fingerprint = at.arguments.fingerprint(secret, recipe.ignored())?;
         let window = recipe.window_duration().unwrap_or(idem.inner.retention);
         let now = at.now;
         let window_end = clamp(now.saturating_add(millis(window)));
@@ -318,13 +316,8 @@ impl<'a> Attempt<'a> {
         };
         // Input responses that joined the key are left out of what a `requestState` is sealed
         // to: the continuation that carries them must open the state its first round was given.
-        let asked = if selected.keys().any(|path| path.starts_with(INPUT_KEY_PREFIX)) {
-            let mut without = selected.clone();
-            without.retain(|path, _| !path.starts_with(INPUT_KEY_PREFIX));
-            Key::derive(secret, idem.namespace(recipe), at.scope, recipe.tool(), &without).map_err(invalid)?
-        } else {
-            key
-        };
+        let asked = at.arguments.key_without_inputs(secret, idem.namespace(recipe), at.scope, recipe.tool())?;
+        let asked = asked.unwrap_or(key);
         let binding = Binding {
             secret: secret.clone(),
             key: asked,
