@@ -7,9 +7,8 @@ use std::future::Future;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
 
-use crate::canonical::{self, CanonicalError};
+use crate::canonical::{self, CanonicalError, Members};
 use crate::idem::{CallArguments, Idem, Operation, Reconciled};
 use crate::recipe::Recipe;
 use crate::rejection::{ErrorClass, IdempotentError, Rejection};
@@ -102,46 +101,47 @@ impl Arguments {
         Self::default()
     }
 
-    fn value<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Option<Value> {
-        match canonical::to_value(value) {
-            Ok(value) => Some(value),
-            Err(error) => {
-                self.error.get_or_insert(error.within(name));
-                None
-            }
-        }
+    /// Keeps the first error, its path prefixed with the argument `name`.
+    fn refused(&mut self, name: &str, error: CanonicalError) {
+        self.error.get_or_insert(error.within(name));
     }
 
     /// All arguments at once: the handler's arguments struct (rmcp's `Parameters<T>`).
     pub fn all<T: ArgumentsStruct + ?Sized>(&mut self, value: &T) {
-        match self.value("", value) {
-            Some(Value::Object(map)) => self.arguments.all = map,
-            Some(_) => {
+        match Members::of_object(value) {
+            Ok(Some(members)) => self.arguments.all = members,
+            Ok(None) => {
                 self.error.get_or_insert(CanonicalError::Invalid {
                     message: "the arguments struct must serialise to a JSON object".to_owned(),
                 });
             }
-            None => {}
+            Err(error) => self.refused("", error),
         }
     }
 
     /// One named argument.
     pub fn insert<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) {
-        if let Some(value) = self.value(name, value) {
-            self.arguments.all.insert(name.to_owned(), value);
+        if let Err(error) = self.arguments.all.insert(name, value) {
+            self.refused(name, error);
         }
     }
 
     /// One of the key's values, by its path.
     pub fn select<T: Serialize + ?Sized>(&mut self, path: &str, value: &T) {
-        if let Some(value) = self.value(path, value) {
-            self.arguments.selected.insert(path.to_owned(), value);
+        if let Err(error) = self.arguments.selected.insert(path, value) {
+            self.refused(path, error);
         }
     }
 
     /// The task or conversation id that narrows the scope (`within = "..."`).
     pub fn within<T: Serialize + ?Sized>(&mut self, value: &T) {
-        self.arguments.within = self.value("within", value);
+        match canonical::to_value(value) {
+            Ok(value) => self.arguments.within = Some(value),
+            Err(error) => {
+                self.arguments.within = None;
+                self.refused("within", error);
+            }
+        }
     }
 
     pub(crate) fn finish(self) -> Result<CallArguments, Rejection> {

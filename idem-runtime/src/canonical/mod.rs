@@ -56,6 +56,8 @@
 //! serde_json reads it too, and a value already rounded to a double before
 //! it reaches idem cannot be unrounded.
 
+#[cfg(test)]
+mod differential;
 mod encode;
 mod error;
 mod parse;
@@ -67,7 +69,6 @@ pub use error::CanonicalError;
 pub use parse::parse_strict;
 pub(crate) use serialize::arguments_to_value;
 pub use serialize::to_value;
-pub(crate) use stream::Found;
 pub use stream::Members;
 
 use error::Path;

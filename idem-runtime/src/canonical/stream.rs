@@ -145,7 +145,7 @@ impl Members {
         top: Top,
     ) -> Result<Option<(Self, Found)>, CanonicalError> {
         let value = match top {
-            Top::Arguments => super::serialize::arguments_to_value(value)?,
+            Top::Arguments => super::arguments_to_value(value)?,
             Top::Value => super::to_value(value)?,
         };
         let Value::Object(map) = value else { return Ok(None) };

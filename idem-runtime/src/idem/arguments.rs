@@ -3,9 +3,9 @@
 //! derived in ([`Derive`]).
 
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::canonical::{self, CanonicalError};
+use crate::canonical::{self, CanonicalError, Members};
 use crate::key::{Fingerprint, Key};
 use crate::recipe::{INPUT_KEY_PREFIX, Recipe, ScopeRule};
 use crate::rejection::Rejection;
@@ -15,29 +15,112 @@ use crate::secret::Secret;
 use super::Idem;
 use super::keyring::no_secret;
 
-/// A call's arguments, split the way a recipe needs them.
+/// A call's arguments, split the way a recipe needs them, in canonical form: written once,
+/// hashed under each secret (the current one, and previous ones after a rotation).
 #[derive(Debug, Default)]
 pub(crate) struct CallArguments {
     /// Every argument by name (the fingerprint's input; ignored names are dropped there).
-    pub(crate) all: Map<String, Value>,
-    /// The key's arguments by path.
-    pub(crate) selected: Map<String, Value>,
+    pub(crate) all: Members,
+    /// The key's values by path.
+    pub(crate) selected: Members,
     /// The task or conversation id, for `ScopeRule::Within`.
     pub(crate) within: Option<Value>,
 }
 
 impl CallArguments {
-    /// Canonicalises `arguments` (an object of arguments by name, refused otherwise) and splits
-    /// them by the recipe's paths.
-    pub(super) fn of<A: Serialize + ?Sized>(recipe: &Recipe, arguments: &A) -> Result<Self, Rejection> {
+    /// Canonicalises `arguments` (an object of arguments by name, refused otherwise) in one
+    /// pass, finding the recipe's paths on the way.
+    pub(crate) fn of<A: Serialize + ?Sized>(recipe: &Recipe, arguments: &A) -> Result<Self, Rejection> {
+        let invalid = |error| Rejection::InvalidArguments { error };
+        let keys = recipe.key_paths();
+        let within_path = recipe.scope_rule().within();
+        let (all, found) = match within_path {
+            None => Members::of_arguments_at(arguments, keys),
+            Some(path) => {
+                let paths: Vec<&str> = keys.iter().copied().chain([path]).collect();
+                Members::of_arguments_at(arguments, &paths)
+            }
+        }
+        .map_err(invalid)?;
+        // A missing or null key path is refused: as `null` it would make every call without it
+        // (a typo, a forgetful client) one operation. Only the recipe's optional key paths take
+        // "absent" as a value, and then absent and null are one value.
+        let mut selected = Members::new();
+        for (index, path) in keys.iter().enumerate() {
+            match found.get(index) {
+                Some(value) if value != b"null" => selected.insert_canonical(path, value),
+                _ if recipe.is_optional_key(path) => selected.insert_canonical(path, b"null"),
+                _ => {
+                    return Err(Rejection::InvalidArguments {
+                        error: CanonicalError::MissingKey { path: (*path).to_owned() },
+                    });
+                }
+            }
+        }
+        // Canonical text reads back as the value it was written from.
+        let within = match within_path {
+            Some(_) => found.get(keys.len()).map(parse_canonical).transpose().map_err(invalid)?,
+            None => None,
+        };
+        Ok(Self { all, selected, within })
+    }
+
+    /// The key of these arguments under `secret`.
+    pub(super) fn key(&self, secret: &Secret, namespace: &str, scope: &Scope, tool: &str) -> Result<Key, Rejection> {
+        Key::derive_members(secret, namespace, scope, tool, &self.selected)
+            .map_err(|error| Rejection::InvalidArguments { error })
+    }
+
+    /// The key of these arguments under `secret` without the input responses that joined it
+    /// (what a `requestState` is sealed to); `None` if none joined it.
+    pub(super) fn key_without_inputs(
+        &self,
+        secret: &Secret,
+        namespace: &str,
+        scope: &Scope,
+        tool: &str,
+    ) -> Result<Option<Key>, Rejection> {
+        if !self.selected.names().any(|path| path.starts_with(INPUT_KEY_PREFIX)) {
+            return Ok(None);
+        }
+        let mut without = self.selected.clone();
+        without.retain(|path| !path.starts_with(INPUT_KEY_PREFIX));
+        let key = Key::derive_members(secret, namespace, scope, tool, &without);
+        key.map(Some).map_err(|error| Rejection::InvalidArguments { error })
+    }
+
+    /// The fingerprint of these arguments under `secret`, without the `ignore`d ones.
+    // A `Result` like the key's: callers refuse alike whichever of the two has no canonical form.
+    #[allow(clippy::unnecessary_wraps)]
+    pub(super) fn fingerprint(&self, secret: &Secret, ignore: &[&str]) -> Result<Fingerprint<'_>, Rejection> {
+        Ok(Fingerprint::of_members(secret, &self.all, ignore))
+    }
+}
+
+fn parse_canonical(bytes: &[u8]) -> Result<Value, CanonicalError> {
+    let text = std::str::from_utf8(bytes).map_err(|error| CanonicalError::Invalid { message: error.to_string() })?;
+    canonical::parse_strict(text)
+}
+
+/// The arguments as the `Value` path splits them: the reference the streaming split is tested
+/// against.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct ValueArguments {
+    pub(crate) all: serde_json::Map<String, Value>,
+    pub(crate) selected: serde_json::Map<String, Value>,
+    pub(crate) within: Option<Value>,
+}
+
+#[cfg(test)]
+impl CallArguments {
+    /// [`CallArguments::of`] through a `serde_json::Value` (how it was done before the stream).
+    pub(crate) fn of_value<A: Serialize + ?Sized>(recipe: &Recipe, arguments: &A) -> Result<ValueArguments, Rejection> {
         let invalid = |error| Rejection::InvalidArguments { error };
         let Value::Object(all) = canonical::arguments_to_value(arguments).map_err(invalid)? else {
             return Err(invalid(CanonicalError::Invalid { message: "the arguments must be a JSON object".to_owned() }));
         };
-        // A missing or null key path is refused: as `null` it would make every call without it
-        // (a typo, a forgetful client) one operation. Only the recipe's optional key paths take
-        // "absent" as a value, and then absent and null are one value.
-        let mut selected = Map::with_capacity(recipe.key_paths().len());
+        let mut selected = serde_json::Map::with_capacity(recipe.key_paths().len());
         for path in recipe.key_paths() {
             let value = match lookup(&all, path) {
                 Some(value) if !value.is_null() => value.clone(),
@@ -54,40 +137,13 @@ impl CallArguments {
             Some(path) => lookup(&all, path).cloned(),
             None => None,
         };
-        Ok(Self { all, selected, within })
-    }
-
-    /// The key of these arguments under `secret`.
-    pub(super) fn key(&self, secret: &Secret, namespace: &str, scope: &Scope, tool: &str) -> Result<Key, Rejection> {
-        Key::derive(secret, namespace, scope, tool, &self.selected).map_err(|error| Rejection::InvalidArguments { error })
-    }
-
-    /// The key of these arguments under `secret` without the input responses that joined it
-    /// (what a `requestState` is sealed to); `None` if none joined it.
-    pub(super) fn key_without_inputs(
-        &self,
-        secret: &Secret,
-        namespace: &str,
-        scope: &Scope,
-        tool: &str,
-    ) -> Result<Option<Key>, Rejection> {
-        if !self.selected.keys().any(|path| path.starts_with(INPUT_KEY_PREFIX)) {
-            return Ok(None);
-        }
-        let mut without = self.selected.clone();
-        without.retain(|path, _| !path.starts_with(INPUT_KEY_PREFIX));
-        let key = Key::derive(secret, namespace, scope, tool, &without);
-        key.map(Some).map_err(|error| Rejection::InvalidArguments { error })
-    }
-
-    /// The fingerprint of these arguments under `secret`, without the `ignore`d ones.
-    pub(super) fn fingerprint(&self, secret: &Secret, ignore: &[&str]) -> Result<Fingerprint<'_>, Rejection> {
-        Fingerprint::of(secret, &self.all, ignore).map_err(|error| Rejection::InvalidArguments { error })
+        Ok(ValueArguments { all, selected, within })
     }
 }
 
 /// The value at a dotted argument path (`"customer.id"`).
-fn lookup<'a>(arguments: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
+#[cfg(test)]
+fn lookup<'a>(arguments: &'a serde_json::Map<String, Value>, path: &str) -> Option<&'a Value> {
     let mut segments = path.split('.');
     let first = arguments.get(segments.next()?)?;
     segments.try_fold(first, |value, segment| value.as_object()?.get(segment))
