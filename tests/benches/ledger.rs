@@ -482,15 +482,16 @@ fn cpu(rows: &mut Vec<Row>) {
     let scope = idem_runtime::Scope::caller(&caller());
     let secret = idem_tests::test_secret();
     let n = 20_000;
-    // What the orchestration does per call: strict Value, key over two selected fields, fingerprint.
+    // What `#[idempotent]` does per call: the arguments streamed to canonical members, the key
+    // over two selected fields, the fingerprint of all.
     let derive = nanos_per(n, |i| {
-        let value = canonical::to_value(&charge_args(i)).unwrap();
-        let serde_json::Value::Object(all) = value else { unreachable!() };
-        let mut selected = serde_json::Map::new();
-        selected.insert("order_id".into(), all["order_id"].clone());
-        selected.insert("amount_cents".into(), all["amount_cents"].clone());
-        std::hint::black_box(Key::derive(&secret, "bench", &scope, "charge_card", &selected).unwrap());
-        std::hint::black_box(idem_runtime::Fingerprint::of(&secret, &all, &[]).unwrap());
+        let args = charge_args(i);
+        let all = canonical::Members::of_arguments(&args).unwrap();
+        let mut selected = canonical::Members::new();
+        selected.insert("order_id", &args.order_id).unwrap();
+        selected.insert("amount_cents", &args.amount_cents).unwrap();
+        std::hint::black_box(Key::derive_members(&secret, "bench", &scope, "charge_card", &selected).unwrap());
+        std::hint::black_box(idem_runtime::Fingerprint::of_members(&secret, &all, &[]));
     });
     let plain = nanos_per(n, |i| {
         let bytes = serde_json::to_vec(&charge_args(i)).unwrap();
