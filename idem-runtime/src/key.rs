@@ -291,7 +291,8 @@ fn material_head(secret: &Secret, namespace: &str, scope: &Scope, tool: &str) ->
 
 /// One argument's tag: 2 bytes of its name's MAC, 2 of its value's.
 fn argument_tag(secret: &Secret, name: &str, value_bytes: &[u8]) -> [u8; 4] {
-    let name_tag = secret.mac("idem/v2/argument-name", &[name.as_bytes()]);
+    // `mac("idem/v2/argument-name", name)`, remembered by the secret.
+    let name_tag = secret.argument_name_tag(name);
     let value_tag = secret.mac("idem/v2/argument-value", &[name.as_bytes(), b"\0", value_bytes]);
     [name_tag[0], name_tag[1], value_tag[0], value_tag[1]]
 }

@@ -12,8 +12,10 @@
 //! until the longest window has run. A call whose operation was recorded under a previous
 //! secret is answered from that record (replayed, in flight, unknown), never run a second time.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use sha2::{Digest, Sha256};
 
@@ -122,7 +124,13 @@ impl Stream {
 pub struct Secret {
     version: u32,
     hmac: Hmac,
+    /// Argument-name tags computed under this secret, shared by its clones.
+    name_tags: Arc<RwLock<HashMap<Box<str>, [u8; 2]>>>,
 }
+
+/// The most argument names whose tags a secret remembers. A tool's argument names repeat on
+/// every call, but they come from callers, so what is kept is bounded.
+const NAME_TAGS_KEPT: usize = 1024;
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -143,7 +151,7 @@ impl Secret {
         if bytes.len() < MIN_SECRET_BYTES {
             return Err(SecretError::TooShort { bytes: bytes.len() });
         }
-        Ok(Self { version, hmac: Hmac::new(bytes) })
+        Ok(Self { version, hmac: Hmac::new(bytes), name_tags: Arc::default() })
     }
 
     /// A new random secret (32 bytes from the operating system) and its text form.
@@ -156,7 +164,7 @@ impl Secret {
         #[allow(clippy::expect_used)]
         getrandom::fill(&mut bytes).expect("the OS random number generator failed");
         let text = format!("{}:{}", version.max(1), hex(&bytes));
-        (Self { version: version.max(1), hmac: Hmac::new(&bytes) }, text)
+        (Self { version: version.max(1), hmac: Hmac::new(&bytes), name_tags: Arc::default() }, text)
     }
 
     /// Parses the text form `<version>:<hex bytes>` (surrounding whitespace ignored).
@@ -202,6 +210,23 @@ impl Secret {
         let mut outer = Stream::new(self.hmac.outer);
         outer.update(&inner.finish());
         outer.finish()
+    }
+
+    /// The first two bytes of `mac("idem/v2/argument-name", name)`: the name half of an argument's
+    /// tag in a fingerprint. Computed once per name (up to [`NAME_TAGS_KEPT`] names), as the
+    /// same names come with every call.
+    pub(crate) fn argument_name_tag(&self, name: &str) -> [u8; 2] {
+        let known = self.name_tags.read().unwrap_or_else(PoisonError::into_inner).get(name).copied();
+        if let Some(tag) = known {
+            return tag;
+        }
+        let mac = self.mac("idem/v2/argument-name", &[name.as_bytes()]);
+        let tag = [mac[0], mac[1]];
+        let mut tags = self.name_tags.write().unwrap_or_else(PoisonError::into_inner);
+        if tags.len() < NAME_TAGS_KEPT {
+            tags.insert(name.into(), tag);
+        }
+        tag
     }
 
     /// Reads the secret kept in `path`, or makes one and keeps it there, readable by the owner
@@ -449,6 +474,27 @@ mod tests {
             let split = len / 3;
             assert_eq!(hmac.mac(&[&message[..split], &[], &message[split..]]).to_vec(), expected, "length {len}");
         }
+    }
+
+    /// A remembered name tag is the tag: on first use, on reuse, from a clone, and past the
+    /// bound on what is kept.
+    #[test]
+    fn name_tags_are_remembered_exactly() {
+        let secret = Secret::new(1, &[7; 32]).unwrap();
+        let fresh = |name: &str| {
+            let mac = secret.mac("idem/v2/argument-name", &[name.as_bytes()]);
+            [mac[0], mac[1]]
+        };
+        let names: Vec<String> = (0..NAME_TAGS_KEPT + 10).map(|i| format!("name-{i}")).collect();
+        for _ in 0..2 {
+            for name in &names {
+                assert_eq!(secret.argument_name_tag(name), fresh(name), "{name}");
+                assert_eq!(secret.clone().argument_name_tag(name), fresh(name), "{name}");
+            }
+        }
+        assert_eq!(secret.name_tags.read().unwrap().len(), NAME_TAGS_KEPT);
+        let other = Secret::new(1, &[8; 32]).unwrap();
+        assert_ne!(other.argument_name_tag("name-0"), secret.argument_name_tag("name-0"));
     }
 
     #[test]
