@@ -463,9 +463,11 @@ fn charge_args(i: u64) -> Charge {
     }
 }
 
-/// Nanoseconds per iteration of `f`, the best of five rounds of `n` (the least disturbed).
+/// Nanoseconds per iteration of `f`, the best of fifty rounds of `n / 10` (the least disturbed:
+/// on a shared machine short rounds are more often undisturbed).
 fn nanos_per(n: u64, mut f: impl FnMut(u64)) -> f64 {
-    (0..5)
+    let n = (n / 10).max(1);
+    (0..50)
         .map(|_| {
             let start = Instant::now();
             for i in 0..n {
@@ -525,7 +527,7 @@ async fn wrapped_noop(rows: &mut Vec<Row>) {
     let args: Vec<_> = (0..n).map(|i| json!({ "order_id": i, "amount": 1250 })).collect();
     let mut wrapped = f64::INFINITY;
     let mut bare = f64::INFINITY;
-    for _ in 0..5 {
+    for _ in 0..20 {
         let idem = idem_tests::idem(MemoryLedger::new());
         let start = Instant::now();
         for args in &args {
