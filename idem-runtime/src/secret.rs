@@ -61,9 +61,15 @@ impl Hmac {
     }
 
     /// The MAC of the concatenation of `parts`.
+    #[cfg(test)]
     pub(crate) fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
+        self.mac_after(&[], parts)
+    }
+
+    /// The MAC of the concatenation of `head` and `parts`.
+    fn mac_after(&self, head: &[&[u8]], parts: &[&[u8]]) -> [u8; 32] {
         let mut inner = Stream::new(self.inner);
-        for part in parts {
+        for part in head.iter().chain(parts) {
             inner.update(part);
         }
         let mut outer = Stream::new(self.outer);
@@ -201,15 +207,7 @@ impl Secret {
     /// HMAC-SHA256 under this secret of `label`, a NUL, and `parts`. Each use of the secret has
     /// its own label, so a value computed for one use never stands for another.
     pub(crate) fn mac(&self, label: &str, parts: &[&[u8]]) -> [u8; 32] {
-        let mut inner = Stream::new(self.hmac.inner);
-        inner.update(label.as_bytes());
-        inner.update(b"\0");
-        for part in parts {
-            inner.update(part);
-        }
-        let mut outer = Stream::new(self.hmac.outer);
-        outer.update(&inner.finish());
-        outer.finish()
+        self.hmac.mac_after(&[label.as_bytes(), b"\0"], parts)
     }
 
     /// The first two bytes of `mac("idem/v2/argument-name", name)`: the name half of an argument's

@@ -306,7 +306,13 @@ fn leak(paths: Vec<String>) -> &'static [&'static str] {
 
 /// The stream against the reference through `Idem::call`'s split of the arguments: key paths
 /// (nested, optional, missing, `null`), the `within` id, the key and the fingerprint.
-fn check_call(g: &G, keys: Vec<String>, optional: &[bool], ignore: Vec<String>, within: Option<String>) -> Result<(), TestCaseError> {
+fn check_call(
+    g: &G,
+    keys: Vec<String>,
+    optional: &[bool],
+    ignore: Vec<String>,
+    within: Option<String>,
+) -> Result<(), TestCaseError> {
     let optional = keys.iter().zip(optional).filter(|(_, optional)| **optional).map(|(key, _)| key.clone()).collect();
     let mut recipe = Recipe::new("tool", leak(keys)).optional_keys(leak(optional)).ignore(leak(ignore));
     if let Some(within) = within {
@@ -331,7 +337,10 @@ fn check_call(g: &G, keys: Vec<String>, optional: &[bool], ignore: Vec<String>, 
     // scope keys is its canonical form, which must be the same.
     let canonical = |within: &Option<Value>| within.as_ref().map(|value| to_canonical_vec(value).unwrap());
     prop_assert_eq!(canonical(&expected.within), canonical(&found.within));
-    prop_assert_eq!(expected.within.as_ref().is_some_and(Value::is_null), found.within.as_ref().is_some_and(Value::is_null));
+    prop_assert_eq!(
+        expected.within.as_ref().is_some_and(Value::is_null),
+        found.within.as_ref().is_some_and(Value::is_null)
+    );
     let scope = match &found.within {
         Some(within) if !within.is_null() => Scope::task(&caller, within.clone()),
         _ => Scope::caller(&caller),
@@ -395,7 +404,8 @@ fn depth_is_bounded_alike() {
                 let g = nest(depth, leaf, wrap);
                 check_value(&g).unwrap();
                 check_arguments(&G::Struct(vec![("arg", g.clone())]), &[]).unwrap();
-                check_call(&G::Struct(vec![("arg", g)]), vec!["arg.a".into(), "arg".into()], &[true], vec![], None).unwrap();
+                check_call(&G::Struct(vec![("arg", g)]), vec!["arg.a".into(), "arg".into()], &[true], vec![], None)
+                    .unwrap();
             }
         }
     }
@@ -412,5 +422,8 @@ fn wide_objects_alike() {
     duplicated.push((K::Str("m3"), G::F64(f64::NAN)));
     check_value(&G::Map(duplicated.clone())).unwrap();
     check_arguments(&G::Map(duplicated), &[]).unwrap();
-    assert!(matches!(Members::of_arguments(&G::Struct(vec![("a", G::Null), ("a", G::Null)])), Err(CanonicalError::DuplicateKey { .. })));
+    assert!(matches!(
+        Members::of_arguments(&G::Struct(vec![("a", G::Null), ("a", G::Null)])),
+        Err(CanonicalError::DuplicateKey { .. })
+    ));
 }

@@ -154,7 +154,9 @@ impl Members {
         for (index, path) in paths.iter().enumerate() {
             let mut segments = path.split('.');
             let first = segments.next().and_then(|name| map.get(name));
-            if let Some(value) = first.and_then(|first| segments.try_fold(first, |value, segment| value.as_object()?.get(segment))) {
+            if let Some(value) =
+                first.and_then(|first| segments.try_fold(first, |value, segment| value.as_object()?.get(segment)))
+            {
                 found.set(index, &super::to_canonical_vec(value)?);
             }
         }
@@ -192,8 +194,7 @@ impl Members {
         write_string(name, &mut writer.out.bytes);
         writer.push(b":");
         let start = writer.len();
-        let written =
-            value.serialize(ValueWriter { w: &mut writer, path: &Path::Root, depth: 0, mask: 0, level: 0 });
+        let written = value.serialize(ValueWriter { w: &mut writer, path: &Path::Root, depth: 0, mask: 0, level: 0 });
         *self = writer.out;
         match written {
             Ok(()) => {
@@ -674,7 +675,10 @@ impl<'w, 'p, 'k> ser::Serializer for ValueWriter<'w, 'p, 'k> {
             // Exact by the check above.
             write_finite(v as f64, &mut self.w.out.bytes);
         } else {
-            return Err(Stop::Failed(CanonicalError::InexactInteger { path: self.path.render(), value: v.to_string() }));
+            return Err(Stop::Failed(CanonicalError::InexactInteger {
+                path: self.path.render(),
+                value: v.to_string(),
+            }));
         }
         Ok(())
     }
@@ -703,7 +707,9 @@ impl<'w, 'p, 'k> ser::Serializer for ValueWriter<'w, 'p, 'k> {
                 write_finite(v as f64, &mut self.w.out.bytes);
                 Ok(())
             }
-            Err(_) => Err(Stop::Failed(CanonicalError::InexactInteger { path: self.path.render(), value: v.to_string() })),
+            Err(_) => {
+                Err(Stop::Failed(CanonicalError::InexactInteger { path: self.path.render(), value: v.to_string() }))
+            }
         }
     }
 
@@ -1044,7 +1050,10 @@ impl<'w, 'p, 'k> ObjectWriter<'w, 'p, 'k> {
                 if self.top {
                     w.out.entries.iter().map(|entry| Box::from(&w.out.names[entry.name.0..entry.name.1])).collect()
                 } else {
-                    w.spans[self.first_span..].iter().map(|span| Box::from(&w.names[span.name.0..span.name.1])).collect()
+                    w.spans[self.first_span..]
+                        .iter()
+                        .map(|span| Box::from(&w.names[span.name.0..span.name.1]))
+                        .collect()
                 }
             });
             !seen.insert(Box::from(text))
