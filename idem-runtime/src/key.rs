@@ -240,7 +240,7 @@ impl<'a> Fingerprint<'a> {
     /// the same digest, tags and names for the same arguments.
     #[must_use]
     pub fn of_members(secret: &Secret, arguments: &'a Members, ignore: &[&str]) -> Self {
-        let mut material = Vec::with_capacity(128);
+        let mut material = Vec::new();
         let mut tags = Vec::with_capacity(arguments.len());
         let mut names = Vec::with_capacity(arguments.len());
         // A top-level `null` is the only canonical value that is exactly `null`.

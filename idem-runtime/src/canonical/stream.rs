@@ -189,6 +189,7 @@ impl Members {
     /// # Errors
     /// What the strict serializer refuses.
     pub fn insert<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), CanonicalError> {
+        self.reserve_first();
         let mark = self.bytes.len();
         let mut writer = Writer::new(std::mem::take(self), Capture { paths: &[], found: Found::new(0) });
         write_string(name, &mut writer.out.bytes);
@@ -211,12 +212,22 @@ impl Members {
 
     /// Sets the member `name` to a value already in canonical form.
     pub(crate) fn insert_canonical(&mut self, name: &str, canonical: &[u8]) {
+        self.reserve_first();
         let member = self.bytes.len();
         write_string(name, &mut self.bytes);
         self.bytes.push(b':');
         let start = self.bytes.len();
         self.bytes.extend_from_slice(canonical);
         self.insert_entry(name, member, start);
+    }
+
+    /// Room for a few small members in one allocation each, before the first is written.
+    fn reserve_first(&mut self) {
+        if self.bytes.capacity() == 0 {
+            self.bytes.reserve(INITIAL_BYTES / 4);
+            self.names.reserve(INITIAL_NAMES / 2);
+            self.entries.reserve(4);
+        }
     }
 
     /// Records the member whose text is `bytes[member..]`, its value from `value`, in order.
@@ -246,6 +257,11 @@ impl Members {
 
     fn name(&self, entry: &Entry) -> &str {
         &self.names[entry.name.0..entry.name.1]
+    }
+
+    /// The length of the object [`Members::write_object`] writes of all of them.
+    fn object_len(&self) -> usize {
+        self.entries.iter().map(|entry| entry.end - entry.member + 1).sum::<usize>() + 2
     }
 
     /// How many members.
@@ -290,6 +306,7 @@ impl Members {
         mut keep: impl FnMut(&str, &[u8]) -> bool,
         mut on_member: impl FnMut(&'s str, &'s [u8]),
     ) {
+        out.reserve(self.object_len());
         out.push(b'{');
         let mut first = true;
         for entry in &self.entries {
