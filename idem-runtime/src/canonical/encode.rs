@@ -117,6 +117,12 @@ fn write_object<O: Out>(
 pub(super) fn write_string<O: Out>(s: &str, out: &mut O) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
+    if s.bytes().all(|byte| byte >= 0x20 && byte != b'"' && byte != b'\\') {
+        // Nothing to escape: the usual case, in one copy.
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     let mut start = 0;
     for (index, byte) in s.bytes().enumerate() {
         let short = match byte {
@@ -235,7 +241,26 @@ pub(super) fn write_finite<O: Out>(f: f64, out: &mut O) {
 pub(super) fn write_integer<O: Out>(n: i128, out: &mut O) {
     let mut digits = [0u8; 40];
     let mut start = digits.len();
-    let mut rest = n.unsigned_abs();
+    let magnitude = n.unsigned_abs();
+    if let Ok(mut rest) = u64::try_from(magnitude) {
+        // The common case, in 64-bit arithmetic (128-bit division is a library call).
+        loop {
+            start -= 1;
+            // A decimal digit, so the cast is exact.
+            digits[start] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            out.push('-');
+        }
+        // ASCII digits.
+        out.push_str(std::str::from_utf8(&digits[start..]).unwrap_or_default());
+        return;
+    }
+    let mut rest = magnitude;
     loop {
         start -= 1;
         // A decimal digit, so the cast is exact.
