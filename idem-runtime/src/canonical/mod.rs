@@ -13,9 +13,13 @@
 //!   `serde_json::to_value` would quietly change it: NaN and infinities are errors (never
 //!   `null`), a member name emitted twice is an error (serde_json keeps the last), an integer
 //!   beyond the 64-bit range that a double cannot hold exactly is an error (rounding would put
-//!   two integers on one key), and so is nesting beyond [`MAX_DEPTH`]. `#[idempotent]` builds
-//!   a handler's arguments with it, and [`Idem::call`](crate::Idem::call) canonicalises the
-//!   arguments it is given with it.
+//!   two integers on one key), and so is nesting beyond [`MAX_DEPTH`]. It is the
+//!   reference for what a call's arguments may be; calls themselves go through the stream.
+//! * **The stream** ([`Members`]) is what calls key by: it writes a Rust value straight to
+//!   canonical member bytes in one pass, with no `Value` in between, and gives exactly the
+//!   bytes `write_canonical(&to_value(v)?)` gives, refusing exactly what [`to_value`] refuses
+//!   with the same error. The `Value` path stays the reference it is tested against
+//!   (`canonical/differential.rs`), and what a caller holding a `Value` uses.
 //! * **The strict parser** ([`parse_strict`]) turns JSON *text* into a `Value`, for callers who
 //!   hold text: it refuses a member name twice in one object (a parser would silently keep one
 //!   of them) and rounds every number exactly. idem does not call it itself: rmcp hands tools

@@ -8,8 +8,9 @@
 //! must equal a double exactly, map keys must be string-like, and nesting is bounded by
 //! [`MAX_DEPTH`](super::MAX_DEPTH). Every value it returns, the encoder accepts.
 //!
-//! This is how `#[idempotent]` turns a handler's parameters into arguments, and how
-//! [`Idem::call`](crate::Idem::call) canonicalises the arguments it is given.
+//! It is the reference the streaming path ([`Members`](super::Members)), by which `#[idempotent]`
+//! and [`Idem::call`](crate::Idem::call) key their arguments, is tested against; `#[idempotent]`
+//! still reads a `within` id with it.
 
 use std::fmt;
 
