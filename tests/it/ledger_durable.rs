@@ -189,18 +189,24 @@ async fn handler_transaction_commits_with_the_result(backend: &str) {
     assert_eq!(count(id).await, 1);
 }
 
-/// Statements per first call and per repeat, counted on the connection (sea-orm's metric
-/// callback sees every statement sent).
-async fn statements_per_call(backend: &str) {
-    let Some(url) = url(backend, "statements_per_call").await else { return };
-    SeaOrmLedger::connect(&url).await.unwrap(); // migrate outside the count
-    let mut db = Database::connect(&url).await.unwrap();
+/// A handle on the ledger at `url` (migrated first, outside the count) and the number of
+/// statements its connection has sent, counted by sea-orm's metric callback.
+async fn counted(url: &str) -> (idem_runtime::Idem, Arc<AtomicUsize>) {
+    SeaOrmLedger::connect(url).await.unwrap();
+    let mut db = Database::connect(url).await.unwrap();
     let sent = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&sent);
     db.set_metric_callback(move |_| {
         counter.fetch_add(1, Ordering::SeqCst);
     });
-    let idem = idem_tests::idem(SeaOrmLedger::from_connection(db));
+    (idem_tests::idem(SeaOrmLedger::from_connection(db)), sent)
+}
+
+/// Statements per first call and per repeat, counted on the connection (sea-orm's metric
+/// callback sees every statement sent).
+async fn statements_per_call(backend: &str) {
+    let Some(url) = url(backend, "statements_per_call").await else { return };
+    let (idem, sent) = counted(&url).await;
     let handler = || async { Ok::<_, Error>("done".to_owned()) };
     // The handle reads the database's clock once per third of a lease (its skew), not per call:
     // one call first, so the count below is of calls alone.
@@ -225,14 +231,7 @@ async fn statements_per_call(backend: &str) {
 /// queued for the single writer's lock).
 async fn a_storm_of_identical_calls_costs_the_ledger_one_claim(backend: &str) {
     let Some(url) = url(backend, "a_storm_of_identical_calls_costs_the_ledger_one_claim").await else { return };
-    SeaOrmLedger::connect(&url).await.unwrap(); // migrate outside the count
-    let mut db = Database::connect(&url).await.unwrap();
-    let sent = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&sent);
-    db.set_metric_callback(move |_| {
-        counter.fetch_add(1, Ordering::SeqCst);
-    });
-    let idem = idem_tests::idem(SeaOrmLedger::from_connection(db));
+    let (idem, sent) = counted(&url).await;
     // Warm: the clock read once, outside the count.
     idem.call(&PLACE, Some(&alice()), &json!({ "order_id": unique("warm") }), || async { Ok::<_, Error>(()) })
         .await
@@ -272,14 +271,7 @@ async fn a_storm_of_identical_calls_costs_the_ledger_one_claim(backend: &str) {
 /// burst of 100 calls queued 100 clock reads on the pool before its first claim).
 async fn a_cold_handles_first_burst_reads_the_clock_once(backend: &str) {
     let Some(url) = url(backend, "a_cold_handles_first_burst_reads_the_clock_once").await else { return };
-    SeaOrmLedger::connect(&url).await.unwrap(); // migrate outside the count
-    let mut db = Database::connect(&url).await.unwrap();
-    let sent = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&sent);
-    db.set_metric_callback(move |_| {
-        counter.fetch_add(1, Ordering::SeqCst);
-    });
-    let idem = idem_tests::idem(SeaOrmLedger::from_connection(db));
+    let (idem, sent) = counted(&url).await;
     let calls: Vec<_> = (0..100)
         .map(|_| {
             let idem = idem.clone();
