@@ -78,6 +78,7 @@ on_every_backend!(
     a_blocking_handler_keeps_its_lease,
     a_table_without_labels_is_upgraded,
     a_storm_of_identical_calls_costs_the_ledger_one_claim,
+    repeats_on_another_replica_share_its_in_flight_answer,
     a_cold_handles_first_burst_reads_the_clock_once,
 );
 
@@ -264,6 +265,57 @@ async fn a_storm_of_identical_calls_costs_the_ledger_one_claim(backend: &str) {
     eprintln!("{backend}: a storm of 200 identical calls sent {statements} statements");
     assert_eq!((runs.load(Ordering::SeqCst), in_flight), (1, 199), "{backend}");
     assert!(statements <= 10, "{backend}: {statements} statements for one operation's storm");
+}
+
+/// Repeats that reach a replica while another one runs the operation: the ledger's "in flight"
+/// answer is given to the identical calls that follow for a moment (10 ms), without a statement
+/// each (before, each sent its own read: 40 repeats, 40 statements). Then the ledger is asked
+/// again, and once the holder recorded its result, a repeat is its replay.
+async fn repeats_on_another_replica_share_its_in_flight_answer(backend: &str) {
+    let Some(url) = url(backend, "repeats_on_another_replica_share_its_in_flight_answer").await else { return };
+    let holder = idem_tests::idem(SeaOrmLedger::connect(&url).await.unwrap());
+    let (replica, sent) = counted(&url).await;
+    let warm = json!({ "order_id": unique("warm") });
+    replica.call(&PLACE, Some(&alice()), &warm, || async { Ok::<_, Error>(String::new()) }).await.unwrap();
+    let (runs, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
+    let args = json!({ "order_id": unique("held") });
+    let running = {
+        let (runs, release, args) = (Arc::clone(&runs), Arc::clone(&release), args.clone());
+        tokio::spawn(async move {
+            holder
+                .call(&PLACE, Some(&alice()), &args, || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    release.notified().await;
+                    Ok::<_, Error>("placed".to_owned())
+                })
+                .await
+        })
+    };
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let caller = alice();
+    let repeat = || replica.call(&PLACE, Some(&caller), &args, || async { Ok::<_, Error>("again".to_owned()) });
+    sent.store(0, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    for _ in 0..40 {
+        match repeat().await {
+            Err(Error::Idem(code)) if code == "in_flight" => {}
+            other => panic!("{backend}: a repeat while the other replica runs it: {other:?}"),
+        }
+    }
+    // One read per 10 ms of repeats at most (and the first): a machine so loaded that each
+    // repeat took longer than that would allow one per repeat, as before.
+    let statements = sent.load(Ordering::SeqCst);
+    let allowed = 2 + started.elapsed().as_millis() / 10;
+    eprintln!("{backend}: 40 repeats on another replica sent {statements} statements (allowed {allowed})");
+    assert!(u128::try_from(statements).unwrap() <= allowed, "{backend}: {statements} statements for 40 repeats");
+    release.notify_one();
+    assert_eq!(running.await.unwrap().unwrap().value, "placed");
+    // Recorded: past the moment, a repeat is answered by the ledger with the replay.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let served = repeat().await.unwrap();
+    assert_eq!((served.value.as_str(), served.replayed, runs.load(Ordering::SeqCst)), ("placed", true, 1), "{backend}");
 }
 
 /// A cold handle's first burst: the ledger's clock is read once, by one call, and the others

@@ -9,7 +9,10 @@
 //!   outcome is recorded is answered "in flight" at once, with no statement;
 //! - it was answered (a replay, "in flight", "outcome unknown", a conflict): every waiter gets
 //!   the same answer, as each would have got it from the ledger at that moment — the answer is
-//!   the ledger's, for the same key and the same arguments;
+//!   the ledger's, for the same key and the same arguments. An "in flight" answer (another
+//!   replica holds the operation) is also given, for [`IN_FLIGHT_REUSE`] after it arrived, to
+//!   identical calls that come meanwhile: a storm that reaches this replica while another runs
+//!   the operation costs the ledger one read per that much time, not one per call;
 //! - it failed (the ledger did not answer), or the call was cancelled: each waiter claims on its
 //!   own, exactly as without coalescing.
 //!
@@ -19,18 +22,33 @@
 //! one lock. Nothing here decides who runs: the ledger's atomic claim still does, and a call of
 //! another process (another replica) is never told anything from here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::key::Key;
 use crate::ledger::{Claim, ClaimRequest};
 
+/// How long an "in flight" answer from the ledger answers identical calls of this process
+/// without a statement. It is the only answer given from memory after it arrived, and how stale
+/// it can be: a repeat may be told "in flight" up to this long after the other replica recorded
+/// the outcome (it asks again, and gets the replay). Anything else goes to the ledger.
+pub(crate) const IN_FLIGHT_REUSE: Duration = Duration::from_millis(10);
+
 /// The claims this process is sending or holding, by key. Shared by every clone of a handle.
 #[derive(Default)]
 pub(super) struct Claims {
-    entries: Mutex<HashMap<Key, Entry>>,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Default)]
+struct Entries {
+    by_key: HashMap<Key, Entry>,
+    /// Keys whose entry keeps an "in flight" answer, with when it stops, oldest first.
+    reused: VecDeque<(Instant, Key)>,
 }
 
 struct Entry {
@@ -40,6 +58,23 @@ struct Entry {
     lease_until: u64,
     /// `None` while its claim is on its way; then how it went.
     outcome: watch::Sender<Option<Shared>>,
+    /// For an "in flight" answer kept for identical calls: until when.
+    reused_until: Option<Instant>,
+}
+
+impl Entries {
+    /// Drops the kept "in flight" answers whose time is up.
+    fn forget_stale(&mut self, now: Instant) {
+        while let Some(&(until, key)) = self.reused.front() {
+            if until > now {
+                break;
+            }
+            self.reused.pop_front();
+            if self.by_key.get(&key).is_some_and(|entry| entry.reused_until == Some(until)) {
+                self.by_key.remove(&key);
+            }
+        }
+    }
 }
 
 /// How the first call's claim went, as the identical calls waiting on it see it.
@@ -64,7 +99,7 @@ pub(super) enum Begin {
 }
 
 impl Claims {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -72,16 +107,23 @@ impl Claims {
     pub(super) async fn begin(self: &Arc<Self>, request: &ClaimRequest) -> Begin {
         let mut outcome = {
             let mut entries = self.lock();
-            match entries.get(&request.key) {
+            entries.forget_stale(Instant::now());
+            match entries.by_key.get(&request.key) {
                 None => {
                     let (outcome, _) = watch::channel(None);
-                    let entry = Entry { fingerprint: request.fingerprint, lease_until: request.lease_until, outcome };
-                    entries.insert(request.key, entry);
+                    let entry = Entry {
+                        fingerprint: request.fingerprint,
+                        lease_until: request.lease_until,
+                        outcome,
+                        reused_until: None,
+                    };
+                    entries.by_key.insert(request.key, entry);
                     return Begin::Claim(Pending { claims: Arc::clone(self), key: request.key, published: false });
                 }
                 Some(entry) if entry.fingerprint != request.fingerprint => return Begin::Alone,
                 Some(entry) => match &*entry.outcome.borrow() {
                     Some(Shared::Held) => return Begin::Answered(Claim::InFlight { lease_until: entry.lease_until }),
+                    Some(Shared::Answered(claim @ Claim::InFlight { .. })) => return Begin::Answered(claim.clone()),
                     _ => entry.outcome.subscribe(),
                 },
             }
@@ -114,19 +156,29 @@ impl Pending {
     }
 
     /// The claim was answered: the identical calls waiting get `claim` too; later ones ask the
-    /// ledger again.
+    /// ledger again — after [`IN_FLIGHT_REUSE`], if the answer was "in flight".
     pub(super) fn answered(mut self, claim: &Claim) {
-        self.publish(Shared::Answered(claim.clone()), true);
+        self.published = true;
+        let mut entries = self.claims.lock();
+        let Some(entry) = entries.by_key.get_mut(&self.key) else { return };
+        entry.outcome.send_replace(Some(Shared::Answered(claim.clone())));
+        if matches!(claim, Claim::InFlight { .. }) {
+            let until = Instant::now() + IN_FLIGHT_REUSE;
+            entry.reused_until = Some(until);
+            entries.reused.push_back((until, self.key));
+        } else {
+            entries.by_key.remove(&self.key);
+        }
     }
 
     fn publish(&mut self, shared: Shared, remove: bool) {
         self.published = true;
         let mut entries = self.claims.lock();
-        if let Some(entry) = entries.get(&self.key) {
+        if let Some(entry) = entries.by_key.get(&self.key) {
             entry.outcome.send_replace(Some(shared));
         }
         if remove {
-            entries.remove(&self.key);
+            entries.by_key.remove(&self.key);
         }
     }
 }
@@ -147,7 +199,7 @@ pub(super) struct Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.claims.lock().remove(&self.key);
+        self.claims.lock().by_key.remove(&self.key);
     }
 }
 
@@ -199,6 +251,30 @@ mod tests {
         assert!(matches!(claims.begin(&request(1, 1)).await, Begin::Claim(_)), "a later call asks the ledger");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn an_in_flight_answer_from_the_ledger_answers_identical_calls_for_a_moment() {
+        let claims = Arc::new(Claims::default());
+        let Begin::Claim(pending) = claims.begin(&request(4, 1)).await else { panic!("the first claims") };
+        pending.answered(&Claim::InFlight { lease_until: 9 });
+        // Identical calls meanwhile: the same answer, no claim of their own.
+        tokio::time::advance(IN_FLIGHT_REUSE / 2).await;
+        assert!(matches!(claims.begin(&request(4, 1)).await, Begin::Answered(Claim::InFlight { lease_until: 9 })));
+        // Other arguments under the key still go to the ledger (a conflict there).
+        assert!(matches!(claims.begin(&request(4, 2)).await, Begin::Alone));
+        // Any other answer is never kept.
+        let Begin::Claim(other) = claims.begin(&request(5, 1)).await else { panic!("another key claims") };
+        other.answered(&Claim::Replay { result: b"r".to_vec() });
+        assert!(matches!(claims.begin(&request(5, 1)).await, Begin::Claim(_)), "a replay is asked for again");
+        // Past the moment: the ledger is asked again, and nothing is left behind.
+        tokio::time::advance(IN_FLIGHT_REUSE).await;
+        let Begin::Claim(again) = claims.begin(&request(4, 1)).await else { panic!("the ledger is asked again") };
+        again.answered(&Claim::InFlight { lease_until: 10 });
+        tokio::time::advance(IN_FLIGHT_REUSE * 2).await;
+        claims.lock().forget_stale(Instant::now());
+        let entries = claims.lock();
+        assert!(entries.by_key.is_empty() && entries.reused.is_empty(), "nothing left behind");
+    }
+
     #[tokio::test]
     async fn a_won_claim_answers_identical_calls_in_flight_until_it_is_done() {
         let claims = Arc::new(Claims::default());
@@ -220,6 +296,6 @@ mod tests {
         tokio::task::yield_now().await;
         drop(pending);
         assert!(matches!(waiter.await.unwrap(), Begin::Alone));
-        assert!(claims.lock().is_empty(), "nothing left behind");
+        assert!(claims.lock().by_key.is_empty(), "nothing left behind");
     }
 }
