@@ -1,6 +1,7 @@
 //! An in-memory ledger: for tests and single-process tools that may forget on restart.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
@@ -101,7 +102,9 @@ impl Record {
 
 #[derive(Debug, Default)]
 struct Records {
-    current: BTreeMap<Key, Record>,
+    /// By key, hashed by its first bytes (a key is a keyed MAC: nobody can choose one to collide).
+    /// Looked up by ref (a prefix) only on the status and operator paths, by a scan.
+    current: HashMap<Key, Record, BuildHasherDefault<KeyHasher>>,
     /// Unsettled records a newer operation superseded after their window, by key and window end.
     superseded: BTreeMap<(Key, u64), Record>,
 }
@@ -188,17 +191,17 @@ impl MemoryLedger {
     }
 
     /// The current record of `tenant` whose key starts with `reference` (that `subject` may
-    /// see, if given).
+    /// see, if given); of two (a ref is 64 bits: never, in practice), the lower key.
     fn find(
-        current: &mut BTreeMap<Key, Record>,
+        current: &mut HashMap<Key, Record, BuildHasherDefault<KeyHasher>>,
         tenant: TenantTag,
         subject: Option<SubjectTag>,
         reference: Ref,
     ) -> Option<(&Key, &mut Record)> {
         current
-            .range_mut(Key::from_bytes(low(reference))..)
-            .take_while(|(key, _)| reference.matches(key))
-            .find(|(_, record)| record.visible(tenant, subject))
+            .iter_mut()
+            .filter(|(key, record)| reference.matches(key) && record.visible(tenant, subject))
+            .min_by_key(|(key, _)| **key)
     }
 
     /// The newest superseded record of `tenant` whose key starts with `reference` (that
@@ -215,6 +218,26 @@ impl MemoryLedger {
             .filter(|(_, record)| record.visible(tenant, subject))
             .last()
     }
+}
+
+/// Hashes a [`Key`] by its first eight bytes: a key is already a uniform MAC output.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // `[u8; 32]` hashes as its length, then its bytes: only the bytes are mixed in.
+        let mut word = [0u8; 8];
+        let take = bytes.len().min(8);
+        word[..take].copy_from_slice(&bytes[..take]);
+        self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
+    }
+
+    fn write_usize(&mut self, _length: usize) {}
 }
 
 /// The highest key starting with `reference`: a page that ended at `reference` goes on after it.
