@@ -5,7 +5,8 @@
 //! statements. Durable backends that do not answer are skipped and say so.
 //! `IDEM_BENCH_OPS` sets the operations per measurement (default 2000); `IDEM_BENCH_ONLY=waiting`
 //! runs only the measurement of 1,000 repeats waiting on one operation (`wait`), and
-//! `IDEM_BENCH_ONLY=cpu` only the key derivation and the wrapped no-op (no database).
+//! `IDEM_BENCH_ONLY=cpu` only the key derivation and the wrapped no-op (no database);
+//! `IDEM_BENCH_ONLY=storm` only the storms on the three databases.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -131,6 +132,28 @@ async fn raw_read(db: &sea_orm::DatabaseConnection, key: Vec<u8>) {
             sqlx::query(sql).bind(key).fetch_optional(db.get_mysql_connection_pool()).await.unwrap();
         }
     }
+}
+
+/// The p50 of 1,000 raw reads of absent keys spawned together behind a barrier on `db`'s pool,
+/// each timed from the barrier as a storm's calls are.
+async fn raw_crowd(db: &sea_orm::DatabaseConnection) -> Duration {
+    let barrier = Arc::new(tokio::sync::Barrier::new(1000));
+    let handles: Vec<_> = (0..1000)
+        .map(|_| {
+            let (db, barrier) = (db.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let start = Instant::now();
+                raw_read(&db, random_key()).await;
+                start.elapsed()
+            })
+        })
+        .collect();
+    let mut took = Vec::with_capacity(handles.len());
+    for handle in handles {
+        took.push(handle.await.unwrap());
+    }
+    percentile(&mut took, 0.5)
 }
 
 fn random_key() -> Vec<u8> {
@@ -295,6 +318,21 @@ async fn storm(
             (percentile(&mut single, 0.5), "first call")
         }
     };
+    // What the machine does with a thousand database answers at once, with no idem at all: a
+    // thousand raw reads spawned together on the same pool (the storm's floor on these cores).
+    let crowd = match &replica {
+        Some((_, db)) => Some(raw_crowd(db).await),
+        None => None,
+    };
+    if let Some(crowd) = crowd {
+        row(
+            rows,
+            format!("{name}: 1000 raw reads at once on one pool, p50 (no idem)"),
+            format!("{:.0} µs", micros(crowd)),
+            format!("{:.0} µs one raw read", micros(baseline.0)),
+            micros(crowd) / micros(baseline.0),
+        );
+    }
     let other = replica.map(|(ledger, _)| idem_tests::idem_shared(ledger));
     // Warm handles, as a serving replica's are: each has read the ledger's clock once.
     for warm in std::iter::once(&idem).chain(other.as_ref()) {
@@ -371,6 +409,15 @@ async fn storm(
             format!("{:.0} µs {what}", micros(scale)),
             micros(p50) / micros(scale),
         );
+        if let Some(crowd) = crowd {
+            row(
+                rows,
+                format!("{name}: storm of 1000 on {place}, in-flight p50 vs 1000 raw reads at once"),
+                format!("{:.0} µs", micros(p50)),
+                format!("{:.0} µs raw crowd p50", micros(crowd)),
+                micros(p50) / micros(crowd),
+            );
+        }
         row(
             rows,
             format!("{name}: storm of 1000 on {place}, in-flight p99"),
@@ -794,17 +841,24 @@ async fn main() {
     for (name, url) in
         [("SQLite (file, FULL)", sqlite_url.as_str()), ("PostgreSQL", pg_url.as_str()), ("MariaDB", my_url.as_str())]
     {
-        if !all && only.as_deref() != Some("waiting") {
+        let storms_only = only.as_deref() == Some("storm");
+        if !all && only.as_deref() != Some("waiting") && !storms_only {
             break;
         }
-        waiting(&mut rows, name, url).await;
-        if !all {
+        if !storms_only {
+            waiting(&mut rows, name, url).await;
+        }
+        if !all && !storms_only {
             continue;
         }
-        statements(&mut rows, name, url).await;
+        if !storms_only {
+            statements(&mut rows, name, url).await;
+        }
         match SeaOrmLedger::connect(url).await {
             Ok(ledger) => {
-                latency(&mut rows, name, &ledger).await;
+                if !storms_only {
+                    latency(&mut rows, name, &ledger).await;
+                }
                 let replica = SeaOrmLedger::connect(url).await.unwrap();
                 let db = replica.connection().clone();
                 storm(&mut rows, name, Arc::new(ledger), Some((Arc::new(replica), &db))).await;
