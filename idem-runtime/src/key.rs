@@ -192,12 +192,22 @@ impl std::error::Error for RefError {}
 /// `null` is data (a JSON merge patch clears a field with it): `{"address": {"line2": null}}`
 /// and `{"address": {}}` differ. (Key arguments are not fingerprints: a missing or `null` key
 /// path is refused by `Idem::call` unless the recipe declares it optional.)
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, Debug)]
 pub struct Fingerprint<'a> {
     digest: [u8; 32],
     tags: Vec<[u8; 4]>,
     names: Vec<&'a str>,
+    /// The canonical values, in the order of `names`, while their tags are not computed yet.
+    untagged: Vec<&'a [u8]>,
 }
+
+impl PartialEq for Fingerprint<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.digest, &self.tags, &self.names) == (other.digest, &other.tags, &other.names)
+    }
+}
+
+impl Eq for Fingerprint<'_> {}
 
 impl<'a> Fingerprint<'a> {
     /// HMAC-SHA256 over the canonical object of the fingerprinted arguments: what decides a
@@ -208,7 +218,8 @@ impl<'a> Fingerprint<'a> {
     }
 
     /// One tag per top-level argument, sorted by argument name (canonical order): what names
-    /// the arguments that differ.
+    /// the arguments that differ. Empty for a fingerprint from
+    /// [`Fingerprint::digest_of_members`] until [`Fingerprint::tag`].
     #[must_use]
     pub fn tags(&self) -> &[[u8; 4]] {
         &self.tags
@@ -233,23 +244,45 @@ impl<'a> Fingerprint<'a> {
             tags.push(argument_tag(secret, name, value_bytes));
             names.push(name);
         })?;
-        Ok(Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags, names })
+        Ok(Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags, names, untagged: Vec::new() })
     }
 
     /// [`Fingerprint::of`] from arguments already in canonical form ([`Members::of_arguments`]):
     /// the same digest, tags and names for the same arguments.
     #[must_use]
     pub fn of_members(secret: &Secret, arguments: &'a Members, ignore: &[&str]) -> Self {
+        let mut fingerprint = Self::digest_of_members(secret, arguments, ignore);
+        fingerprint.tag(secret);
+        fingerprint
+    }
+
+    /// [`Fingerprint::of_members`] without the argument tags yet: the digest is what a call
+    /// needs to be answered; the tags only go into a claim that is sent, or name what differs in
+    /// a conflict ([`Fingerprint::tag`] computes them then).
+    #[must_use]
+    pub fn digest_of_members(secret: &Secret, arguments: &'a Members, ignore: &[&str]) -> Self {
         let mut material = Vec::new();
-        let mut tags = Vec::with_capacity(arguments.len());
         let mut names = Vec::with_capacity(arguments.len());
+        let mut untagged = Vec::with_capacity(arguments.len());
         // A top-level `null` is the only canonical value that is exactly `null`.
         let kept = |name: &str, value: &[u8]| value != b"null" && !ignore.contains(&name);
         arguments.write_object(&mut material, kept, |name, value_bytes| {
-            tags.push(argument_tag(secret, name, value_bytes));
             names.push(name);
+            untagged.push(value_bytes);
         });
-        Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags, names }
+        Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags: Vec::new(), names, untagged }
+    }
+
+    /// Computes the argument tags of a fingerprint made by
+    /// [`Fingerprint::digest_of_members`], under the same `secret`; once (a fingerprint that has
+    /// its tags keeps them).
+    pub fn tag(&mut self, secret: &Secret) {
+        if self.untagged.is_empty() {
+            return;
+        }
+        self.tags =
+            self.names.iter().zip(&self.untagged).map(|(name, value)| argument_tag(secret, name, value)).collect();
+        self.untagged = Vec::new();
     }
 
     /// Names of this call's arguments that differ from a stored record's `stored_tags`, and how

@@ -289,6 +289,11 @@ fn check_arguments(g: &G, ignore: &[&str]) -> Result<(), TestCaseError> {
             prop_assert_eq!(expected.digest(), found.digest());
             prop_assert_eq!(expected.tags(), found.tags());
             prop_assert_eq!(expected.names(), found.names());
+            // A call's path tags later, and only a claim that is sent: the same tags then.
+            let mut later = Fingerprint::digest_of_members(&secret, &members, ignore);
+            prop_assert_eq!(expected.digest(), later.digest());
+            later.tag(&secret);
+            prop_assert_eq!(&expected, &later);
         }
         (Ok(value), Err(CanonicalError::Invalid { message })) => {
             prop_assert!(!value.is_object());

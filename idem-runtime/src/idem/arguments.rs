@@ -89,11 +89,12 @@ impl CallArguments {
         key.map(Some).map_err(|error| Rejection::InvalidArguments { error })
     }
 
-    /// The fingerprint of these arguments under `secret`, without the `ignore`d ones.
+    /// The fingerprint of these arguments under `secret`, without the `ignore`d ones; its
+    /// argument tags are computed when needed ([`Fingerprint::tag`]).
     // A `Result` like the key's: callers refuse alike whichever of the two has no canonical form.
     #[allow(clippy::unnecessary_wraps)]
     pub(super) fn fingerprint(&self, secret: &Secret, ignore: &[&str]) -> Result<Fingerprint<'_>, Rejection> {
-        Ok(Fingerprint::of_members(secret, &self.all, ignore))
+        Ok(Fingerprint::digest_of_members(secret, &self.all, ignore))
     }
 }
 

@@ -159,8 +159,10 @@ impl Idem {
                 if self.inner.ledger.local() { Begin::Alone } else { self.inner.claims.begin(&attempt.request).await };
             let (mut claim, pending) = match begin {
                 Begin::Answered(claim) => (claim, None),
-                Begin::Claim(pending) => (attempt.claim().await.inspect_err(|_| watch.unavailable())?, Some(pending)),
-                Begin::Alone => (attempt.claim().await.inspect_err(|_| watch.unavailable())?, None),
+                Begin::Claim(pending) => {
+                    (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, Some(pending))
+                }
+                Begin::Alone => (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, None),
             };
             if matches!(claim, Claim::Won { attempt: Won::Fresh, .. })
                 && let Some(earlier) =
@@ -190,6 +192,8 @@ impl Idem {
                         return Err(Rejection::InFlight { reference });
                     };
                     tracing::debug!(tool, %reference, "in flight; waiting for it to settle");
+                    // The wait may claim again with this request: it is sent whole.
+                    attempt.complete_request(&at);
                     match self.wait_for(&attempt.request, deadline).await {
                         Waited::Replay(result) => {
                             tracing::info!(tool, %reference, "replay after a wait");
@@ -217,6 +221,7 @@ impl Idem {
                     return Err(Rejection::OutcomeUnknown { reference });
                 }
                 Claim::Conflict { arg_tags } => {
+                    attempt.complete_request(&at);
                     let (differing, missing) = attempt.fingerprint.differing(&arg_tags);
                     tracing::warn!(tool, %reference, ?differing, missing, "conflict");
                     watch.saw(reference, Seen::Conflict);
@@ -275,8 +280,11 @@ struct Attempt<'a> {
     tool: &'static str,
     /// The claim, derived under one secret.
     request: ClaimRequest,
-    /// The arguments' fingerprint, to name what differs in a conflict.
+    /// The arguments' fingerprint, to name what differs in a conflict (its argument tags are
+    /// computed by [`Attempt::complete_request`]).
     fingerprint: Fingerprint<'a>,
+    /// Whether `request` carries the argument tags and the label: it is sent to the ledger.
+    complete: bool,
     /// What the renewer knows of the lease, once the claim is won.
     lease: Arc<LeaseState>,
     /// Set once the handler recorded the result in its own transaction.
@@ -300,7 +308,9 @@ impl<'a> Attempt<'a> {
             tenant: at.scope.tenant_tag(secret),
             subject: at.scope.subject_tag(secret),
             fingerprint: *fingerprint.digest(),
-            arg_tags: fingerprint.tags().to_vec(),
+            // Filled in by `complete_request`, for a claim that is sent: a call answered by an
+            // identical call's claim needs neither.
+            arg_tags: Vec::new(),
             token: Token::random(),
             now,
             window_end,
@@ -308,11 +318,7 @@ impl<'a> Attempt<'a> {
             lease_until: clamp(now.saturating_add(millis(idem.inner.lease))),
             stale: recipe.stale_policy(),
             clock_trusted: at.clock_trusted,
-            label: idem
-                .inner
-                .ledger
-                .keeps_labels()
-                .then(|| seal_label(secret, recipe.tool(), at.scope.tenant_name(), at.scope.subject_name())),
+            label: None,
         };
         // Input responses that joined the key are left out of what a `requestState` is sealed
         // to: the continuation that carries them must open the state its first round was given.
@@ -327,7 +333,27 @@ impl<'a> Attempt<'a> {
         };
         let lease = LeaseState { until: AtomicU64::new(request.lease_until), fenced: AtomicBool::new(false) };
         let (lease, recorded, binding) = (Arc::new(lease), Arc::default(), Arc::new(binding));
-        Ok(Self { idem, tool: recipe.tool(), request, fingerprint, lease, recorded, binding })
+        Ok(Self { idem, tool: recipe.tool(), request, fingerprint, complete: false, lease, recorded, binding })
+    }
+
+    /// Completes the claim for the ledger: the argument tags (what a conflict names) and, on a
+    /// ledger that keeps them, the sealed label (what an operator's `pending` shows). Done once,
+    /// before anything sends or compares the request; a call answered by an identical call's
+    /// claim never pays for them.
+    fn complete_request(&mut self, at: &Derive<'_, 'a, '_>) {
+        if self.complete {
+            return;
+        }
+        let secret = &self.binding.secret;
+        self.fingerprint.tag(secret);
+        self.request.arg_tags = self.fingerprint.tags().to_vec();
+        self.request.label = self
+            .idem
+            .inner
+            .ledger
+            .keeps_labels()
+            .then(|| seal_label(secret, self.tool, at.scope.tenant_name(), at.scope.subject_name()));
+        self.complete = true;
     }
 
     fn reference(&self) -> Ref {
@@ -338,7 +364,8 @@ impl<'a> Attempt<'a> {
     /// connection the server dropped fails one statement; if the first send committed, the
     /// ledger recognises it as ours and says how it won). A claim that still fails after a send
     /// whose answer was lost is released in the background.
-    async fn claim(&self) -> Result<Claim, Rejection> {
+    async fn claim(&mut self, at: &Derive<'_, 'a, '_>) -> Result<Claim, Rejection> {
+        self.complete_request(at);
         let (idem, request) = (self.idem, &self.request);
         let reference = request.key.reference();
         let timer = Timer::start();
@@ -374,7 +401,7 @@ impl<'a> Attempt<'a> {
         at: &Derive<'_, 'a, '_>,
     ) -> Result<Option<(Self, Claim)>, Rejection> {
         for secret in &keyring.previous {
-            let earlier = Self::prepare(self.idem, secret, at)?;
+            let mut earlier = Self::prepare(self.idem, secret, at)?;
             let found = match self.idem.bounded(self.idem.inner.ledger.lookup(&earlier.request.key, at.now)).await {
                 Ok(found) => found,
                 Err(error) => {
@@ -397,7 +424,7 @@ impl<'a> Attempt<'a> {
             tracing::info!(reference = %earlier.reference(), version = secret.version(),
                 "the operation was recorded under a previous secret; answering from that record");
             self.give_back().await;
-            let claim = earlier.claim().await?;
+            let claim = earlier.claim(at).await?;
             if matches!(claim, Claim::Won { attempt: Won::Fresh, .. }) {
                 // It settled as "nothing happened" meanwhile, or its claimer yielded to ours:
                 // running now could race a replica that keys it under the other secret.
