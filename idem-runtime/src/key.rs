@@ -62,10 +62,12 @@ impl Key {
         tool: &str,
         selected: &Members,
     ) -> Result<Self, CanonicalError> {
-        let mut material = material_head(secret, namespace, scope, tool)?;
-        selected.write_object(&mut material, |_, _| true, |_, _| {});
-        material.push(b']');
-        Ok(Self(secret.mac("idem/v2/key", &[&material])))
+        with_scratch(|material| {
+            write_material_head(material, secret, namespace, scope, tool)?;
+            selected.write_object(material, |_, _| true, |_, _| {});
+            material.push(b']');
+            Ok(Self(secret.mac("idem/v2/key", &[material])))
+        })
     }
 
     /// Wraps 32 raw bytes (as stored by a ledger).
@@ -197,8 +199,8 @@ pub struct Fingerprint<'a> {
     digest: [u8; 32],
     tags: Vec<[u8; 4]>,
     names: Vec<&'a str>,
-    /// The canonical values, in the order of `names`, while their tags are not computed yet.
-    untagged: Vec<&'a [u8]>,
+    /// The arguments and the names they ignore, until the tags (and names) are computed.
+    untagged: Option<(&'a Members, &'a [&'a str])>,
 }
 
 impl PartialEq for Fingerprint<'_> {
@@ -244,45 +246,33 @@ impl<'a> Fingerprint<'a> {
             tags.push(argument_tag(secret, name, value_bytes));
             names.push(name);
         })?;
-        Ok(Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags, names, untagged: Vec::new() })
+        Ok(Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags, names, untagged: None })
     }
 
     /// [`Fingerprint::of`] from arguments already in canonical form ([`Members::of_arguments`]):
     /// the same digest, tags and names for the same arguments.
     #[must_use]
     pub fn of_members(secret: &Secret, arguments: &'a Members, ignore: &[&str]) -> Self {
-        let mut fingerprint = Self::digest_of_members(secret, arguments, ignore);
-        fingerprint.tag(secret);
-        fingerprint
+        let digest = members_digest(secret, arguments, ignore);
+        let (names, tags) = members_tags(secret, arguments, ignore);
+        Self { digest, tags, names, untagged: None }
     }
 
     /// [`Fingerprint::of_members`] without the argument tags yet: the digest is what a call
     /// needs to be answered; the tags only go into a claim that is sent, or name what differs in
     /// a conflict ([`Fingerprint::tag`] computes them then).
     #[must_use]
-    pub fn digest_of_members(secret: &Secret, arguments: &'a Members, ignore: &[&str]) -> Self {
-        let mut material = Vec::new();
-        let mut names = Vec::with_capacity(arguments.len());
-        let mut untagged = Vec::with_capacity(arguments.len());
-        // A top-level `null` is the only canonical value that is exactly `null`.
-        let kept = |name: &str, value: &[u8]| value != b"null" && !ignore.contains(&name);
-        arguments.write_object(&mut material, kept, |name, value_bytes| {
-            names.push(name);
-            untagged.push(value_bytes);
-        });
-        Self { digest: secret.mac("idem/v2/fingerprint", &[&material]), tags: Vec::new(), names, untagged }
+    pub fn digest_of_members(secret: &Secret, arguments: &'a Members, ignore: &'a [&'a str]) -> Self {
+        let digest = members_digest(secret, arguments, ignore);
+        Self { digest, tags: Vec::new(), names: Vec::new(), untagged: Some((arguments, ignore)) }
     }
 
     /// Computes the argument tags of a fingerprint made by
     /// [`Fingerprint::digest_of_members`], under the same `secret`; once (a fingerprint that has
     /// its tags keeps them).
     pub fn tag(&mut self, secret: &Secret) {
-        if self.untagged.is_empty() {
-            return;
-        }
-        self.tags =
-            self.names.iter().zip(&self.untagged).map(|(name, value)| argument_tag(secret, name, value)).collect();
-        self.untagged = Vec::new();
+        let Some((arguments, ignore)) = self.untagged.take() else { return };
+        (self.names, self.tags) = members_tags(secret, arguments, ignore);
     }
 
     /// Names of this call's arguments that differ from a stored record's `stored_tags`, and how
@@ -307,19 +297,89 @@ impl<'a> Fingerprint<'a> {
 /// `["idem/v2",version,namespace,scope,tool,` — key material up to the selected values.
 fn material_head(secret: &Secret, namespace: &str, scope: &Scope, tool: &str) -> Result<Vec<u8>, CanonicalError> {
     let mut material = Vec::with_capacity(192);
+    write_material_head(&mut material, secret, namespace, scope, tool)?;
+    Ok(material)
+}
+
+/// Runs `f` with this thread's scratch buffer, emptied: the key's and the fingerprint's material
+/// is written there and hashed, with no allocation per call.
+fn with_scratch<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(512));
+    }
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut material) => {
+            material.clear();
+            let result = f(&mut material);
+            // A call with huge arguments does not keep its buffer for good.
+            if material.capacity() > 64 * 1024 {
+                *material = Vec::with_capacity(512);
+            }
+            result
+        }
+        // Never nested today; if it were, a buffer of its own.
+        Err(_) => f(&mut Vec::new()),
+    })
+}
+
+/// Appends [`material_head`] to `material`.
+fn write_material_head(
+    material: &mut Vec<u8>,
+    secret: &Secret,
+    namespace: &str,
+    scope: &Scope,
+    tool: &str,
+) -> Result<(), CanonicalError> {
     material.extend_from_slice(b"[\"");
     material.extend_from_slice(KEY_VERSION.as_bytes());
     material.extend_from_slice(b"\",");
-    // Writing to a Vec cannot fail.
-    let _ = std::io::Write::write_fmt(&mut material, format_args!("{}", secret.version()));
+    write_decimal(material, secret.version());
     material.push(b',');
-    canonical::write_canonical_str(namespace, &mut material);
+    canonical::write_canonical_str(namespace, material);
     material.push(b',');
-    scope.write_material(&mut material)?;
+    scope.write_material(material)?;
     material.push(b',');
-    canonical::write_canonical_str(tool, &mut material);
+    canonical::write_canonical_str(tool, material);
     material.push(b',');
-    Ok(material)
+    Ok(())
+}
+
+/// The fingerprint's digest of `arguments`: their canonical object, without the ignored and
+/// the `null` ones, keyed.
+fn members_digest(secret: &Secret, arguments: &Members, ignore: &[&str]) -> [u8; 32] {
+    with_scratch(|material| {
+        arguments.write_object(material, |name, value| kept(name, value, ignore), |_, _| {});
+        secret.mac("idem/v2/fingerprint", &[material])
+    })
+}
+
+/// The names and tags of the fingerprinted `arguments`, in canonical order.
+fn members_tags<'a>(secret: &Secret, arguments: &'a Members, ignore: &[&str]) -> (Vec<&'a str>, Vec<[u8; 4]>) {
+    let kept = arguments.iter().filter(|(name, value)| kept(name, value, ignore));
+    kept.map(|(name, value)| (name, argument_tag(secret, name, value))).unzip()
+}
+
+/// Whether a top-level argument is fingerprinted: not ignored, and not `null` (the only
+/// canonical value that is exactly `null`; absent and `null` are one state).
+fn kept(name: &str, value: &[u8], ignore: &[&str]) -> bool {
+    value != b"null" && !ignore.contains(&name)
+}
+
+/// Appends `n` in decimal, as JSON writes an integer.
+fn write_decimal(out: &mut Vec<u8>, n: u32) {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        // A digit: the remainder is below 10.
+        digits[at] = b'0' + u8::try_from(rest % 10).unwrap_or(0);
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// One argument's tag: 2 bytes of its name's MAC, 2 of its value's.

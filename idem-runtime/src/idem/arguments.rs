@@ -93,7 +93,11 @@ impl CallArguments {
     /// argument tags are computed when needed ([`Fingerprint::tag`]).
     // A `Result` like the key's: callers refuse alike whichever of the two has no canonical form.
     #[allow(clippy::unnecessary_wraps)]
-    pub(super) fn fingerprint(&self, secret: &Secret, ignore: &[&str]) -> Result<Fingerprint<'_>, Rejection> {
+    pub(super) fn fingerprint(
+        &self,
+        secret: &Secret,
+        ignore: &'static [&'static str],
+    ) -> Result<Fingerprint<'_>, Rejection> {
         Ok(Fingerprint::digest_of_members(secret, &self.all, ignore))
     }
 }
