@@ -189,10 +189,12 @@ impl TenantTag {
     /// The tag of `tenant` under `secret`.
     #[must_use]
     pub fn of(secret: &Secret, tenant: &str) -> Self {
-        let digest = secret.mac("idem/v2/tenant", &[tenant.as_bytes()]);
-        let mut tag = [0u8; 8];
-        tag.copy_from_slice(&digest[..8]);
-        Self(tag)
+        Self(secret.scope_tag(tenant, None, || {
+            let digest = secret.mac("idem/v2/tenant", &[tenant.as_bytes()]);
+            let mut tag = [0u8; 8];
+            tag.copy_from_slice(&digest[..8]);
+            tag
+        }))
     }
 }
 
@@ -221,13 +223,15 @@ impl SubjectTag {
     /// The tag of `subject` of `tenant` under `secret` (never [`SubjectTag::TENANT`]).
     #[must_use]
     pub fn of(secret: &Secret, tenant: &str, subject: &str) -> Self {
-        let digest = secret.mac("idem/v2/subject", &[tenant.as_bytes(), b"\0", subject.as_bytes()]);
-        let mut tag = [0u8; 8];
-        tag.copy_from_slice(&digest[..8]);
-        if tag == Self::TENANT.0 {
-            tag[7] = 1;
-        }
-        Self(tag)
+        Self(secret.scope_tag(tenant, Some(subject), || {
+            let digest = secret.mac("idem/v2/subject", &[tenant.as_bytes(), b"\0", subject.as_bytes()]);
+            let mut tag = [0u8; 8];
+            tag.copy_from_slice(&digest[..8]);
+            if tag == Self::TENANT.0 {
+                tag[7] = 1;
+            }
+            tag
+        }))
     }
 }
 

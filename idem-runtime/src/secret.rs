@@ -130,9 +130,27 @@ impl Stream {
 pub struct Secret {
     version: u32,
     hmac: Hmac,
-    /// Argument-name tags computed under this secret, shared by its clones.
-    name_tags: Arc<RwLock<HashMap<Box<str>, [u8; 2]>>>,
+    /// Tags of names computed under this secret, shared by its clones.
+    remembered: Arc<Remembered>,
 }
+
+/// What a secret remembers of the names it tagged: the same argument names and the same callers
+/// come with call after call. Each map is bounded: names come from callers.
+#[derive(Default)]
+struct Remembered {
+    /// Argument names → the 2-byte name half of their tags.
+    names: RwLock<HashMap<Box<str>, [u8; 2]>>,
+    /// Tenant names → their tag, and their subjects' tags.
+    scopes: RwLock<HashMap<Box<str>, TenantTags>>,
+}
+
+struct TenantTags {
+    tag: [u8; 8],
+    subjects: HashMap<Box<str>, [u8; 8]>,
+}
+
+/// The most tenant and subject tags a secret remembers, in all.
+const SCOPE_TAGS_KEPT: usize = 4096;
 
 /// The most argument names whose tags a secret remembers. A tool's argument names repeat on
 /// every call, but they come from callers, so what is kept is bounded.
@@ -157,7 +175,7 @@ impl Secret {
         if bytes.len() < MIN_SECRET_BYTES {
             return Err(SecretError::TooShort { bytes: bytes.len() });
         }
-        Ok(Self { version, hmac: Hmac::new(bytes), name_tags: Arc::default() })
+        Ok(Self { version, hmac: Hmac::new(bytes), remembered: Arc::default() })
     }
 
     /// A new random secret (32 bytes from the operating system) and its text form.
@@ -170,7 +188,7 @@ impl Secret {
         #[allow(clippy::expect_used)]
         getrandom::fill(&mut bytes).expect("the OS random number generator failed");
         let text = format!("{}:{}", version.max(1), hex(&bytes));
-        (Self { version: version.max(1), hmac: Hmac::new(&bytes), name_tags: Arc::default() }, text)
+        (Self { version: version.max(1), hmac: Hmac::new(&bytes), remembered: Arc::default() }, text)
     }
 
     /// Parses the text form `<version>:<hex bytes>` (surrounding whitespace ignored).
@@ -214,17 +232,50 @@ impl Secret {
     /// tag in a fingerprint. Computed once per name (up to [`NAME_TAGS_KEPT`] names), as the
     /// same names come with every call.
     pub(crate) fn argument_name_tag(&self, name: &str) -> [u8; 2] {
-        let known = self.name_tags.read().unwrap_or_else(PoisonError::into_inner).get(name).copied();
+        let known = self.remembered.names.read().unwrap_or_else(PoisonError::into_inner).get(name).copied();
         if let Some(tag) = known {
             return tag;
         }
         let mac = self.mac("idem/v2/argument-name", &[name.as_bytes()]);
         let tag = [mac[0], mac[1]];
-        let mut tags = self.name_tags.write().unwrap_or_else(PoisonError::into_inner);
+        let mut tags = self.remembered.names.write().unwrap_or_else(PoisonError::into_inner);
         if tags.len() < NAME_TAGS_KEPT {
             tags.insert(name.into(), tag);
         }
         tag
+    }
+
+    /// The tag `tag()` computes for `tenant` (with `subject`: for that subject of it), computed
+    /// once per name under this secret (up to [`SCOPE_TAGS_KEPT`] in all): every call states its
+    /// caller's tags.
+    pub(crate) fn scope_tag(&self, tenant: &str, subject: Option<&str>, tag: impl FnOnce() -> [u8; 8]) -> [u8; 8] {
+        let known = {
+            let scopes = self.remembered.scopes.read().unwrap_or_else(PoisonError::into_inner);
+            scopes.get(tenant).and_then(|tags| match subject {
+                None => Some(tags.tag),
+                Some(subject) => tags.subjects.get(subject).copied(),
+            })
+        };
+        if let Some(known) = known {
+            return known;
+        }
+        let computed = tag();
+        let mut scopes = self.remembered.scopes.write().unwrap_or_else(PoisonError::into_inner);
+        let kept: usize = scopes.values().map(|tags| 1 + tags.subjects.len()).sum();
+        if kept + 2 > SCOPE_TAGS_KEPT {
+            return computed;
+        }
+        match subject {
+            None => {
+                scopes.entry(tenant.into()).or_insert_with(|| TenantTags { tag: computed, subjects: HashMap::new() });
+            }
+            Some(subject) => {
+                if let Some(tags) = scopes.get_mut(tenant) {
+                    tags.subjects.insert(subject.into(), computed);
+                }
+            }
+        }
+        computed
     }
 
     /// Reads the secret kept in `path`, or makes one and keeps it there, readable by the owner
@@ -490,9 +541,40 @@ mod tests {
                 assert_eq!(secret.clone().argument_name_tag(name), fresh(name), "{name}");
             }
         }
-        assert_eq!(secret.name_tags.read().unwrap().len(), NAME_TAGS_KEPT);
+        assert_eq!(secret.remembered.names.read().unwrap().len(), NAME_TAGS_KEPT);
         let other = Secret::new(1, &[8; 32]).unwrap();
         assert_ne!(other.argument_name_tag("name-0"), secret.argument_name_tag("name-0"));
+    }
+
+    /// A remembered tenant or subject tag is the tag, for every tenant and subject, past the
+    /// bound on what is kept too.
+    #[test]
+    fn scope_tags_are_remembered_exactly() {
+        use crate::scope::{SubjectTag, TenantTag};
+        let secret = Secret::new(1, &[7; 32]).unwrap();
+        let other = Secret::new(1, &[8; 32]).unwrap();
+        let fresh_tenant = |tenant: &str| {
+            let mac = secret.mac("idem/v2/tenant", &[tenant.as_bytes()]);
+            TenantTag::from_bytes(mac[..8].try_into().unwrap())
+        };
+        let fresh_subject = |tenant: &str, subject: &str| {
+            let mac = secret.mac("idem/v2/subject", &[tenant.as_bytes(), b"\0", subject.as_bytes()]);
+            mac[..8].to_vec()
+        };
+        for _ in 0..2 {
+            for t in 0..(SCOPE_TAGS_KEPT / 40) {
+                let tenant = format!("tenant-{t}");
+                assert_eq!(TenantTag::of(&secret, &tenant), fresh_tenant(&tenant), "{tenant}");
+                for s in 0..50 {
+                    let subject = format!("subject-{s}");
+                    let tag = SubjectTag::of(&secret.clone(), &tenant, &subject);
+                    assert_eq!(tag.as_bytes().to_vec(), fresh_subject(&tenant, &subject), "{tenant}/{subject}");
+                    assert_ne!(tag, SubjectTag::of(&other, &tenant, &subject));
+                }
+            }
+        }
+        let kept: usize = secret.remembered.scopes.read().unwrap().values().map(|t| 1 + t.subjects.len()).sum();
+        assert!(kept <= SCOPE_TAGS_KEPT, "{kept} kept");
     }
 
     #[test]
