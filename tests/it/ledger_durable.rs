@@ -267,6 +267,34 @@ async fn a_storm_of_identical_calls_costs_the_ledger_one_claim(backend: &str) {
     assert!(statements <= 10, "{backend}: {statements} statements for one operation's storm");
 }
 
+/// A call of `recipe` running on `holder`: its handler counts its runs and returns `value` once
+/// released. Returned when the handler has started.
+struct Held {
+    running: tokio::task::JoinHandle<Result<idem_runtime::Served<String>, Error>>,
+    runs: Arc<AtomicUsize>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+async fn held(holder: idem_runtime::Idem, recipe: &'static Recipe, args: &serde_json::Value, value: &str) -> Held {
+    let (runs, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
+    let running = {
+        let (runs, release, args, value) = (Arc::clone(&runs), Arc::clone(&release), args.clone(), value.to_owned());
+        tokio::spawn(async move {
+            holder
+                .call(recipe, Some(&alice()), &args, || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    release.notified().await;
+                    Ok::<_, Error>(value)
+                })
+                .await
+        })
+    };
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    Held { running, runs, release }
+}
+
 /// Repeats that reach a replica while another one runs the operation: the ledger's "in flight"
 /// answer is given to the identical calls that follow for a moment (10 ms), without a statement
 /// each (before, each sent its own read: 40 repeats, 40 statements). Then the ledger is asked
@@ -277,23 +305,8 @@ async fn repeats_on_another_replica_share_its_in_flight_answer(backend: &str) {
     let (replica, sent) = counted(&url).await;
     let warm = json!({ "order_id": unique("warm") });
     replica.call(&PLACE, Some(&alice()), &warm, || async { Ok::<_, Error>(String::new()) }).await.unwrap();
-    let (runs, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
     let args = json!({ "order_id": unique("held") });
-    let running = {
-        let (runs, release, args) = (Arc::clone(&runs), Arc::clone(&release), args.clone());
-        tokio::spawn(async move {
-            holder
-                .call(&PLACE, Some(&alice()), &args, || async {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    release.notified().await;
-                    Ok::<_, Error>("placed".to_owned())
-                })
-                .await
-        })
-    };
-    while runs.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    let Held { running, runs, release } = held(holder, &PLACE, &args, "placed").await;
     let caller = alice();
     let repeat = || replica.call(&PLACE, Some(&caller), &args, || async { Ok::<_, Error>("again".to_owned()) });
     sent.store(0, Ordering::SeqCst);
@@ -387,23 +400,7 @@ async fn a_replica_whose_clock_runs_ahead_does_not_take_over(backend: &str) {
         .with_lease(lease)
         .with_clock(Fast { ahead: 25_000 });
     let args = json!({ "order_id": unique("o") });
-    let runs = Arc::new(AtomicUsize::new(0));
-    let release = Arc::new(tokio::sync::Notify::new());
-    let running = {
-        let (holder, args, runs, release) = (holder.clone(), args.clone(), Arc::clone(&runs), Arc::clone(&release));
-        tokio::spawn(async move {
-            holder
-                .call(&TAKEOVER, Some(&alice()), &args, || async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    release.notified().await;
-                    Ok::<_, Error>("first".to_owned())
-                })
-                .await
-        })
-    };
-    while runs.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    let Held { running, runs, release } = held(holder, &TAKEOVER, &args, "first").await;
     let repeat = fast
         .call(&TAKEOVER, Some(&alice()), &args, || async {
             runs.fetch_add(1, Ordering::SeqCst);
