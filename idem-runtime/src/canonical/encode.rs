@@ -117,7 +117,7 @@ fn write_object<O: Out>(
 pub(super) fn write_string<O: Out>(s: &str, out: &mut O) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
-    if s.bytes().all(|byte| byte >= 0x20 && byte != b'"' && byte != b'\\') {
+    if !needs_escape(s.as_bytes()) {
         // Nothing to escape: the usual case, in one copy.
         out.push_str(s);
         out.push('"');
@@ -149,6 +149,32 @@ pub(super) fn write_string<O: Out>(s: &str, out: &mut O) {
     }
     out.push_str(&s[start..]);
     out.push('"');
+}
+
+/// Whether `bytes` hold a control character, `"` or `\\` (what a JSON string escapes), eight
+/// bytes at a time: the usual string has none and is copied whole.
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Whether any byte of `x` is below `n` (exact for n <= 0x80), or zero.
+    let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGHS != 0;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_ne_bytes(word);
+        if below(x, 0x20) || below(x ^ (ONES * 0x22), 1) || below(x ^ (ONES * 0x5c), 1) {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&byte| byte < 0x20 || byte == b'"' || byte == b'\\')
+}
+
+/// Whether every name can be ordered by its UTF-8 bytes: none has a character above U+FFFF (see
+/// [`utf16_cmp`]).
+#[must_use]
+pub(super) fn byte_order_is_utf16_order(names: &str) -> bool {
+    names.bytes().all(|byte| byte < 0xf0)
 }
 
 /// Orders member names by UTF-16 code units (RFC 8785 section 3.2.3). For names without
@@ -281,4 +307,29 @@ pub(super) fn write_integer<O: Out>(n: i128, out: &mut O) {
 /// ECMAScript `Number.prototype.toString`, as RFC 8785 section 3.2.2.3 requires.
 pub(super) fn write_double<O: Out>(f: f64, out: &mut O) {
     out.push_str(ryu_js::Buffer::new().format_finite(f));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_escape;
+
+    /// Eight bytes at a time finds what one at a time finds: every byte value, at every place of
+    /// strings around the word size, among bytes that need no escape (ASCII and UTF-8 alike).
+    #[test]
+    fn needs_escape_finds_every_byte_a_json_string_escapes() {
+        let naive = |bytes: &[u8]| bytes.iter().any(|&byte| byte < 0x20 || byte == b'"' || byte == b'\\');
+        for fill in [b'a', b'!', b'#', b'[', b'~', 0x7f, 0x80, 0xc3, 0xff, 0x21, 0x5b, 0x5d] {
+            for len in 0..=24 {
+                let plain = vec![fill; len];
+                assert_eq!(needs_escape(&plain), naive(&plain), "fill {fill:#x}, length {len}");
+                for at in 0..len {
+                    for byte in 0..=255u8 {
+                        let mut bytes = plain.clone();
+                        bytes[at] = byte;
+                        assert_eq!(needs_escape(&bytes), naive(&bytes), "{byte:#x} at {at} of {len}, fill {fill:#x}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -252,7 +252,13 @@ impl Members {
     /// Puts the entries in RFC 8785 order (names are unique).
     fn sort(&mut self) {
         let names = &self.names;
-        self.entries.sort_unstable_by(|a, b| utf16_cmp(&names[a.name.0..a.name.1], &names[b.name.0..b.name.1]));
+        let name = |entry: &Entry| &names[entry.name.0..entry.name.1];
+        // One look at all the names instead of one per comparison: the usual case is bytes.
+        if super::encode::byte_order_is_utf16_order(names) {
+            self.entries.sort_unstable_by(|a, b| name(a).as_bytes().cmp(name(b).as_bytes()));
+        } else {
+            self.entries.sort_unstable_by(|a, b| utf16_cmp(name(a), name(b)));
+        }
     }
 
     fn name(&self, entry: &Entry) -> &str {
