@@ -227,7 +227,7 @@ impl<'a> Fingerprint<'a> {
         &self.tags
     }
 
-    /// The argument names, in the order of [`Fingerprint::tags`]. Not stored.
+    /// The argument names, in the order of [`Fingerprint::tags`] (empty until then). Not stored.
     #[must_use]
     pub fn names(&self) -> &[&'a str] {
         &self.names

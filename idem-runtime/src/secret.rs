@@ -141,7 +141,14 @@ struct Remembered {
     /// Argument names → the 2-byte name half of their tags.
     names: RwLock<HashMap<Box<str>, [u8; 2]>>,
     /// Tenant names → their tag, and their subjects' tags.
-    scopes: RwLock<HashMap<Box<str>, TenantTags>>,
+    scopes: RwLock<ScopeTags>,
+}
+
+#[derive(Default)]
+struct ScopeTags {
+    by_tenant: HashMap<Box<str>, TenantTags>,
+    /// Tags kept, tenants' and subjects' together.
+    kept: usize,
 }
 
 struct TenantTags {
@@ -251,7 +258,7 @@ impl Secret {
     pub(crate) fn scope_tag(&self, tenant: &str, subject: Option<&str>, tag: impl FnOnce() -> [u8; 8]) -> [u8; 8] {
         let known = {
             let scopes = self.remembered.scopes.read().unwrap_or_else(PoisonError::into_inner);
-            scopes.get(tenant).and_then(|tags| match subject {
+            scopes.by_tenant.get(tenant).and_then(|tags| match subject {
                 None => Some(tags.tag),
                 Some(subject) => tags.subjects.get(subject).copied(),
             })
@@ -261,17 +268,23 @@ impl Secret {
         }
         let computed = tag();
         let mut scopes = self.remembered.scopes.write().unwrap_or_else(PoisonError::into_inner);
-        let kept: usize = scopes.values().map(|tags| 1 + tags.subjects.len()).sum();
-        if kept + 2 > SCOPE_TAGS_KEPT {
+        if scopes.kept >= SCOPE_TAGS_KEPT {
             return computed;
         }
+        let ScopeTags { by_tenant, kept } = &mut *scopes;
         match subject {
             None => {
-                scopes.entry(tenant.into()).or_insert_with(|| TenantTags { tag: computed, subjects: HashMap::new() });
+                if !by_tenant.contains_key(tenant) {
+                    by_tenant.insert(tenant.into(), TenantTags { tag: computed, subjects: HashMap::new() });
+                    *kept += 1;
+                }
             }
+            // A subject's tag is kept under its tenant's (which a call states first).
             Some(subject) => {
-                if let Some(tags) = scopes.get_mut(tenant) {
-                    tags.subjects.insert(subject.into(), computed);
+                if let Some(tags) = by_tenant.get_mut(tenant)
+                    && tags.subjects.insert(subject.into(), computed).is_none()
+                {
+                    *kept += 1;
                 }
             }
         }
@@ -573,8 +586,9 @@ mod tests {
                 }
             }
         }
-        let kept: usize = secret.remembered.scopes.read().unwrap().values().map(|t| 1 + t.subjects.len()).sum();
-        assert!(kept <= SCOPE_TAGS_KEPT, "{kept} kept");
+        let scopes = secret.remembered.scopes.read().unwrap();
+        let kept: usize = scopes.by_tenant.values().map(|t| 1 + t.subjects.len()).sum();
+        assert_eq!((kept, scopes.kept), (SCOPE_TAGS_KEPT, SCOPE_TAGS_KEPT), "kept up to the bound, and counted");
     }
 
     #[test]
