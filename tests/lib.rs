@@ -5,6 +5,7 @@
 //! factory then prints that the test was skipped, and fails instead when `CI=true`.
 
 pub mod conformance;
+pub mod tap;
 
 /// Expands to one `#[tokio::test]` per conformance case, each calling `$make().await` for its
 /// ledger (`Option<Arc<dyn Ledger>>`; `None` skips).

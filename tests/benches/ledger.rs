@@ -15,6 +15,7 @@ use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::ledger::sea::statements::Statements;
 use idem_runtime::ledger::{Ledger, Token};
 use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Key, MemoryLedger, Recipe, Rejection};
+use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use sea_orm::sqlx;
 use sea_orm::{ConnectionTrait, DbBackend};
 use serde::{Deserialize, Serialize};
@@ -643,9 +644,9 @@ async fn statements(rows: &mut Vec<Row>, name: &str, url: &str) {
     );
 }
 
-/// A ledger that counts the calls it is sent (each claim answered, each read, the rest).
+/// What a handle sends its ledger (a [`Tapped`] ledger): each claim answered, each read, the rest.
+#[derive(Default)]
 struct Calls {
-    inner: SeaOrmLedger,
     claims: std::sync::atomic::AtomicUsize,
     reads: std::sync::atomic::AtomicUsize,
     others: std::sync::atomic::AtomicUsize,
@@ -660,86 +661,20 @@ impl Calls {
     }
 }
 
-impl Ledger for Calls {
-    fn claim<'a>(
-        &'a self,
-        request: &'a idem_runtime::ledger::ClaimRequest,
-    ) -> idem_runtime::ledger::BoxFuture<'a, Result<idem_runtime::ledger::Claim, idem_runtime::LedgerError>> {
-        Box::pin(async move {
-            let claim = self.inner.claim(request).await;
+impl Tap for Calls {
+    fn before(&self, call: Call) -> Pass {
+        match call {
+            Call::Claim => {}
+            Call::Lookup => Self::count(&self.reads),
+            _ => Self::count(&self.others),
+        }
+        Pass::Through
+    }
+
+    fn after(&self, call: Call) {
+        if call == Call::Claim {
             Self::count(&self.claims);
-            claim
-        })
-    }
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        token: Token,
-        lease_until: u64,
-    ) -> idem_runtime::ledger::BoxFuture<'a, Result<(), idem_runtime::LedgerError>> {
-        Self::count(&self.others);
-        self.inner.renew(key, token, lease_until)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: Token,
-        outcome: idem_runtime::ledger::Outcome,
-        keep_until: u64,
-    ) -> idem_runtime::ledger::BoxFuture<'a, Result<(), idem_runtime::LedgerError>> {
-        Self::count(&self.others);
-        self.inner.complete(key, token, outcome, keep_until)
-    }
-    fn release<'a>(
-        &'a self,
-        key: &'a Key,
-        token: Token,
-    ) -> idem_runtime::ledger::BoxFuture<'a, Result<(), idem_runtime::LedgerError>> {
-        Self::count(&self.others);
-        self.inner.release(key, token)
-    }
-    fn lookup<'a>(
-        &'a self,
-        key: &'a Key,
-        now: u64,
-    ) -> idem_runtime::ledger::BoxFuture<'a, Result<Option<idem_runtime::StatusReport>, idem_runtime::LedgerError>>
-    {
-        Self::count(&self.reads);
-        self.inner.lookup(key, now)
-    }
-    fn status<'a>(
-        &'a self,
-        tenant: idem_runtime::TenantTag,
-        subject: idem_runtime::SubjectTag,
-        reference: idem_runtime::Ref,
-        now: u64,
-    ) -> idem_runtime::ledger::BoxFuture<'a, Result<Option<idem_runtime::StatusReport>, idem_runtime::LedgerError>>
-    {
-        Self::count(&self.others);
-        self.inner.status(tenant, subject, reference, now)
-    }
-    fn resolve<'a>(
-        &'a self,
-        tenant: idem_runtime::TenantTag,
-        reference: idem_runtime::Ref,
-        resolution: idem_runtime::Resolution,
-        now: u64,
-        keep_until: u64,
-    ) -> idem_runtime::ledger::BoxFuture<'a, Result<(), idem_runtime::LedgerError>> {
-        Self::count(&self.others);
-        self.inner.resolve(tenant, reference, resolution, now, keep_until)
-    }
-    fn sweep(
-        &self,
-        now: u64,
-        limit: usize,
-    ) -> idem_runtime::ledger::BoxFuture<'_, Result<usize, idem_runtime::LedgerError>> {
-        Self::count(&self.others);
-        self.inner.sweep(now, limit)
-    }
-    fn now(&self) -> idem_runtime::ledger::BoxFuture<'_, Result<Option<u64>, idem_runtime::LedgerError>> {
-        Self::count(&self.others);
-        self.inner.now()
+        }
     }
 }
 
@@ -758,12 +693,7 @@ async fn waiting(rows: &mut Vec<Row>, name: &str, url: &str) {
         db.set_metric_callback(move |_| {
             counter.fetch_add(1, SeqCst);
         });
-        let calls = Arc::new(Calls {
-            inner: SeaOrmLedger::from_connection(db),
-            claims: 0.into(),
-            reads: 0.into(),
-            others: 0.into(),
-        });
+        let calls = Tapped::new(Arc::new(SeaOrmLedger::from_connection(db)), Calls::default());
         let waiters = idem_tests::idem_shared(calls.clone());
         let holder = if local { waiters.clone() } else { idem_tests::idem(holder) };
         for idem in [&waiters, &holder] {

@@ -16,12 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::ledger::{BoxFuture, Claim, ClaimRequest, Outcome, Resolution, StatusReport, Token};
+use idem_runtime::ledger::Token;
 use idem_runtime::mcp::ToolError;
-use idem_runtime::{
-    Caller, HasIdem, Idem, Key, Ledger, LedgerError, MemoryLedger, Ref, SubjectTag, TenantTag, audit_idempotent,
-    current_operation, idempotent,
-};
+use idem_runtime::{Caller, HasIdem, Idem, Ledger, MemoryLedger, audit_idempotent, current_operation, idempotent};
+use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{GetTaskParams, GetTaskResult, ServerCapabilities, ServerConfig};
@@ -158,17 +156,16 @@ impl ServerHandler for Deployer {
     }
 }
 
-/// The ledger beneath one replica: delegates, and counts the claims it has answered and the
+/// What one replica's ledger sees (a [`Tapped`] ledger): the claims it has answered and the
 /// reads of a record (what a waiter that does not hold the claim sends while it waits).
 struct Watched {
-    inner: Arc<dyn Ledger>,
     answered: AtomicUsize,
     lookups: AtomicUsize,
 }
 
 impl Watched {
-    fn new(inner: Arc<dyn Ledger>) -> Arc<Self> {
-        Arc::new(Self { inner, answered: AtomicUsize::new(0), lookups: AtomicUsize::new(0) })
+    fn new(inner: Arc<dyn Ledger>) -> Arc<Tapped<Self>> {
+        Tapped::new(inner, Self { answered: AtomicUsize::new(0), lookups: AtomicUsize::new(0) })
     }
 
     fn lookups(&self) -> usize {
@@ -186,57 +183,18 @@ impl Watched {
     }
 }
 
-impl Ledger for Watched {
-    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        Box::pin(async move {
-            let claim = self.inner.claim(request).await;
+impl Tap for Watched {
+    fn before(&self, call: Call) -> Pass {
+        if call == Call::Lookup {
+            self.lookups.fetch_add(1, Ordering::SeqCst);
+        }
+        Pass::Through
+    }
+
+    fn after(&self, call: Call) {
+        if call == Call::Claim {
             self.answered.fetch_add(1, Ordering::SeqCst);
-            claim
-        })
-    }
-    fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.renew(key, token, lease_until)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: Token,
-        outcome: Outcome,
-        keep_until: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.complete(key, token, outcome, keep_until)
-    }
-    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.release(key, token)
-    }
-    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.lookups.fetch_add(1, Ordering::SeqCst);
-        self.inner.lookup(key, now)
-    }
-    fn status<'a>(
-        &'a self,
-        tenant: TenantTag,
-        subject: SubjectTag,
-        reference: Ref,
-        now: u64,
-    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.inner.status(tenant, subject, reference, now)
-    }
-    fn resolve<'a>(
-        &'a self,
-        tenant: TenantTag,
-        reference: Ref,
-        resolution: Resolution,
-        now: u64,
-        keep_until: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.resolve(tenant, reference, resolution, now, keep_until)
-    }
-    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
-        self.inner.sweep(now, limit)
-    }
-    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
-        self.inner.now()
+        }
     }
 }
 
@@ -245,16 +203,16 @@ impl Ledger for Watched {
 struct Replicas {
     downstream: Arc<Downstream>,
     here: Wire,
-    here_ledger: Arc<Watched>,
+    here_ledger: Arc<Tapped<Watched>>,
     there: Wire,
-    there_ledger: Arc<Watched>,
+    there_ledger: Arc<Tapped<Watched>>,
 }
 
 async fn replicas(backend: &str, test: &str) -> Option<Replicas> {
     let shared = ledger(backend, test).await?;
     let downstream = Arc::new(Downstream::default());
     let (here_ledger, there_ledger) = (Watched::new(Arc::clone(&shared)), Watched::new(shared));
-    let server = |ledger: &Arc<Watched>| {
+    let server = |ledger: &Arc<Tapped<Watched>>| {
         let ledger: Arc<dyn Ledger> = ledger.clone();
         let idem = idem_tests::idem_shared(ledger).with_local_caller(Caller::new("acme", "alice"));
         Deployer::new(idem, Arc::clone(&downstream))

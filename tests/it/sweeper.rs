@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::ledger::{BoxFuture, Claim, ClaimRequest, Outcome, Resolution, StatusReport, Token};
-use idem_runtime::{Idem, Key, Ledger, LedgerError, MemoryLedger, Ref, StalePolicy, SubjectTag, TenantTag};
+use idem_runtime::ledger::{ClaimRequest, Outcome, Token};
+use idem_runtime::{Idem, Key, Ledger, LedgerError, MemoryLedger, StalePolicy, SubjectTag, TenantTag};
+use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 
 const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -287,62 +288,16 @@ async fn a_sweeper_stops_with_its_handle() {
     assert_eq!(sweeper.stop().await.errors, 0);
 }
 
-/// A ledger whose sweeps fail while `failures` is above zero.
+/// Sweeps fail while `failures` is above zero (a [`Tapped`] ledger).
 struct Failing {
-    inner: Arc<dyn Ledger>,
     failures: AtomicUsize,
 }
 
-impl Ledger for Failing {
-    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        self.inner.claim(request)
-    }
-    fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.renew(key, token, lease_until)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: Token,
-        outcome: Outcome,
-        keep_until: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.complete(key, token, outcome, keep_until)
-    }
-    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.release(key, token)
-    }
-    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.inner.lookup(key, now)
-    }
-    fn status<'a>(
-        &'a self,
-        tenant: TenantTag,
-        subject: SubjectTag,
-        reference: Ref,
-        now: u64,
-    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.inner.status(tenant, subject, reference, now)
-    }
-    fn resolve<'a>(
-        &'a self,
-        tenant: TenantTag,
-        reference: Ref,
-        resolution: Resolution,
-        now: u64,
-        keep_until: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.inner.resolve(tenant, reference, resolution, now, keep_until)
-    }
-    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
-        let failing = self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
-        if failing {
-            return Box::pin(async { Err(LedgerError::unavailable("the ledger is down")) });
-        }
-        self.inner.sweep(now, limit)
-    }
-    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
-        self.inner.now()
+impl Tap for Failing {
+    fn before(&self, call: Call) -> Pass {
+        let failing = call == Call::Sweep
+            && self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if failing { Pass::Fail(LedgerError::unavailable("the ledger is down")) } else { Pass::Through }
     }
 }
 
@@ -352,7 +307,7 @@ impl Ledger for Failing {
 async fn a_sweeper_survives_a_ledger_error() {
     let memory: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
     seed(&memory, 100, 4).await;
-    let ledger = Arc::new(Failing { inner: Arc::clone(&memory), failures: AtomicUsize::new(3) });
+    let ledger = Tapped::new(Arc::clone(&memory), Failing { failures: AtomicUsize::new(3) });
     let idem = idem_tests::idem_shared(ledger.clone());
     let sweeper = idem.spawn_sweeper(Duration::from_millis(1), 10);
     until("the sweeper deletes every expired record after the outage", || sweeper.stats().swept == 100).await;

@@ -12,11 +12,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::ledger::{BoxFuture, Claim, ClaimRequest, Outcome, Resolution, StatusReport, Token};
+use idem_runtime::ledger::Token;
 use idem_runtime::{
-    Caller, ErrorClass, Idem, IdempotentError, Key, Ledger, LedgerError, MemoryLedger, Recipe, Ref, Rejection,
-    StalePolicy, SubjectTag, TenantTag, current_operation,
+    Caller, ErrorClass, Idem, IdempotentError, Ledger, LedgerError, MemoryLedger, Recipe, Rejection, StalePolicy,
+    current_operation,
 };
+use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -73,10 +74,10 @@ impl Downstream {
     }
 }
 
-/// A ledger that delegates and counts the statements it is sent; it can also stop passing on
-/// lease renewals (a holder alive but cut off from the ledger).
+/// What a waiting test counts of the statements a handle sends (a [`Tapped`] ledger); it can
+/// also stop passing on lease renewals (a holder alive but cut off from the ledger) or fail
+/// lookups.
 struct Counting {
-    inner: Arc<dyn Ledger>,
     claims: AtomicUsize,
     /// Claims the ledger has answered.
     answered: AtomicUsize,
@@ -87,16 +88,16 @@ struct Counting {
 }
 
 impl Counting {
-    fn new(inner: Arc<dyn Ledger>) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
+    fn new(inner: Arc<dyn Ledger>) -> Arc<Tapped<Self>> {
+        let counting = Self {
             claims: AtomicUsize::new(0),
             answered: AtomicUsize::new(0),
             lookups: AtomicUsize::new(0),
             others: AtomicUsize::new(0),
             drop_renewals: AtomicBool::new(false),
             fail_lookups: AtomicBool::new(false),
-        })
+        };
+        Tapped::new(inner, counting)
     }
 
     fn statements(&self) -> usize {
@@ -121,75 +122,33 @@ impl Counting {
     }
 }
 
-impl Ledger for Counting {
-    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move {
-            let claim = self.inner.claim(request).await;
+impl Tap for Counting {
+    fn before(&self, call: Call) -> Pass {
+        match call {
+            Call::Claim => {
+                self.claims.fetch_add(1, Ordering::SeqCst);
+            }
+            Call::Lookup => {
+                self.lookups.fetch_add(1, Ordering::SeqCst);
+                if self.fail_lookups.load(Ordering::SeqCst) {
+                    return Pass::Fail(LedgerError::unavailable("the ledger is down"));
+                }
+            }
+            Call::Renew => {
+                self.other();
+                if self.drop_renewals.load(Ordering::SeqCst) {
+                    return Pass::Fail(LedgerError::unavailable("renewals are cut off"));
+                }
+            }
+            _ => self.other(),
+        }
+        Pass::Through
+    }
+
+    fn after(&self, call: Call) {
+        if call == Call::Claim {
             self.answered.fetch_add(1, Ordering::SeqCst);
-            claim
-        })
-    }
-    fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.other();
-        if self.drop_renewals.load(Ordering::SeqCst) {
-            return Box::pin(async { Err(LedgerError::unavailable("renewals are cut off")) });
         }
-        self.inner.renew(key, token, lease_until)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: Token,
-        outcome: Outcome,
-        keep_until: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.other();
-        self.inner.complete(key, token, outcome, keep_until)
-    }
-    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.other();
-        self.inner.release(key, token)
-    }
-    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.lookups.fetch_add(1, Ordering::SeqCst);
-        if self.fail_lookups.load(Ordering::SeqCst) {
-            return Box::pin(async { Err(LedgerError::unavailable("the ledger is down")) });
-        }
-        self.inner.lookup(key, now)
-    }
-    fn status<'a>(
-        &'a self,
-        tenant: TenantTag,
-        subject: SubjectTag,
-        reference: Ref,
-        now: u64,
-    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.other();
-        self.inner.status(tenant, subject, reference, now)
-    }
-    fn resolve<'a>(
-        &'a self,
-        tenant: TenantTag,
-        reference: Ref,
-        resolution: Resolution,
-        now: u64,
-        keep_until: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.other();
-        self.inner.resolve(tenant, reference, resolution, now, keep_until)
-    }
-    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
-        self.other();
-        self.inner.sweep(now, limit)
-    }
-    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
-        self.other();
-        self.inner.now()
-    }
-    // A local ledger (memory) is not coalesced: each claim is its own, as on the ledger beneath.
-    fn local(&self) -> bool {
-        self.inner.local()
     }
 }
 
@@ -217,7 +176,7 @@ async fn ledger(backend: &str, test: &str) -> Option<Arc<dyn Ledger>> {
 struct Replicas {
     first: Idem,
     repeats: Idem,
-    repeats_ledger: Arc<Counting>,
+    repeats_ledger: Arc<Tapped<Counting>>,
 }
 
 async fn replicas(backend: &str, test: &str) -> Option<Replicas> {

@@ -17,10 +17,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use idem_runtime::ledger::{
-    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, State, StatusReport, Token, Won,
-};
-use idem_runtime::{Caller, Clock, Key, MemoryLedger, Recipe, Ref, StalePolicy, SystemClock, TenantTag};
+use idem_runtime::ledger::{Claim, ClaimRequest, Ledger, LedgerError, Outcome, State, Token, Won};
+use idem_runtime::{Caller, Clock, Key, MemoryLedger, Recipe, StalePolicy, SystemClock, TenantTag};
+use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use serde_json::json;
 
 use crate::support;
@@ -221,7 +220,7 @@ async fn late_holder_through_idem(backend: &str) {
     let rounds = scale(10, 200);
     let (mut b_stored, mut a_answers, mut violations) = (0, BTreeMap::new(), Vec::new());
     for round in 0..rounds {
-        let paused: Arc<dyn Ledger> = Arc::new(Paused(Arc::clone(&ledger)));
+        let paused: Arc<dyn Ledger> = Tapped::new(Arc::clone(&ledger), Paused);
         let replica_a = idem_tests::idem_shared(paused).with_lease(std::time::Duration::from_millis(300));
         let replica_b = idem_tests::idem_shared(Arc::clone(&ledger));
         let caller = Caller::new(unique("rel-fence-tenant"), "agent");
@@ -284,55 +283,12 @@ async fn late_holder_through_idem(backend: &str) {
     assert!(violations.is_empty(), "{}", violations.join("\n"));
 }
 
-/// A replica that is paused: its lease renewals never reach the ledger (they hang), everything
-/// else does.
-struct Paused(Arc<dyn Ledger>);
+/// A replica that is paused (a [`Tapped`] ledger): its lease renewals never reach the ledger
+/// (they hang), everything else does.
+struct Paused;
 
-impl Ledger for Paused {
-    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        self.0.claim(request)
-    }
-    fn renew<'a>(&'a self, _: &'a Key, _: Token, _: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(std::future::pending())
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: Token,
-        outcome: Outcome,
-        keep: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.0.complete(key, token, outcome, keep)
-    }
-    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.0.release(key, token)
-    }
-    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.0.lookup(key, now)
-    }
-    fn status<'a>(
-        &'a self,
-        t: TenantTag,
-        s: idem_runtime::SubjectTag,
-        r: Ref,
-        now: u64,
-    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.0.status(t, s, r, now)
-    }
-    fn resolve<'a>(
-        &'a self,
-        t: TenantTag,
-        r: Ref,
-        x: Resolution,
-        now: u64,
-        keep: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.0.resolve(t, r, x, now, keep)
-    }
-    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
-        self.0.sweep(now, limit)
-    }
-    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
-        self.0.now()
+impl Tap for Paused {
+    fn before(&self, call: Call) -> Pass {
+        if call == Call::Renew { Pass::Hang } else { Pass::Through }
     }
 }

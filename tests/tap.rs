@@ -1,0 +1,178 @@
+//! A ledger that forwards every call to another, through a test's [`Tap`]: what the waiting,
+//! sweeping and fencing tests and the benchmark count, fail or hang, written once.
+
+use std::sync::Arc;
+
+use idem_runtime::ledger::{
+    BoxFuture, Claim, ClaimRequest, LedgerStats, Outcome, PendingQuery, PendingRecord, Resolution, StatusReport, Token,
+};
+use idem_runtime::{Key, Ledger, LedgerError, Ref, Secret, SecretError, SubjectTag, TenantTag};
+
+/// Which ledger method a [`Tap`] sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// [`Ledger::claim`]
+    Claim,
+    /// [`Ledger::renew`]
+    Renew,
+    /// [`Ledger::complete`]
+    Complete,
+    /// [`Ledger::release`]
+    Release,
+    /// [`Ledger::lookup`]
+    Lookup,
+    /// [`Ledger::status`]
+    Status,
+    /// [`Ledger::inspect`]
+    Inspect,
+    /// [`Ledger::resolve`]
+    Resolve,
+    /// [`Ledger::stats`]
+    Stats,
+    /// [`Ledger::pending`]
+    Pending,
+    /// [`Ledger::sweep`]
+    Sweep,
+    /// [`Ledger::now`]
+    Now,
+}
+
+/// What a [`Tap`] does with one call.
+pub enum Pass {
+    /// To the ledger beneath.
+    Through,
+    /// Refused with this error; the ledger beneath never sees it.
+    Fail(LedgerError),
+    /// Never answered (a paused replica, a cut connection).
+    Hang,
+}
+
+/// A test's view of the calls a handle makes to its ledger.
+pub trait Tap: Send + Sync + 'static {
+    /// Before the call is made (when the method is called, as a ledger's own work starts).
+    fn before(&self, _call: Call) -> Pass {
+        Pass::Through
+    }
+
+    /// Once the ledger beneath has answered a call that went through.
+    fn after(&self, _call: Call) {}
+}
+
+/// `inner`, every call through `tap`; everything else (`local`, `keeps_labels`, the default
+/// secret) is `inner`'s. Dereferences to the tap, for its counters.
+pub struct Tapped<T> {
+    /// The ledger beneath.
+    pub inner: Arc<dyn Ledger>,
+    /// What the test sees and decides.
+    pub tap: T,
+}
+
+impl<T: Tap> Tapped<T> {
+    /// `inner` through `tap`.
+    pub fn new(inner: Arc<dyn Ledger>, tap: T) -> Arc<Self> {
+        Arc::new(Self { inner, tap })
+    }
+
+    fn gate<'a, R: Send + 'a>(
+        &'a self,
+        call: Call,
+        send: impl FnOnce() -> BoxFuture<'a, Result<R, LedgerError>>,
+    ) -> BoxFuture<'a, Result<R, LedgerError>> {
+        match self.tap.before(call) {
+            Pass::Through => {
+                let answer = send();
+                Box::pin(async move {
+                    let answer = answer.await;
+                    self.tap.after(call);
+                    answer
+                })
+            }
+            Pass::Fail(error) => Box::pin(async move { Err(error) }),
+            Pass::Hang => Box::pin(std::future::pending()),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Tapped<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.tap
+    }
+}
+
+impl<T: Tap> Ledger for Tapped<T> {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        self.gate(Call::Claim, || self.inner.claim(request))
+    }
+    fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.gate(Call::Renew, || self.inner.renew(key, token, lease_until))
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.gate(Call::Complete, || self.inner.complete(key, token, outcome, keep_until))
+    }
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.gate(Call::Release, || self.inner.release(key, token))
+    }
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.gate(Call::Lookup, || self.inner.lookup(key, now))
+    }
+    fn status<'a>(
+        &'a self,
+        tenant: TenantTag,
+        subject: SubjectTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.gate(Call::Status, || self.inner.status(tenant, subject, reference, now))
+    }
+    fn inspect<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.gate(Call::Inspect, || self.inner.inspect(tenant, reference, now))
+    }
+    fn resolve<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        resolution: Resolution,
+        now: u64,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.gate(Call::Resolve, || self.inner.resolve(tenant, reference, resolution, now, keep_until))
+    }
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
+        self.gate(Call::Stats, || self.inner.stats(now))
+    }
+    fn pending<'a>(
+        &'a self,
+        query: &'a PendingQuery,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
+        self.gate(Call::Pending, || self.inner.pending(query, now))
+    }
+    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
+        self.gate(Call::Sweep, || self.inner.sweep(now, limit))
+    }
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        self.gate(Call::Now, || self.inner.now())
+    }
+    fn keeps_labels(&self) -> bool {
+        self.inner.keeps_labels()
+    }
+    fn local(&self) -> bool {
+        self.inner.local()
+    }
+    fn default_secret(&self) -> Result<Secret, SecretError> {
+        self.inner.default_secret()
+    }
+}
