@@ -44,10 +44,12 @@ impl Key {
         tool: &str,
         selected: &Map<String, Value>,
     ) -> Result<Self, CanonicalError> {
-        let mut material = material_head(secret, namespace, scope, tool)?;
-        write_object(selected.iter(), &mut material, |_, _| {})?;
-        material.push(b']');
-        Ok(Self(secret.mac("idem/v2/key", &[&material])))
+        with_scratch(|material| {
+            write_material_head(material, secret, namespace, scope, tool)?;
+            write_object(selected.iter(), material, |_, _| {})?;
+            material.push(b']');
+            Ok(Self(secret.mac("idem/v2/key", &[material])))
+        })
     }
 
     /// [`Key::derive`] from the `selected` values already in canonical form: the same key for
@@ -294,13 +296,6 @@ impl<'a> Fingerprint<'a> {
     }
 }
 
-/// `["idem/v2",version,namespace,scope,tool,` — key material up to the selected values.
-fn material_head(secret: &Secret, namespace: &str, scope: &Scope, tool: &str) -> Result<Vec<u8>, CanonicalError> {
-    let mut material = Vec::with_capacity(192);
-    write_material_head(&mut material, secret, namespace, scope, tool)?;
-    Ok(material)
-}
-
 /// Runs `f` with this thread's scratch buffer, emptied: the key's and the fingerprint's material
 /// is written there and hashed, with no allocation per call.
 fn with_scratch<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
@@ -322,7 +317,8 @@ fn with_scratch<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
     })
 }
 
-/// Appends [`material_head`] to `material`.
+/// Appends `["idem/v2",version,namespace,scope,tool,` to `material`: key material up to the
+/// selected values.
 fn write_material_head(
     material: &mut Vec<u8>,
     secret: &Secret,
@@ -333,7 +329,7 @@ fn write_material_head(
     material.extend_from_slice(b"[\"");
     material.extend_from_slice(KEY_VERSION.as_bytes());
     material.extend_from_slice(b"\",");
-    write_decimal(material, secret.version());
+    canonical::write_canonical_integer(i128::from(secret.version()), material);
     material.push(b',');
     canonical::write_canonical_str(namespace, material);
     material.push(b',');
@@ -363,23 +359,6 @@ fn members_tags<'a>(secret: &Secret, arguments: &'a Members, ignore: &[&str]) ->
 /// canonical value that is exactly `null`; absent and `null` are one state).
 fn kept(name: &str, value: &[u8], ignore: &[&str]) -> bool {
     value != b"null" && !ignore.contains(&name)
-}
-
-/// Appends `n` in decimal, as JSON writes an integer.
-fn write_decimal(out: &mut Vec<u8>, n: u32) {
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        // A digit: the remainder is below 10.
-        digits[at] = b'0' + u8::try_from(rest % 10).unwrap_or(0);
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
 }
 
 /// One argument's tag: 2 bytes of its name's MAC, 2 of its value's.

@@ -32,6 +32,11 @@ pub fn write_canonical_str(text: &str, out: &mut Vec<u8>) {
     write_string(text, out);
 }
 
+/// Append `n` as a canonical JSON integer to `out`.
+pub(crate) fn write_canonical_integer(n: i128, out: &mut Vec<u8>) {
+    write_integer(n, out);
+}
+
 /// Convenience: the canonical form of `value` in a fresh `Vec`.
 pub fn to_canonical_vec(value: &Value) -> Result<Vec<u8>, CanonicalError> {
     let mut out = Vec::new();
@@ -183,7 +188,7 @@ pub(super) fn byte_order_is_utf16_order(names: &str) -> bool {
 pub fn utf16_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     // Below U+10000 UTF-8 byte order equals code point order equals UTF-16 order; only a
     // 4-byte UTF-8 sequence (lead byte >= 0xF0, a surrogate pair in UTF-16) can differ.
-    if a.bytes().chain(b.bytes()).all(|byte| byte < 0xf0) {
+    if byte_order_is_utf16_order(a) && byte_order_is_utf16_order(b) {
         a.as_bytes().cmp(b.as_bytes())
     } else {
         a.encode_utf16().cmp(b.encode_utf16())

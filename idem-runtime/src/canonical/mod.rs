@@ -68,6 +68,7 @@ mod parse;
 mod serialize;
 mod stream;
 
+pub(crate) use encode::write_canonical_integer;
 pub use encode::{to_canonical_vec, utf16_cmp, write_canonical, write_canonical_str};
 pub use error::CanonicalError;
 pub use parse::parse_strict;
