@@ -161,3 +161,30 @@ pub async fn own_database(test: &str, env: &str, default: &str, name: &str) -> O
     db.execute_unprepared("DELETE FROM idem_superseded").await.expect("empty the table");
     Some(url)
 }
+
+/// Every ledger a behaviour must hold on, by name: memory, a SQLite file of its own, and the
+/// PostgreSQL and MariaDB test databases (each left out, reported skipped, without its server —
+/// a failure under `CI=true`).
+///
+/// # Panics
+/// The SQLite file cannot be made.
+pub async fn every_ledger(test: &str) -> Vec<(&'static str, std::sync::Arc<dyn idem_runtime::ledger::Ledger>)> {
+    let dir = std::env::temp_dir().join(format!("idem-{test}-{}", idem_runtime::ledger::Token::random().get()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let sqlite = format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display());
+    let sqlite = idem_runtime::ledger::sea::SeaOrmLedger::connect(&sqlite).await.expect("open a SQLite file");
+    let mut ledgers: Vec<(&'static str, std::sync::Arc<dyn idem_runtime::ledger::Ledger>)> = vec![
+        ("memory", std::sync::Arc::new(idem_runtime::MemoryLedger::new())),
+        ("sqlite", std::sync::Arc::new(sqlite)),
+    ];
+    let servers = [
+        ("postgres", "IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"),
+        ("mysql", "IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+    ];
+    for (name, env, default) in servers {
+        if let Some(ledger) = durable(&format!("{test}::{name}"), env, default).await {
+            ledgers.push((name, ledger));
+        }
+    }
+    ledgers
+}

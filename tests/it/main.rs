@@ -16,6 +16,7 @@ mod ledger_memory;
 mod ledger_mysql;
 mod ledger_postgres;
 mod ledger_sqlite;
+mod ledger_timeout;
 mod macro_behaviour;
 mod mcp_e2e;
 mod metrics;

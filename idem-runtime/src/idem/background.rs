@@ -63,7 +63,7 @@ impl Idem {
                 return;
             }
             let until = self.keep_until(self.inner.lease);
-            match self.bounded(self.inner.ledger.renew(&key, token, until)).await {
+            match self.inner.ledger.renew(&key, token, until).await {
                 Ok(()) => lease.until.fetch_max(until, Ordering::SeqCst),
                 Err(LedgerError::Fenced) => {
                     tracing::warn!(reference = %key.reference(), "lease renewal refused: the claim is no longer ours");
@@ -97,7 +97,7 @@ impl Idem {
             // coming back from an outage).
             let mut pause = (idem.inner.lease / 16).max(Duration::from_millis(20));
             for attempt in 1..=RELEASE_TRIES {
-                match idem.bounded(idem.inner.ledger.release(&key, token)).await {
+                match idem.inner.ledger.release(&key, token).await {
                     Ok(()) => {
                         tracing::info!(reference = %key.reference(), "released a claim whose answer was lost");
                         return;

@@ -369,10 +369,10 @@ impl<'a> Attempt<'a> {
         let (idem, request) = (self.idem, &self.request);
         let reference = request.key.reference();
         let timer = Timer::start();
-        let first = idem.bounded(idem.inner.ledger.claim(request)).await;
+        let first = idem.inner.ledger.claim(request).await;
         let (claim, ambiguous) = match first {
             Err(error @ (LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. })) => {
-                let again = idem.bounded(idem.inner.ledger.claim(request)).await;
+                let again = idem.inner.ledger.claim(request).await;
                 let ambiguous = error.is_ambiguous() || again.as_ref().is_err_and(LedgerError::is_ambiguous);
                 (again, ambiguous)
             }
@@ -402,7 +402,7 @@ impl<'a> Attempt<'a> {
     ) -> Result<Option<(Self, Claim)>, Rejection> {
         for secret in &keyring.previous {
             let mut earlier = Self::prepare(self.idem, secret, at)?;
-            let found = match self.idem.bounded(self.idem.inner.ledger.lookup(&earlier.request.key, at.now)).await {
+            let found = match self.idem.inner.ledger.lookup(&earlier.request.key, at.now).await {
                 Ok(found) => found,
                 Err(error) => {
                     tracing::error!(reference = %self.reference(), %error, "ledger unavailable; handler not run");
@@ -440,7 +440,7 @@ impl<'a> Attempt<'a> {
     /// ledger does not answer at once.
     async fn give_back(&self) {
         let (idem, request) = (self.idem, &self.request);
-        match idem.bounded(idem.inner.ledger.release(&request.key, request.token)).await {
+        match idem.inner.ledger.release(&request.key, request.token).await {
             Ok(()) | Err(LedgerError::Fenced) => {}
             Err(_) => idem.release_lost_claim(request),
         }
@@ -605,7 +605,7 @@ impl<'a> Attempt<'a> {
     /// key, if the ledger has one — never a later operation's under the same key.
     async fn stored_result(&self, window_end: u64) -> Option<Vec<u8>> {
         let idem = self.idem;
-        match idem.bounded(idem.inner.ledger.lookup(&self.request.key, idem.ledger_now())).await {
+        match idem.inner.ledger.lookup(&self.request.key, idem.ledger_now()).await {
             Ok(Some(report)) if report.state == State::Completed && report.window_end == window_end => report.result,
             _ => None,
         }
@@ -638,7 +638,7 @@ impl Idem {
         } else {
             self.inner.ledger.complete(&request.key, request.token, outcome.clone(), keep_until)
         };
-        match self.bounded(ending).await {
+        match ending.await {
             Ok(()) => Ok(false),
             Err(LedgerError::Fenced) if recorded => {
                 tracing::debug!(reference = %request.key.reference(), "recorded in the handler's own transaction");

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
-use crate::ledger::{Ledger, LedgerError};
+use crate::ledger::{Ledger, Timeout};
 use crate::recipe::Recipe;
 use crate::rejection::Rejection;
 use crate::scope::Caller;
@@ -58,7 +58,10 @@ pub struct Idem {
 /// What a handle is configured with; shared by its clones, copied on a change.
 #[derive(Clone)]
 pub(super) struct Inner {
+    /// The ledger as given, wrapped in the ledger timeout: every call goes through this.
     pub(super) ledger: Arc<dyn Ledger>,
+    /// The ledger as given (wrapped anew whenever the timeout changes).
+    untimed: Arc<dyn Ledger>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) lease: Duration,
     pub(super) retention: Duration,
@@ -127,7 +130,8 @@ impl Idem {
     pub fn from_shared(ledger: Arc<dyn Ledger>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                ledger,
+                ledger: Arc::new(Timeout::new(Arc::clone(&ledger), DEFAULT_LEDGER_TIMEOUT)),
+                untimed: ledger,
                 clock: Arc::new(SystemClock),
                 lease: DEFAULT_LEASE,
                 retention: DEFAULT_RETENTION,
@@ -158,6 +162,8 @@ impl Idem {
     fn configure(mut self, change: impl FnOnce(&mut Inner)) -> Self {
         let inner = Arc::make_mut(&mut self.inner);
         change(inner);
+        // One place bounds every ledger call: the ledger is wrapped in the timeout once.
+        inner.ledger = Arc::new(Timeout::new(Arc::clone(&inner.untimed), inner.ledger_timeout));
         // A new clock, ledger or lease makes the old skew measurement meaningless.
         inner.skew = Arc::default();
         inner.measuring = Arc::default();
@@ -357,20 +363,5 @@ impl Idem {
     #[must_use]
     pub fn ledger(&self) -> &Arc<dyn Ledger> {
         &self.inner.ledger
-    }
-
-    /// `operation`, or [`LedgerError::Ambiguous`] once the ledger timeout has passed (the
-    /// statement may still commit).
-    pub(super) async fn bounded<T>(
-        &self,
-        operation: impl Future<Output = Result<T, LedgerError>>,
-    ) -> Result<T, LedgerError> {
-        match tokio::time::timeout(self.inner.ledger_timeout, operation).await {
-            Ok(result) => result,
-            Err(elapsed) => {
-                Err(LedgerError::ambiguous(format!("no answer within {} ms", self.inner.ledger_timeout.as_millis()))
-                    .with_source(elapsed))
-            }
-        }
     }
 }

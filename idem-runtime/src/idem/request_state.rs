@@ -168,9 +168,9 @@ impl Idem {
         // A claim whose answer was lost is sent once more with the same token: if the first
         // committed, the ledger recognises it as ours (won), so a lost answer does not burn the
         // state.
-        let claim = match self.bounded(self.inner.ledger.claim(&request)).await {
+        let claim = match self.inner.ledger.claim(&request).await {
             Err(LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. }) => {
-                self.bounded(self.inner.ledger.claim(&request)).await
+                self.inner.ledger.claim(&request).await
             }
             other => other,
         };
@@ -178,9 +178,7 @@ impl Idem {
             Ok(Claim::Won { .. }) => {
                 let used = self.encode::<(), ()>(Ok(&())).map_or(Outcome::Unknown, Outcome::Completed);
                 let keep_until = self.keep_until(self.inner.grace).max(window_end);
-                if let Err(error) =
-                    self.bounded(self.inner.ledger.complete(&key, request.token, used, keep_until)).await
-                {
+                if let Err(error) = self.inner.ledger.complete(&key, request.token, used, keep_until).await {
                     // Still in progress under our lease, so a second use is refused all the same.
                     tracing::warn!(%error, "could not record a request state as used; it stays claimed");
                 }

@@ -193,7 +193,7 @@ impl Idem {
     /// for a claim after the wait).
     async fn look(&self, request: &ClaimRequest) -> Option<Waited> {
         let reference = request.key.reference();
-        let found = match self.bounded(self.inner.ledger.lookup(&request.key, self.ledger_now())).await {
+        let found = match self.inner.ledger.lookup(&request.key, self.ledger_now()).await {
             Ok(found) => found,
             Err(error) => {
                 tracing::warn!(%reference, %error, "the ledger did not answer a waiter's read; answering in flight");
@@ -224,7 +224,7 @@ impl Idem {
             clock_trusted,
             ..template.clone()
         };
-        match self.bounded(self.inner.ledger.claim(&request)).await {
+        match self.inner.ledger.claim(&request).await {
             Ok(Claim::Replay { result }) => Some(Waited::Replay(result.into())),
             Ok(Claim::Unknown) => Some(Waited::Unknown),
             // Another operation with these arguments started meanwhile: wait for it.
@@ -234,7 +234,7 @@ impl Idem {
                 // The record expired or was superseded between the read and the claim: this
                 // claim runs nothing, so it is given back (it becomes "failed"), and each
                 // waiter claims for itself.
-                match self.bounded(self.inner.ledger.release(&request.key, request.token)).await {
+                match self.inner.ledger.release(&request.key, request.token).await {
                     Ok(()) | Err(LedgerError::Fenced) => {}
                     Err(_) => self.release_lost_claim(&request),
                 }

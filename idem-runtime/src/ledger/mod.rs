@@ -30,6 +30,7 @@ pub mod memory;
 // `sea` is internal: name the features a user turns on.
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub mod sea;
+mod timeout;
 
 use std::fmt;
 use std::future::Future;
@@ -41,6 +42,7 @@ use crate::secret::{Secret, SecretError};
 
 pub use self::label::Label;
 pub(crate) use self::label::{open as open_label, seal as seal_label};
+pub(crate) use self::timeout::Timeout;
 
 /// A boxed, sendable future: keeps [`Ledger`] object-safe so `Arc<dyn Ledger>` can be chosen at
 /// run time (by URL).

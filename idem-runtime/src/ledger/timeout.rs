@@ -1,0 +1,119 @@
+//! The ledger timeout as a layer: a [`Ledger`] that wraps a ledger and bounds every call it
+//! forwards, the way tower's `Timeout` wraps a service. A handle wraps its ledger once, so no
+//! call — a claim, a status read, an operator's sweep — can reach the ledger unbounded.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, PendingQuery, PendingRecord, Resolution,
+    StatusReport, Token,
+};
+use crate::key::{Key, Ref, SubjectTag, TenantTag};
+use crate::secret::{Secret, SecretError};
+
+/// `inner`, with every call answered within `limit`: a call that takes longer is
+/// [`LedgerError::Ambiguous`] (its statement may still commit).
+pub(crate) struct Timeout {
+    inner: Arc<dyn Ledger>,
+    limit: Duration,
+}
+
+impl Timeout {
+    pub(crate) fn new(inner: Arc<dyn Ledger>, limit: Duration) -> Self {
+        Self { inner, limit }
+    }
+
+    fn bound<'a, T: Send + 'a>(
+        &self,
+        call: impl Future<Output = Result<T, LedgerError>> + Send + 'a,
+    ) -> BoxFuture<'a, Result<T, LedgerError>> {
+        let limit = self.limit;
+        Box::pin(async move {
+            match tokio::time::timeout(limit, call).await {
+                Ok(answer) => answer,
+                Err(elapsed) => {
+                    Err(LedgerError::ambiguous(format!("no answer within {} ms", limit.as_millis()))
+                        .with_source(elapsed))
+                }
+            }
+        })
+    }
+}
+
+impl Ledger for Timeout {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        self.bound(self.inner.claim(request))
+    }
+    fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.bound(self.inner.renew(key, token, lease_until))
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.bound(self.inner.complete(key, token, outcome, keep_until))
+    }
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.bound(self.inner.release(key, token))
+    }
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.bound(self.inner.lookup(key, now))
+    }
+    fn status<'a>(
+        &'a self,
+        tenant: TenantTag,
+        subject: SubjectTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.bound(self.inner.status(tenant, subject, reference, now))
+    }
+    fn resolve<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        resolution: Resolution,
+        now: u64,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.bound(self.inner.resolve(tenant, reference, resolution, now, keep_until))
+    }
+    fn inspect<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.bound(self.inner.inspect(tenant, reference, now))
+    }
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
+        self.bound(self.inner.stats(now))
+    }
+    fn pending<'a>(
+        &'a self,
+        query: &'a PendingQuery,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
+        self.bound(self.inner.pending(query, now))
+    }
+    fn keeps_labels(&self) -> bool {
+        self.inner.keeps_labels()
+    }
+    fn local(&self) -> bool {
+        self.inner.local()
+    }
+    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
+        self.bound(self.inner.sweep(now, limit))
+    }
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        self.bound(self.inner.now())
+    }
+    fn default_secret(&self) -> Result<Secret, SecretError> {
+        self.inner.default_secret()
+    }
+}
