@@ -344,7 +344,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Keys are keyed with IDEM_SECRET, or on the SQLite default with a secret kept beside the
     // ledger file; on PostgreSQL or MySQL without IDEM_SECRET this stops here and says how.
     let idem = Idem::new(ledger);
-    idem.check_secret()?;
+    idem.check_secret().await?;
     let delay = options.processor_delay;
     match options.http {
         None => {

@@ -104,7 +104,7 @@ async fn main() {
     };
     let alice = Caller::new("acme", "alice");
     let idem = Idem::new(ledger).with_local_caller(alice);
-    if let Err(error) = idem.check_secret() {
+    if let Err(error) = idem.check_secret().await {
         eprintln!("cannot key operations: {error}");
         std::process::exit(1);
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use idem_runtime::ledger::{
     Claim, ClaimRequest, Ledger, LedgerError, Outcome, PendingQuery, PendingRecord, Resolution, State, Token, Won,
 };
-use idem_runtime::{Key, StalePolicy, SubjectTag, TenantTag};
+use idem_runtime::{Address, Key, StalePolicy, SubjectTag, TenantTag};
 
 /// A base time for records, far in the future of the sweep case's times.
 const T0: u64 = 1_900_000_000_000;
@@ -61,6 +61,11 @@ fn repeat(first: &ClaimRequest, now: u64) -> ClaimRequest {
         lease_until: now + LEASE,
         ..first.clone()
     }
+}
+
+/// The address of the operation `request` starts (a fresh claim: its own window).
+fn address(request: &ClaimRequest) -> Address {
+    Address { reference: request.key.reference(), window_end: request.window_end }
 }
 
 async fn claim(ledger: &dyn Ledger, request: &ClaimRequest) -> Claim {
@@ -276,9 +281,8 @@ pub async fn late_holder_never_overwrites_an_operators_verdict(ledger: Arc<dyn L
     let first = request(T0);
     claim(&*ledger, &first).await;
     assert_eq!(claim(&*ledger, &repeat(&first, T0 + LEASE + 1)).await, Claim::Unknown);
-    let reference = first.key.reference();
     let verdict = Resolution::Completed(b"operator".to_vec());
-    ledger.resolve(first.tenant, reference, verdict, T0 + LEASE + 2, T0 + LEASE + 2).await.unwrap();
+    ledger.resolve(first.tenant, address(&first), verdict, T0 + LEASE + 2, T0 + LEASE + 2).await.unwrap();
     let late = ledger.complete(&first.key, first.token, Outcome::Completed(b"late".to_vec()), NO_GRACE).await;
     assert_eq!(late, Err(LedgerError::Fenced));
     assert_eq!(claim(&*ledger, &repeat(&first, T0 + LEASE + 3)).await, Claim::Replay { result: b"operator".to_vec() });
@@ -306,7 +310,7 @@ pub async fn takeover_is_reported_even_with_an_equal_window_end(ledger: Arc<dyn 
     assert_eq!(claim(&*ledger, &second).await.won(), Some(Won::Takeover));
 }
 
-/// A release undoes only what its claim did: a fresh claim becomes failed (nothing ran), a
+/// A release undoes only what its claim did: a fresh claim is removed (nothing ran), a
 /// takeover gives its lease back and the operation stays in progress, so its stale policy still
 /// applies — with the operation's own window. A token that holds nothing releases nothing.
 pub async fn release_undoes_only_its_own_claim(ledger: Arc<dyn Ledger>) {
@@ -314,9 +318,9 @@ pub async fn release_undoes_only_its_own_claim(ledger: Arc<dyn Ledger>) {
     claim(&*ledger, &fresh).await;
     assert_eq!(ledger.release(&fresh.key, Token::random()).await, Err(LedgerError::Fenced));
     ledger.release(&fresh.key, fresh.token).await.expect("the holder releases");
-    let status =
-        ledger.status(fresh.tenant, fresh.subject, fresh.key.reference(), T0 + 1).await.unwrap().expect("record");
-    assert_eq!(status.state, State::Failed);
+    // Nothing ran, and nothing is left that reads as an outcome ("failed").
+    let status = ledger.status(fresh.tenant, fresh.subject, fresh.key.reference(), T0 + 1).await.unwrap();
+    assert_eq!(status, None, "a released fresh claim left a record");
     assert_eq!(claim(&*ledger, &repeat(&fresh, T0 + 2)).await.won(), Some(Won::Fresh));
     assert_eq!(ledger.release(&fresh.key, fresh.token).await, Err(LedgerError::Fenced), "nothing left to undo");
 
@@ -337,7 +341,7 @@ pub async fn release_undoes_only_its_own_claim(ledger: Arc<dyn Ledger>) {
     assert_eq!(ledger.release(&held.key, held.token).await, Err(LedgerError::Fenced), "a settled record stays");
 
     // A fresh claim whose lapsed lease `hold` turned unknown before the release landed: only
-    // its own (never run) handler could have acted, so it is released to failed all the same.
+    // its own (never run) handler could have acted, so it is removed all the same.
     let orphan = request(T0);
     claim(&*ledger, &orphan).await;
     assert_eq!(claim(&*ledger, &repeat(&orphan, T0 + LEASE + 1)).await, Claim::Unknown);
@@ -386,7 +390,7 @@ pub async fn late_result_stays_replayable_for_its_grace(ledger: Arc<dyn Ledger>)
     let next_day = T0 + WINDOW + 86_400_000;
     let verdict = Resolution::Completed(b"found".to_vec());
     let reference = unknown.key.reference();
-    ledger.resolve(unknown.tenant, reference, verdict, next_day, next_day + GRACE).await.unwrap();
+    ledger.resolve(unknown.tenant, address(&unknown), verdict, next_day, next_day + GRACE).await.unwrap();
     let status = ledger
         .status(unknown.tenant, unknown.subject, reference, next_day + GRACE - 1)
         .await
@@ -412,7 +416,10 @@ pub async fn unsettled_past_its_window_is_superseded(ledger: Arc<dyn Ledger>) {
     assert_eq!((current.state, current.superseded), (State::InProgress, false));
     // The operator can still settle the old one while the new one runs.
     let verdict = Resolution::Completed(b"it did happen".to_vec());
-    ledger.resolve(unknown.tenant, reference, verdict, after + 2, after + 2).await.expect("resolve the old one");
+    ledger
+        .resolve(unknown.tenant, address(&unknown), verdict, after + 2, after + 2)
+        .await
+        .expect("resolve the old one");
     complete(&*ledger, &next, Outcome::Completed(b"second".to_vec())).await;
     assert_eq!(claim(&*ledger, &repeat(&unknown, after + 3)).await, Claim::Replay { result: b"second".to_vec() });
 
@@ -478,7 +485,7 @@ pub async fn status_is_scoped_to_the_tenant(ledger: Arc<dyn Ledger>) {
     let other_tenant = TenantTag::from_bytes(random_bytes());
     assert_eq!(ledger.status(other_tenant, first.subject, reference, T0 + 1).await.unwrap(), None);
     assert_eq!(
-        ledger.resolve(other_tenant, reference, Resolution::NothingHappened, T0 + 1, T0 + 1).await,
+        ledger.resolve(other_tenant, address(&first), Resolution::NothingHappened, T0 + 1, T0 + 1).await,
         Err(LedgerError::NotFound)
     );
     let unknown_ref = Key::from_bytes(random_bytes()).reference();
@@ -514,7 +521,7 @@ pub async fn status_is_scoped_to_the_subject(ledger: Arc<dyn Ledger>) {
     let reference = unknown.key.reference();
     assert!(ledger.status(unknown.tenant, unknown.subject, reference, after).await.unwrap().is_some());
     assert_eq!(ledger.status(unknown.tenant, colleague, reference, after).await.unwrap(), None);
-    ledger.resolve(unknown.tenant, reference, Resolution::NothingHappened, after, after).await.unwrap();
+    ledger.resolve(unknown.tenant, address(&unknown), Resolution::NothingHappened, after, after).await.unwrap();
 }
 
 /// inspect: the operator's lookup by ref within a tenant finds an operation whoever its subject
@@ -524,11 +531,11 @@ pub async fn inspect_finds_any_subjects_operation_in_the_tenant(ledger: Arc<dyn 
     claim(&*ledger, &mine).await;
     complete(&*ledger, &mine, Outcome::Completed(b"mine".to_vec())).await;
     let reference = mine.key.reference();
-    let found = ledger.inspect(mine.tenant, reference, T0 + 1).await.unwrap().expect("the tenant's operation");
+    let found = ledger.inspect(mine.tenant, reference, None, T0 + 1).await.unwrap().expect("the tenant's operation");
     assert_eq!((found.state, found.result.as_deref(), found.superseded), (State::Completed, Some(&b"mine"[..]), false));
     let other = TenantTag::from_bytes(random_bytes());
-    assert_eq!(ledger.inspect(other, reference, T0 + 1).await.unwrap(), None, "another tenant's lookup");
-    assert_eq!(ledger.inspect(mine.tenant, reference, T0 + WINDOW + 1).await.unwrap(), None, "expired");
+    assert_eq!(ledger.inspect(other, reference, None, T0 + 1).await.unwrap(), None, "another tenant's lookup");
+    assert_eq!(ledger.inspect(mine.tenant, reference, None, T0 + WINDOW + 1).await.unwrap(), None, "expired");
 
     // A superseded unknown operation, for the operator.
     let unknown = request(T0);
@@ -537,13 +544,59 @@ pub async fn inspect_finds_any_subjects_operation_in_the_tenant(ledger: Arc<dyn 
     let after = T0 + WINDOW + 1;
     let newer = repeat(&unknown, after);
     assert_eq!(claim(&*ledger, &newer).await.won(), Some(Won::Fresh));
-    let current = ledger.inspect(unknown.tenant, unknown.key.reference(), after).await.unwrap().expect("current");
+    let current = ledger.inspect(unknown.tenant, unknown.key.reference(), None, after).await.unwrap().expect("current");
     assert_eq!((current.state, current.superseded), (State::InProgress, false), "the current one first");
     complete(&*ledger, &newer, Outcome::Failed).await;
     let gone = after + WINDOW + 1;
-    let old = ledger.inspect(unknown.tenant, unknown.key.reference(), gone).await.unwrap().expect("superseded");
+    let old = ledger.inspect(unknown.tenant, unknown.key.reference(), None, gone).await.unwrap().expect("superseded");
     assert_eq!((old.state, old.superseded, old.created_at), (State::Unknown, true, T0), "then the superseded one");
-    assert_eq!(ledger.inspect(other, unknown.key.reference(), gone).await.unwrap(), None);
+    assert_eq!(ledger.inspect(other, unknown.key.reference(), None, gone).await.unwrap(), None);
+    // By address: each operation of the key, whichever is current.
+    let reference = unknown.key.reference();
+    let at = |window_end| ledger.inspect(unknown.tenant, reference, Some(window_end), after + 1);
+    assert_eq!(
+        at(address(&unknown).window_end).await.unwrap().map(|r| (r.state, r.superseded)),
+        Some((State::Unknown, true))
+    );
+    assert_eq!(
+        at(address(&newer).window_end).await.unwrap().map(|r| (r.state, r.superseded)),
+        Some((State::Failed, false))
+    );
+    assert_eq!(at(address(&newer).window_end + 1).await.unwrap(), None, "no operation at that address");
+}
+
+/// A verdict lands only on the operation its address names. The scenario: operation 1 ends
+/// unknown under `hold`; its window passes; a repeat supersedes it and starts operation 2,
+/// whose holder is alive but late (its lease lapsed). The operator, having checked the
+/// downstream for operation 1, says "nothing happened" about operation 1's address: operation 1
+/// is settled, operation 2 is untouched — its holder still records its result, and the next
+/// repeat replays it rather than charging again. An address that names nothing is refused.
+pub async fn a_verdict_lands_only_on_the_operation_it_names(ledger: Arc<dyn Ledger>) {
+    let first = request(T0);
+    claim(&*ledger, &first).await;
+    complete(&*ledger, &first, Outcome::Unknown).await;
+    let after = T0 + WINDOW + 1;
+    let second = repeat(&first, after);
+    assert_eq!(claim(&*ledger, &second).await.won(), Some(Won::Fresh));
+    let late = after + LEASE + 1;
+    let (one, two) = (address(&first), address(&second));
+    assert_eq!(one.reference, two.reference, "one ref, two operations");
+    assert_ne!(one, two, "two addresses");
+
+    let nowhere = Address { window_end: two.window_end + 1, ..two };
+    let refused = ledger.resolve(first.tenant, nowhere, Resolution::NothingHappened, late, late).await;
+    assert_eq!(refused, Err(LedgerError::NotFound), "a verdict whose address matches nothing");
+    ledger.resolve(first.tenant, one, Resolution::NothingHappened, late, late).await.expect("operation 1 settles");
+    let settled = ledger.inspect(first.tenant, one.reference, Some(one.window_end), late).await.unwrap();
+    assert_eq!(settled.map(|r| (r.state, r.superseded)), Some((State::Failed, true)), "operation 1 got the verdict");
+    let running = ledger.inspect(first.tenant, two.reference, Some(two.window_end), late).await.unwrap();
+    assert_eq!(running.map(|r| (r.state, r.lease_expired)), Some((State::InProgress, true)), "operation 2 untouched");
+    // Operation 2's late holder records its result, and the next repeat replays it.
+    ledger
+        .complete(&second.key, second.token, Outcome::Completed(b"charged once".to_vec()), late + GRACE)
+        .await
+        .expect("the late holder records");
+    assert_eq!(claim(&*ledger, &repeat(&first, late + 1)).await, Claim::Replay { result: b"charged once".to_vec() });
 }
 
 /// stats: records by state, the oldest unknown, what the sweep would delete — at least this
@@ -702,23 +755,27 @@ pub async fn resolve_settles_unknown(ledger: Arc<dyn Ledger>) {
     let happened = request(T0);
     claim(&*ledger, &happened).await;
     complete(&*ledger, &happened, Outcome::Unknown).await;
-    let reference = happened.key.reference();
-    ledger.resolve(happened.tenant, reference, Resolution::Completed(b"found".to_vec()), T0 + 1, T0 + 1).await.unwrap();
+    ledger
+        .resolve(happened.tenant, address(&happened), Resolution::Completed(b"found".to_vec()), T0 + 1, T0 + 1)
+        .await
+        .unwrap();
     assert_eq!(claim(&*ledger, &repeat(&happened, T0 + 2)).await, Claim::Replay { result: b"found".to_vec() });
     assert_eq!(
-        ledger.resolve(happened.tenant, reference, Resolution::NothingHappened, T0 + 3, T0 + 3).await,
+        ledger.resolve(happened.tenant, address(&happened), Resolution::NothingHappened, T0 + 3, T0 + 3).await,
         Err(LedgerError::NotResolvable { state: State::Completed })
     );
 
     let dead = request(T0);
     claim(&*ledger, &dead).await;
-    let reference = dead.key.reference();
     assert_eq!(
-        ledger.resolve(dead.tenant, reference, Resolution::NothingHappened, T0 + 1, T0 + 1).await,
+        ledger.resolve(dead.tenant, address(&dead), Resolution::NothingHappened, T0 + 1, T0 + 1).await,
         Err(LedgerError::NotResolvable { state: State::InProgress }),
         "a live lease cannot be resolved from outside"
     );
-    ledger.resolve(dead.tenant, reference, Resolution::NothingHappened, T0 + LEASE + 1, T0 + LEASE + 1).await.unwrap();
+    ledger
+        .resolve(dead.tenant, address(&dead), Resolution::NothingHappened, T0 + LEASE + 1, T0 + LEASE + 1)
+        .await
+        .unwrap();
     assert_eq!(ledger.complete(&dead.key, dead.token, Outcome::Unknown, NO_GRACE).await, Err(LedgerError::Fenced));
     assert_eq!(claim(&*ledger, &repeat(&dead, T0 + LEASE + 2)).await.won(), Some(Won::Fresh));
 }

@@ -39,6 +39,7 @@ macro_rules! ledger_conformance {
             status_is_scoped_to_the_subject,
             resolve_settles_unknown,
             inspect_finds_any_subjects_operation_in_the_tenant,
+            a_verdict_lands_only_on_the_operation_it_names,
             stats_count_records_by_state,
             pending_lists_unsettled_operations_oldest_first,
             sweep_is_bounded_and_spares_live_leases,

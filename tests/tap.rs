@@ -6,7 +6,7 @@ use std::sync::Arc;
 use idem_runtime::ledger::{
     BoxFuture, Claim, ClaimRequest, LedgerStats, Outcome, PendingQuery, PendingRecord, Resolution, StatusReport, Token,
 };
-use idem_runtime::{Key, Ledger, LedgerError, Ref, Secret, SecretError, SubjectTag, TenantTag};
+use idem_runtime::{Address, Key, Ledger, LedgerError, Ref, Secret, SecretError, SubjectTag, TenantTag};
 
 /// Which ledger method a [`Tap`] sees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +35,8 @@ pub enum Call {
     Sweep,
     /// [`Ledger::now`]
     Now,
+    /// [`Ledger::secret_check`]
+    SecretCheck,
 }
 
 /// What a [`Tap`] does with one call.
@@ -45,6 +47,8 @@ pub enum Pass {
     Fail(LedgerError),
     /// Never answered (a paused replica, a cut connection).
     Hang,
+    /// To the ledger beneath after this pause (a slow statement).
+    After(std::time::Duration),
 }
 
 /// A test's view of the calls a handle makes to its ledger.
@@ -76,7 +80,7 @@ impl<T: Tap> Tapped<T> {
     fn gate<'a, R: Send + 'a>(
         &'a self,
         call: Call,
-        send: impl FnOnce() -> BoxFuture<'a, Result<R, LedgerError>>,
+        send: impl FnOnce() -> BoxFuture<'a, Result<R, LedgerError>> + Send + 'a,
     ) -> BoxFuture<'a, Result<R, LedgerError>> {
         match self.tap.before(call) {
             Pass::Through => {
@@ -89,6 +93,12 @@ impl<T: Tap> Tapped<T> {
             }
             Pass::Fail(error) => Box::pin(async move { Err(error) }),
             Pass::Hang => Box::pin(std::future::pending()),
+            Pass::After(pause) => Box::pin(async move {
+                tokio::time::sleep(pause).await;
+                let answer = send().await;
+                self.tap.after(call);
+                answer
+            }),
         }
     }
 }
@@ -103,10 +113,10 @@ impl<T> std::ops::Deref for Tapped<T> {
 
 impl<T: Tap> Ledger for Tapped<T> {
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        self.gate(Call::Claim, || self.inner.claim(request))
+        self.gate(Call::Claim, move || self.inner.claim(request))
     }
     fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.gate(Call::Renew, || self.inner.renew(key, token, lease_until))
+        self.gate(Call::Renew, move || self.inner.renew(key, token, lease_until))
     }
     fn complete<'a>(
         &'a self,
@@ -115,13 +125,13 @@ impl<T: Tap> Ledger for Tapped<T> {
         outcome: Outcome,
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.gate(Call::Complete, || self.inner.complete(key, token, outcome, keep_until))
+        self.gate(Call::Complete, move || self.inner.complete(key, token, outcome, keep_until))
     }
     fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.gate(Call::Release, || self.inner.release(key, token))
+        self.gate(Call::Release, move || self.inner.release(key, token))
     }
     fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.gate(Call::Lookup, || self.inner.lookup(key, now))
+        self.gate(Call::Lookup, move || self.inner.lookup(key, now))
     }
     fn status<'a>(
         &'a self,
@@ -130,47 +140,55 @@ impl<T: Tap> Ledger for Tapped<T> {
         reference: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.gate(Call::Status, || self.inner.status(tenant, subject, reference, now))
+        self.gate(Call::Status, move || self.inner.status(tenant, subject, reference, now))
     }
     fn inspect<'a>(
         &'a self,
         tenant: TenantTag,
         reference: Ref,
+        window_end: Option<u64>,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.gate(Call::Inspect, || self.inner.inspect(tenant, reference, now))
+        self.gate(Call::Inspect, move || self.inner.inspect(tenant, reference, window_end, now))
     }
     fn resolve<'a>(
         &'a self,
         tenant: TenantTag,
-        reference: Ref,
+        address: Address,
         resolution: Resolution,
         now: u64,
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.gate(Call::Resolve, || self.inner.resolve(tenant, reference, resolution, now, keep_until))
+        self.gate(Call::Resolve, move || self.inner.resolve(tenant, address, resolution, now, keep_until))
     }
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
-        self.gate(Call::Stats, || self.inner.stats(now))
+        self.gate(Call::Stats, move || self.inner.stats(now))
     }
     fn pending<'a>(
         &'a self,
         query: &'a PendingQuery,
         now: u64,
     ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
-        self.gate(Call::Pending, || self.inner.pending(query, now))
+        self.gate(Call::Pending, move || self.inner.pending(query, now))
     }
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
-        self.gate(Call::Sweep, || self.inner.sweep(now, limit))
+        self.gate(Call::Sweep, move || self.inner.sweep(now, limit))
     }
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
-        self.gate(Call::Now, || self.inner.now())
+        self.gate(Call::Now, move || self.inner.now())
     }
     fn keeps_labels(&self) -> bool {
         self.inner.keeps_labels()
     }
     fn local(&self) -> bool {
         self.inner.local()
+    }
+    fn secret_check<'a>(
+        &'a self,
+        version: u32,
+        check: Option<&'a [u8; 32]>,
+    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
+        self.gate(Call::SecretCheck, move || self.inner.secret_check(version, check))
     }
     fn default_secret(&self) -> Result<Secret, SecretError> {
         self.inner.default_secret()

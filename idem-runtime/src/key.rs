@@ -180,6 +180,59 @@ impl fmt::Display for RefError {
 
 impl std::error::Error for RefError {}
 
+/// An operation's address, for an operator: its ref and the end of its window (ledger
+/// milliseconds), written `<ref>@<window end>`. A ref names a key, and one key can hold two
+/// operations — an unsettled one superseded after its window ended, and the newer one that
+/// superseded it (whose window ends later) — so a verdict names the address, never the ref alone.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Address {
+    /// The operation's ref.
+    pub reference: Ref,
+    /// When its window ends: no other operation of the same key has this one.
+    pub window_end: u64,
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.reference, self.window_end)
+    }
+}
+
+impl std::str::FromStr for Address {
+    type Err = AddressError;
+
+    /// Parses `<ref>@<window end>`, as `idem pending` and `idem show` print it.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        let invalid = || AddressError { input: text.to_owned() };
+        let (reference, window_end) = text.split_once('@').ok_or_else(invalid)?;
+        Ok(Self {
+            reference: Ref::parse(reference).map_err(|_| invalid())?,
+            window_end: window_end.parse().map_err(|_| invalid())?,
+        })
+    }
+}
+
+/// A string that is not an operation's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressError {
+    input: String,
+}
+
+impl fmt::Display for AddressError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` is not an operation's address: give it as `idem pending` and `idem show` print it, \
+             `<ref>@<window end>` (like 3f2a9c1e0b7d4e65@1764633600000) — a ref alone may name an \
+             operation and the newer one that superseded it",
+            self.input
+        )
+    }
+}
+
+impl std::error::Error for AddressError {}
+
 /// A digest of all of a call's arguments (minus those a recipe ignores), stored with its record.
 ///
 /// Same key with a different `digest` is a conflict. The per-argument `tags` (4 bytes each: a

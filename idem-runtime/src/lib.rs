@@ -102,7 +102,7 @@ pub use idem::{
     DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,
     StatusError, Sweeper, SweeperStats, current_caller, current_operation, run_as,
 };
-pub use key::{Fingerprint, Key, Ref, RefError};
+pub use key::{Address, AddressError, Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
 pub use ledger::{
     Label, Ledger, LedgerError, LedgerStats, PendingQuery, PendingRecord, Resolution, State, StatusReport, Token,

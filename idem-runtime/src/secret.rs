@@ -229,6 +229,21 @@ impl Secret {
         self.version
     }
 
+    /// This secret's check value: a keyed digest that tells two secrets of one version apart
+    /// without revealing either. A ledger keeps the first it sees per version, and every
+    /// replica (and the operator's CLI) compares its own against it.
+    #[must_use]
+    pub fn check_value(&self) -> [u8; 32] {
+        self.mac("idem/v2/secret-check", &[])
+    }
+
+    /// The check value's short form (its first 4 bytes in hex), for logs and messages: the
+    /// same on every replica that has the same secret.
+    #[must_use]
+    pub fn check_short(&self) -> String {
+        short_check(&self.check_value())
+    }
+
     /// HMAC-SHA256 under this secret of `label`, a NUL, and `parts`. Each use of the secret has
     /// its own label, so a value computed for one use never stands for another.
     pub(crate) fn mac(&self, label: &str, parts: &[&[u8]]) -> [u8; 32] {
@@ -387,6 +402,22 @@ pub enum SecretError {
         /// The system's error.
         error: std::sync::Arc<std::io::Error>,
     },
+    /// This secret's bytes are not those the ledger has seen under its version: another
+    /// replica keys with other bytes, and the two would never find each other's operations.
+    Mismatch {
+        /// The version both claim.
+        version: u32,
+        /// This secret's check value, short form.
+        ours: String,
+        /// The one the ledger keeps for the version, short form.
+        kept: String,
+    },
+    /// The secret could not be checked against the ledger's check value (the ledger did not
+    /// answer): nothing runs until it can be.
+    Unchecked {
+        /// The ledger's words.
+        detail: String,
+    },
     /// A malformed secret in an environment variable or file.
     In {
         /// Where it was.
@@ -425,6 +456,18 @@ impl fmt::Display for SecretError {
             Self::Io { path, error } => {
                 write!(f, "cannot read or create the idem secret file {}: {error}", path.display())
             }
+            Self::Mismatch { version, ours, kept } => write!(
+                f,
+                "this idem secret is not the one the ledger has seen under version {version} (check value {ours} \
+                 here, {kept} in the ledger): every replica must use the same bytes for a version — copy \
+                 {SECRET_ENV} from a running replica, or give a new secret a new version and keep the old one in \
+                 {PREVIOUS_SECRETS_ENV}"
+            ),
+            Self::Unchecked { detail } => write!(
+                f,
+                "the idem secret could not be checked against the ledger's check value ({detail}); nothing runs \
+                 until the ledger answers"
+            ),
             Self::In { place, error } => write!(f, "{place}: {error}"),
         }
     }
@@ -435,7 +478,11 @@ impl std::error::Error for SecretError {
         match self {
             Self::Io { error, .. } => Some(&**error),
             Self::In { error, .. } => Some(&**error),
-            Self::Required { .. } | Self::TooShort { .. } | Self::Malformed { .. } => None,
+            Self::Required { .. }
+            | Self::TooShort { .. }
+            | Self::Malformed { .. }
+            | Self::Mismatch { .. }
+            | Self::Unchecked { .. } => None,
         }
     }
 }
@@ -450,12 +497,22 @@ impl PartialEq for SecretError {
                 a == b && x.kind() == y.kind() && x.to_string() == y.to_string()
             }
             (Self::In { place: a, error: x }, Self::In { place: b, error: y }) => a == b && x == y,
+            (Self::Mismatch { version: a, ours: x, kept: k }, Self::Mismatch { version: b, ours: y, kept: l }) => {
+                a == b && x == y && k == l
+            }
+            (Self::Unchecked { detail: a }, Self::Unchecked { detail: b }) => a == b,
             _ => false,
         }
     }
 }
 
 impl Eq for SecretError {}
+
+/// The short form of a check value ([`Secret::check_short`]).
+#[must_use]
+pub fn short_check(check: &[u8; 32]) -> String {
+    hex(&check[..4])
+}
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()

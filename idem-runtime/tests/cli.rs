@@ -122,11 +122,23 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared
     let shown = ok_json(&idem(env, &["show", &done, "--tenant", tenant, "--json"]));
     assert_eq!(shown["state"], "completed", "{shown}");
     assert_eq!(shown["ref"], done.as_str());
+    // Its address: the ref and the window's end, what a verdict names.
+    let done_at = shown["address"].as_str().expect("an address").to_owned();
+    assert_eq!(done_at, format!("{done}@{}", shown["window_end_ms"]), "{shown}");
+    assert_eq!(ok_json(&idem(env, &["show", &done_at, "--tenant", tenant, "--json"]))["state"], "completed");
     assert_eq!(shown["result"], json!({ "ok": { "charge": "ch_1", "amount": 4200 } }), "{shown}");
     let shown = idem(env, &["show", &unknown, "--tenant", tenant]);
     assert!(shown.status.success(), "{}", stderr(&shown));
     let text = stdout(&shown);
     assert!(text.contains("state       unknown") && text.contains("idem resolve"), "{text}");
+    let unknown_at = ok_json(&idem(env, &["show", &unknown, "--tenant", tenant, "--json"]))["address"]
+        .as_str()
+        .expect("an address")
+        .to_owned();
+    assert!(text.contains(&format!("idem resolve {unknown_at} --tenant")), "the hint names the address: {text}");
+    // An address no operation has: nothing (not the operation of the same ref).
+    let elsewhere = format!("{unknown}@1");
+    failed(&idem(env, &["show", &elsewhere, "--tenant", tenant]), 3, "no operation");
 
     // Not in another tenant: refs never cross tenants.
     failed(&idem(env, &["show", &unknown, "--tenant", "other-tenant"]), 3, "no operation");
@@ -141,7 +153,7 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared
     assert_eq!(pending["next"], Value::Null, "{pending}");
     let listed = pending["operations"].as_array().unwrap();
     assert_eq!(listed.len(), 1, "{pending}");
-    let expected = [("ref", json!(unknown)), ("tenant", json!(tenant)), ("subject", json!("alice"))];
+    let expected = [("address", json!(unknown_at)), ("tenant", json!(tenant)), ("subject", json!("alice"))];
     for (field, value) in expected.into_iter().chain([("tool", json!("charge_card")), ("state", json!("unknown"))]) {
         assert_eq!(listed[0][field], value, "{field} in {pending}");
     }
@@ -149,7 +161,7 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared
     let text = idem(env, &["pending", "--tenant", tenant]);
     assert!(text.status.success(), "{}", stderr(&text));
     let text = stdout(&text);
-    for word in [unknown.as_str(), tenant, "alice", "charge_card", "unknown", "REF", "TOOL", "idem resolve"] {
+    for word in [unknown_at.as_str(), tenant, "alice", "charge_card", "unknown", "OPERATION", "TOOL", "idem resolve"] {
         assert!(text.contains(word), "{word} in:\n{text}");
     }
     assert!(!text.contains(&done), "a completed operation is not pending:\n{text}");
@@ -183,22 +195,29 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("not a page cursor"), "{}", stderr(&bad));
 
-    // resolve: a settled record is refused, the unknown one settled; a second verdict refused.
-    failed(&idem(env, &["resolve", &done, "--tenant", tenant, "--nothing-happened"]), 4, "is completed");
-    failed(&idem(env, &["resolve", &unknown, "--tenant", tenant, "--completed", "{not json"]), 2, "as JSON");
-    let usage = idem(env, &["resolve", &unknown, "--tenant", tenant]);
+    // resolve: a ref alone is refused (it may name two operations), as is an address that names
+    // none; a settled record is refused, the unknown one settled; a second verdict refused.
+    failed(
+        &idem(env, &["resolve", &unknown, "--tenant", tenant, "--nothing-happened"]),
+        2,
+        "not an operation's address",
+    );
+    failed(&idem(env, &["resolve", &elsewhere, "--tenant", tenant, "--nothing-happened"]), 3, "no operation");
+    failed(&idem(env, &["resolve", &done_at, "--tenant", tenant, "--nothing-happened"]), 4, "is completed");
+    failed(&idem(env, &["resolve", &unknown_at, "--tenant", tenant, "--completed", "{not json"]), 2, "as JSON");
+    let usage = idem(env, &["resolve", &unknown_at, "--tenant", tenant]);
     assert_eq!(usage.status.code(), Some(2), "a verdict is required: {}", stderr(&usage));
     let resolved = ok_json(&idem(
         env,
-        &["resolve", &unknown, "--tenant", tenant, "--completed", r#"{"charge":"ch_2"}"#, "--json"],
+        &["resolve", &unknown_at, "--tenant", tenant, "--completed", r#"{"charge":"ch_2"}"#, "--json"],
     ));
-    assert_eq!(resolved, json!({ "ref": unknown, "tenant": tenant, "resolved": "completed" }));
+    assert_eq!(resolved, json!({ "operation": unknown_at, "tenant": tenant, "resolved": "completed" }));
     let shown = ok_json(&idem(env, &["show", &unknown, "--tenant", tenant, "--json"]));
     assert_eq!(
         (shown["state"].as_str(), &shown["result"]),
         (Some("completed"), &json!({ "ok": { "charge": "ch_2" } }))
     );
-    failed(&idem(env, &["resolve", &unknown, "--tenant", tenant, "--nothing-happened"]), 4, "never overwritten");
+    failed(&idem(env, &["resolve", &unknown_at, "--tenant", tenant, "--nothing-happened"]), 4, "never overwritten");
     let after = ok_json(&idem(env, &["pending", "--tenant", tenant, "--json"]));
     assert_eq!(after["operations"], json!([]), "a resolved operation is no longer pending: {after}");
 
@@ -265,9 +284,13 @@ async fn a_missing_secret_is_an_error_not_a_new_secret() {
     assert!(!secret_file.exists(), "idem made a new secret, which finds nothing");
     // stats and sweep need none.
     assert_eq!(ok_json(&idem(&env, &["stats", "--json"]))["completed"], 1);
-    // A wrong secret finds nothing.
+    // A wrong secret under the servers' version is told apart by the ledger's check value.
     let (_, wrong) = Secret::generate(1);
     let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", wrong.as_str())];
+    failed(&idem(&env, &["show", &done.to_string(), "--tenant", "acme"]), 1, "seen under version 1");
+    // A secret of a version the servers never used finds nothing, and says which to check.
+    let (_, unseen) = Secret::generate(7);
+    let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", unseen.as_str())];
     failed(&idem(&env, &["show", &done.to_string(), "--tenant", "acme"]), 3, "that IDEM_SECRET is the servers'");
     // A malformed one says so.
     let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", "nonsense")];
@@ -290,7 +313,10 @@ async fn postgres_session() {
         Ok(ledger) => ledger,
         Err(error) => return skip(format!("cannot reach {url}: {error}")),
     };
-    let (secret, text) = Secret::generate(1);
+    // A version of its own: the shared database keeps the check value of every version used on
+    // it, and other tests key version 1 with other bytes.
+    let version = u32::try_from(idem_runtime::ledger::Token::random().get() % 1_000_000_000).unwrap() + 1_000;
+    let (secret, text) = Secret::generate(version);
     let idem_handle = Idem::new(ledger).with_secret(secret);
     let tenant = format!("tenant-{}", idem_runtime::ledger::Token::random().get());
     let (done, unknown) = operations(&idem_handle, &tenant).await;

@@ -374,7 +374,8 @@ async fn status_and_resolve_for_the_callers_tenant() {
     let reference = held.unwrap_err();
     let ToolError::Rejected { message, .. } = &reference else { panic!() };
     let reference = message.split("ref ").nth(1).unwrap()[..16].to_owned();
-    idem.resolve(&alice(), &reference, Resolution::NothingHappened).await.unwrap();
+    let address = idem.inspect("acme", &reference).await.unwrap().expect("the held operation").address();
+    idem.resolve(&alice(), &address.to_string(), Resolution::NothingHappened).await.unwrap();
     let after = idem.call(&recipe, Some(&alice()), &charge(42, "x"), || async { Ok::<_, ToolError>(7) }).await;
     assert_eq!(after.unwrap().value, 7, "resolved as not happened: the repeat runs");
 }
@@ -450,18 +451,25 @@ impl Ledger for Faulty {
     fn resolve<'a>(
         &'a self,
         t: TenantTag,
-        r: Ref,
+        a: idem_runtime::Address,
         x: Resolution,
         now: u64,
         keep: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.fault().unwrap_or_else(|| self.inner.resolve(t, r, x, now, keep))
+        self.fault().unwrap_or_else(|| self.inner.resolve(t, a, x, now, keep))
     }
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         self.fault().unwrap_or_else(|| self.inner.sweep(now, limit))
     }
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         self.fault().unwrap_or_else(|| self.inner.now())
+    }
+    fn secret_check<'a>(
+        &'a self,
+        version: u32,
+        check: Option<&'a [u8; 32]>,
+    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.secret_check(version, check))
     }
     fn default_secret(&self) -> Result<idem_runtime::Secret, idem_runtime::SecretError> {
         self.inner.default_secret()
@@ -949,8 +957,12 @@ async fn a_refused_late_holder_never_gets_a_newer_operations_result() {
     let newer = idem.call(&recipe, Some(&caller), &args, || async { Ok::<_, ToolError>("second".to_owned()) });
     let newer = newer.await.unwrap();
     assert_eq!((newer.value.as_str(), newer.replayed), ("second", false), "a new operation after the window");
-    let reference = newer.reference.to_string();
-    idem.resolve(&alice(), &reference, Resolution::NothingHappened).await.expect("the operator settles the old one");
+    // The operator finds the old one among the pending operations, by its own address.
+    let page = idem.pending(&idem_runtime::PendingFilter::new(100)).await.unwrap();
+    let old = page.operations.iter().find(|op| op.reference == newer.reference && op.superseded).expect("listed");
+    idem.resolve(&alice(), &old.address().to_string(), Resolution::NothingHappened)
+        .await
+        .expect("the operator settles the old one");
     release.notify_one();
     let answer = late.await.unwrap().unwrap();
     assert_eq!((answer.value.as_str(), answer.replayed), ("first, late", false));

@@ -59,14 +59,18 @@ async fn a_hanging_ledger_is_unavailable_within_the_timeout_on_every_path() {
             .await
             .expect("the ledger answers");
         let reference = served.reference.to_string();
+        let address = idem.status(&alice, &reference).await.unwrap().expect("the operation").address().to_string();
         tapped.hanging.store(true, Ordering::SeqCst);
 
         let status = answered("status", backend, idem.status(&alice, &reference)).await;
         assert!(status.is_err(), "{backend}: status of a hanging ledger: {status:?}");
         let inspect = answered("inspect", backend, idem.inspect("acme", &reference)).await;
         assert!(inspect.is_err(), "{backend}: inspect: {inspect:?}");
-        let resolve = answered("resolve", backend, idem.resolve(&alice, &reference, Resolution::NothingHappened)).await;
-        assert!(resolve.is_err(), "{backend}: resolve: {resolve:?}");
+        let resolve = answered("resolve", backend, idem.resolve(&alice, &address, Resolution::NothingHappened)).await;
+        assert!(
+            matches!(resolve, Err(idem_runtime::StatusError::Ledger(ref error)) if error.is_ambiguous()),
+            "{backend}: resolve: {resolve:?}"
+        );
         let stats = answered("stats", backend, idem.stats()).await;
         assert!(stats.is_err(), "{backend}: stats: {stats:?}");
         let pending = answered("pending", backend, idem.pending(&PendingFilter::new(10))).await;

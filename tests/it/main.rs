@@ -25,6 +25,7 @@ mod pedantic;
 mod rmcp_tasks;
 mod rmcp_tools;
 mod rmcp_waiting;
+mod rotation;
 mod security;
 mod sweeper;
 mod waiting;

@@ -35,6 +35,7 @@ on_every_ledger!(
     a_tampered_or_foreign_state_is_refused_and_charges_nothing,
     a_single_use_state_is_refused_the_second_time,
     an_input_key_makes_each_chosen_value_its_own_operation,
+    a_state_sealed_before_a_rotation_step_is_accepted_after_it,
 );
 
 async fn ledger(backend: &str) -> Option<Arc<dyn Ledger>> {
@@ -442,4 +443,40 @@ async fn an_input_key_makes_each_chosen_value_its_own_operation(backend: &str) {
     // The call without a chosen amount is another operation again: it only asks.
     let original = client.call("tip", &arguments, json!({})).await;
     assert_eq!(original["resultType"], json!("input_required"), "{original}");
+}
+
+/// A rotation step between the two rounds: the first round was answered by a replica keyed with
+/// the previous secret, the continuation reaches one keyed with the new secret (the previous one
+/// still honoured). The state it echoes opens, the charge happens once, and the user does not
+/// have to start over — for a single-use state too.
+async fn a_state_sealed_before_a_rotation_step_is_accepted_after_it(backend: &str) {
+    let Some(ledger) = ledger(backend).await else { return };
+    let base = u32::try_from(idem_runtime::Token::random().get() % 1_000_000_000).unwrap() + 1_000;
+    let (v1, v2) = (
+        idem_runtime::Secret::new(base, &[0x11; 32]).unwrap(),
+        idem_runtime::Secret::new(base + 1, &[0x22; 32]).unwrap(),
+    );
+    let alice = Caller::new("acme", "alice");
+    let processor = Arc::new(Processor::default());
+    let replica = |idem: Idem| Till { idem: idem.with_local_caller(alice.clone()), processor: Arc::clone(&processor) };
+    let mut before = Client::connect(replica(Idem::from_shared(Arc::clone(&ledger)).with_secret(v1.clone())));
+    let mut after = Client::connect(replica(Idem::from_shared(ledger).with_secret(v2).with_previous_secret(v1)));
+    for tool in ["charge", "charge_once"] {
+        let order = order_id();
+        let arguments = json!({ "order_id": order, "amount_cents": 1_500 });
+        let asked = before.call(tool, &arguments, json!({})).await;
+        assert_eq!(asked["resultType"], json!("input_required"), "{tool}: {asked}");
+        let done = after.call(tool, &arguments, answering(&asked, "accept")).await;
+        assert_eq!(
+            done["resultType"],
+            json!("complete"),
+            "{tool}: the state sealed before the step was refused: {done}"
+        );
+        assert_eq!(
+            text(&done),
+            format!("charged {order} (#{})", if tool == "charge" { 1 } else { 2 }),
+            "{tool}: {done}"
+        );
+        assert_eq!(processor.of(&order), (1, 1), "{tool}: charged once");
+    }
 }

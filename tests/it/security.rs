@@ -206,7 +206,7 @@ async fn the_sqlite_default_keeps_its_own_secret_beside_the_file() {
     let runs = AtomicUsize::new(0);
     let args = json!({ "card": CARD, "amount_cents": 5 });
     let first = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
-    first.check_secret().expect("zero setup");
+    first.check_secret().await.expect("zero setup");
     assert_eq!(charge(&first, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-1");
     let secret_file = dir.join("ledger.sqlite3.secret");
     #[cfg(unix)]
@@ -233,13 +233,13 @@ async fn a_shared_database_without_a_secret_refuses_and_says_how_to_set_one() {
             continue;
         };
         let idem = Idem::new(ledger);
-        let error = idem.check_secret().expect_err("no secret on a shared database").to_string();
+        let error = idem.check_secret().await.expect_err("no secret on a shared database").to_string();
         assert!(error.contains("IDEM_SECRET=1:") && error.contains("every replica"), "{backend}: {error}");
         let runs = AtomicUsize::new(0);
         let refused = charge(&idem, &json!({ "card": CARD, "amount_cents": 7 }), &runs, Duration::ZERO).await;
         assert!(matches!(refused, Err(Error::Idem(ref code)) if code == "ledger_unavailable"), "{refused:?}");
         assert_eq!(runs.load(Ordering::SeqCst), 0);
-        idem.with_secret(idem_tests::test_secret()).check_secret().expect("configured in code");
+        idem.with_secret(idem_tests::test_secret()).check_secret().await.expect("configured in code");
     }
 }
 

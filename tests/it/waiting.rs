@@ -40,6 +40,8 @@ impl IdempotentError for Error {
 
 /// Waits long enough for every first call below to finish.
 static DEPLOY: Recipe = Recipe::new("deploy", &["service"]).wait(Duration::from_secs(30));
+/// Does not wait.
+static DEPLOY_NOW: Recipe = Recipe::new("deploy_now", &["service"]);
 /// Waits less than the first call takes.
 static DEPLOY_BRIEFLY: Recipe = Recipe::new("deploy_briefly", &["service"]).wait(Duration::from_millis(300));
 /// Waits a second, and takes over a dead holder's lease — never a late one's during a wait.
@@ -207,7 +209,8 @@ macro_rules! on_every_backend {
 on_every_backend!(
     a_repeat_gets_the_first_calls_result_as_a_replay,
     a_holder_slower_than_the_wait_is_answered_in_flight,
-    a_late_holder_is_waited_for_not_taken_over,
+    a_lapsed_holder_is_taken_over_as_a_plain_repeat_would,
+    a_first_call_no_longer_polled_does_not_wedge_the_calls_that_joined_it,
     a_repeat_runs_the_handler_when_the_first_call_did_nothing,
     a_local_holder_wakes_its_waiters_without_polling,
     a_thousand_waiters_cost_a_bounded_number_of_statements,
@@ -279,11 +282,13 @@ async fn a_holder_slower_than_the_wait_is_answered_in_flight(backend: &str) {
     assert_eq!((downstream.effects(), downstream.attempts.load(Ordering::SeqCst)), (1, 1));
 }
 
-/// A holder alive but cut off from the ledger (its renewals fail, its lease lapses) under a
-/// `takeover` recipe: a waiting repeat never treats it as dead. The wait ends "in flight" and
-/// the handler ran once; the holder's result is still recorded when it ends.
-async fn a_late_holder_is_waited_for_not_taken_over(backend: &str) {
-    let Some(shared) = ledger(backend, "a_late_holder_is_waited_for_not_taken_over").await else { return };
+/// A holder cut off from the ledger (its renewals fail, its lease lapses) under a `takeover`
+/// recipe: a waiting repeat is answered as a plain repeat arriving then would be — nobody holds
+/// the operation, so it takes over at once (under the same forwarded key, which the downstream
+/// applies once) instead of sitting out its wait to answer "in flight". The late holder's
+/// completion is fenced, and it is answered with the recorded result.
+async fn a_lapsed_holder_is_taken_over_as_a_plain_repeat_would(backend: &str) {
+    let Some(shared) = ledger(backend, "a_lapsed_holder_is_taken_over_as_a_plain_repeat_would").await else { return };
     let holder_ledger = Counting::new(Arc::clone(&shared));
     // A short lease, so it lapses during the one-second wait.
     let holder = idem_tests::idem_shared(holder_ledger.clone()).with_lease(Duration::from_millis(150));
@@ -308,11 +313,44 @@ async fn a_late_holder_is_waited_for_not_taken_over(backend: &str) {
         repeat
     };
     let (first, repeat) = tokio::join!(first, repeat);
-    assert!(matches!(repeat, Err(Error::Idem(ref code)) if code == "in_flight"), "{repeat:?}");
-    assert_eq!(downstream.attempts.load(Ordering::SeqCst), 1, "a waiter took over a late holder");
+    let repeat = repeat.expect("the waiting repeat took the lapsed lease over");
+    assert!(!repeat.replayed, "{backend}: a takeover runs: {repeat:?}");
+    assert_eq!(downstream.attempts.load(Ordering::SeqCst), 2, "{backend}: the waiter took over");
+    assert_eq!(downstream.effects(), 1, "{backend}: under the same forwarded key, applied once");
     let first = first.unwrap();
+    assert_eq!((first.value.as_str(), first.replayed), (repeat.value.as_str(), true), "{backend}: the recorded result");
     let again = repeats.call(&DEPLOY_TAKEOVER, Some(alice()), &args, || async { Ok::<_, Error>(String::new()) });
-    assert_eq!(again.await.unwrap().value, first.value, "the late holder's result is recorded and replayed");
+    assert_eq!(again.await.unwrap().value, repeat.value, "{backend}: recorded and replayed");
+}
+
+/// The first of identical calls is kept alive but never polled again after it sent its claim
+/// (a client that stopped reading, a task starved): the calls that joined its claim do not wait
+/// for it forever — after the ledger timeout they claim on their own.
+async fn a_first_call_no_longer_polled_does_not_wedge_the_calls_that_joined_it(backend: &str) {
+    let test = "a_first_call_no_longer_polled_does_not_wedge_the_calls_that_joined_it";
+    if backend == "memory" {
+        return; // A local ledger answers in one poll and is never coalesced: nobody joins a claim.
+    }
+    let Some(shared) = ledger(backend, test).await else { return };
+    let idem = idem_tests::idem_shared(shared).with_ledger_timeout(Duration::from_millis(100));
+    let warm = json!({ "service": unique("warm-up") });
+    idem.call(&DEPLOY, Some(alice()), &warm, || async { Ok::<_, Error>(String::new()) }).await.unwrap();
+    let args = json!({ "service": unique("api") });
+    let mut stuck =
+        Box::pin(idem.call(&DEPLOY_NOW, Some(alice()), &args, || async { Ok::<_, Error>("stuck".to_owned()) }));
+    // One poll: the call joins nothing, starts its claim, and is never polled again.
+    std::future::poll_fn(|cx| {
+        assert!(stuck.as_mut().poll(cx).is_pending(), "the first call finished in one poll");
+        std::task::Poll::Ready(())
+    })
+    .await;
+    let joined = idem.call(&DEPLOY_NOW, Some(alice()), &args, || async { Ok::<_, Error>("ran".to_owned()) });
+    let answer = tokio::time::timeout(Duration::from_secs(5), joined).await;
+    assert!(
+        answer.is_ok(),
+        "{backend}: a call that joined a first call never polled again was still waiting after 5 s"
+    );
+    drop(stuck);
 }
 
 /// The first call fails having done nothing while a repeat waits: the repeat claims again and

@@ -350,7 +350,7 @@ async fn inject(context: &Context, point: &'static str, policy: StalePolicy) -> 
                 Some(receipt) => Resolution::Completed(stored_ok(&receipt)),
                 None => Resolution::NothingHappened,
             };
-            idem.resolve(caller, &reference, resolution).await.expect("the operator resolves it");
+            idem.resolve(caller, &status.address().to_string(), resolution).await.expect("the operator resolves it");
             run.resolved_by_operator = true;
             idem.call(&HOLD, Some(caller), &arguments, charge).await.expect("after resolve the repeat completes").value
         }

@@ -928,7 +928,8 @@ async fn result_above_the_size_limit(backend: &str) {
         assert_eq!(state == State::Completed, kept, "{len}: {state}");
     }
     // The way out: an operator stores a (small) result; repeats replay it.
-    idem.resolve(&caller, &reference, Resolution::Completed(stored_ok(&"stored elsewhere"))).await.unwrap();
+    let address = idem.status(&caller, &reference).await.unwrap().expect("the unknown one").address();
+    idem.resolve(&caller, &address.to_string(), Resolution::Completed(stored_ok(&"stored elsewhere"))).await.unwrap();
     let replay = idem.call(&CHARGE, Some(&caller), &arguments, handler).await.unwrap();
     assert_eq!((replay.value.as_str(), replay.replayed), ("stored elsewhere", true));
     assert_eq!(runs.load(Ordering::SeqCst), 1);

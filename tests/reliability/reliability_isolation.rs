@@ -151,11 +151,13 @@ async fn tenants_never_see_each_other(backend: &str) {
             seen += 1;
         }
     }
-    // B tries to settle A's operations: "not found", exactly as for a ref that does not exist.
+    // B tries to settle A's operations, by their exact addresses: "not found", exactly as for an
+    // operation that does not exist.
     let mut settled = 0;
     for reference in &refs_a {
+        let address = idem.status(&a, reference).await.unwrap().expect("A's own").address().to_string();
         for resolution in [Resolution::NothingHappened, Resolution::Completed(br#"{"ok":"forged"}"#.to_vec())] {
-            match idem.resolve(&b, reference, resolution).await {
+            match idem.resolve(&b, &address, resolution).await {
                 Err(StatusError::Ledger(LedgerError::NotFound)) => {}
                 other => {
                     settled += 1;
@@ -164,7 +166,8 @@ async fn tenants_never_see_each_other(backend: &str) {
             }
         }
     }
-    let not_found_for_nonexistent = idem.resolve(&b, &random_ref(), Resolution::NothingHappened).await;
+    let nonexistent = format!("{}@1900000000000", random_ref());
+    let not_found_for_nonexistent = idem.resolve(&b, &nonexistent, Resolution::NothingHappened).await;
     assert_eq!(not_found_for_nonexistent, Err(StatusError::Ledger(LedgerError::NotFound)));
     // Positive controls: B sees its own; A does not see B's.
     for reference in &refs_b {

@@ -545,7 +545,8 @@ async fn lost_claim_answer_tells_the_truth_and_has_a_way_out() {
             }
             Err(error) if error.code() == "outcome_unknown" => {
                 path.push("outcome_unknown -> Idem::resolve(NothingHappened)".to_owned());
-                idem.resolve(&caller, &reference, Resolution::NothingHappened).await.unwrap();
+                let address = idem.status(&caller, &reference).await.unwrap().expect("the unknown one").address();
+                idem.resolve(&caller, &address.to_string(), Resolution::NothingHappened).await.unwrap();
             }
             Err(error) => panic!("{path:?} then {error:?}"),
         }

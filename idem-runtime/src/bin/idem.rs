@@ -101,11 +101,13 @@ fn parse_age(text: &str) -> Result<Duration, String> {
     parse_window(text).map_err(|error| error.to_string().replacen("invalid window", "invalid age", 1))
 }
 
-/// An operation: its ref (as the tool's answer gave it) and its tenant.
+/// An operation: its address (as `idem pending` and `idem show` print it) and its tenant.
 #[derive(Args, Debug)]
 struct Target {
-    /// The operation's ref (`ref` in the tool's answer or in `_meta["dev.idem/outcome"]`).
-    #[arg(value_name = "REF")]
+    /// The operation's address, `<ref>@<window end>`, as `idem pending` and `idem show` print
+    /// it: no other operation has it. `show` also takes a ref alone (`ref` in the tool's answer
+    /// or in `_meta["dev.idem/outcome"]`) for the current operation of its key.
+    #[arg(value_name = "OPERATION")]
     reference: String,
     /// The tenant the operation was made in (the caller's tenant; `local` for a stdio server).
     #[arg(long)]
@@ -250,7 +252,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             })?;
             let verdict = if *nothing_happened { "nothing_happened" } else { "completed" };
             Ok(if cli.json {
-                json!({ "ref": target.reference, "tenant": target.tenant, "resolved": verdict }).to_string()
+                json!({ "operation": target.reference, "tenant": target.tenant, "resolved": verdict }).to_string()
             } else if *nothing_happened {
                 format!(
                     "resolved {} (tenant {}): nothing happened; the next repeat runs the tool again",
@@ -342,6 +344,9 @@ fn status_failure(error: StatusError) -> Failure {
         StatusError::Ref(error) => {
             Failure { message: format!("{error} (copy the ref from the tool's answer)"), code: 2 }
         }
+        StatusError::Address(error) => {
+            Failure { message: format!("{error}; `idem show REF --tenant T` prints the address"), code: 2 }
+        }
         StatusError::Secret(error) => Failure::new(format!("{error}: set {SECRET_ENV} to the servers' secret")),
         other => Failure::new(other.to_string()),
     }
@@ -394,6 +399,7 @@ fn pending_json(page: &PendingPage) -> Value {
         .map(|operation| {
             let label = operation.label.as_ref();
             json!({
+                "address": operation.address().to_string(),
                 "ref": operation.reference.to_string(),
                 "tenant": label.map(|label| &label.tenant),
                 "subject": label.and_then(|label| label.subject.as_ref()),
@@ -417,7 +423,7 @@ fn pending_text(page: &PendingPage) -> String {
         return "no pending operations".to_owned();
     }
     let mut table = Table::new();
-    table.load_preset(presets::NOTHING).set_header(["REF", "TENANT", "SUBJECT", "TOOL", "STATE", "AGE", "LEASE"]);
+    table.load_preset(presets::NOTHING).set_header(["OPERATION", "TENANT", "SUBJECT", "TOOL", "STATE", "AGE", "LEASE"]);
     for operation in &page.operations {
         let label = operation.label.as_ref();
         let unknown = || "?".to_owned();
@@ -434,7 +440,7 @@ fn pending_text(page: &PendingPage) -> String {
             state_word(operation).to_owned()
         };
         table.add_row([
-            operation.reference.to_string(),
+            operation.address().to_string(),
             label.map_or_else(unknown, |label| label.tenant.clone()),
             label.map_or_else(unknown, |label| label.subject.clone().unwrap_or_else(|| "(tenant)".to_owned())),
             label.map_or_else(unknown, |label| label.tool.clone()),
@@ -454,8 +460,8 @@ fn pending_text(page: &PendingPage) -> String {
         lines.push(format!("more: idem pending --after {next} (with the same filters)"));
     }
     lines.push(
-        "next: idem show REF --tenant T; after checking the downstream system, \
-         idem resolve REF --tenant T --completed JSON | --nothing-happened"
+        "next: idem show OPERATION --tenant T; after checking the downstream system, \
+         idem resolve OPERATION --tenant T --completed JSON | --nothing-happened"
             .to_owned(),
     );
     lines.join("\n")
@@ -470,6 +476,7 @@ fn result_value(report: &StatusReport) -> Value {
 
 fn report_json(report: &StatusReport, tenant: &str) -> Value {
     json!({
+        "address": report.address().to_string(),
         "ref": report.reference.to_string(),
         "tenant": tenant,
         "state": report.state.as_str(),
@@ -484,6 +491,7 @@ fn report_json(report: &StatusReport, tenant: &str) -> Value {
 
 fn report_text(report: &StatusReport, target: &Target, now: u64) -> String {
     let mut lines = vec![
+        format!("operation   {}", report.address()),
         format!("ref         {}", report.reference),
         format!("tenant      {}", target.tenant),
         format!("state       {}", report.state),
@@ -505,7 +513,7 @@ fn report_text(report: &StatusReport, target: &Target, now: u64) -> String {
     if report.state == State::Unknown || report.lease_expired {
         lines.push(format!(
             "next        check the downstream system, then: idem resolve {} --tenant {} --completed JSON | --nothing-happened",
-            report.reference, target.tenant
+            report.address(), target.tenant
         ));
     }
     lines.join("\n")

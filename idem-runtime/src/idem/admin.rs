@@ -4,12 +4,13 @@
 //! act on time, so only on a settled clock. The sweep in the background, on a schedule, is
 //! [`Idem::spawn_sweeper`] (`sweeper.rs`).
 
-use crate::key::{Ref, RefError, SubjectTag, TenantTag};
+use crate::key::{Address, AddressError, Ref, RefError, SubjectTag, TenantTag};
 use crate::ledger::{LedgerError, LedgerStats, Resolution, StatusReport};
 use crate::scope::Caller;
 use crate::secret::SecretError;
 
 use super::Idem;
+use super::keyring::Check;
 use super::time::{clamp, millis};
 
 /// A status or resolve request that could not be answered.
@@ -18,6 +19,8 @@ use super::time::{clamp, millis};
 pub enum StatusError {
     /// The ref is malformed.
     Ref(RefError),
+    /// The operation's address is malformed (or a ref alone where a verdict needs the address).
+    Address(AddressError),
     /// The ledger failed or refused.
     Ledger(LedgerError),
     /// The handle has no usable secret.
@@ -28,6 +31,7 @@ impl std::fmt::Display for StatusError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Ref(error) => error.fmt(f),
+            Self::Address(error) => error.fmt(f),
             Self::Ledger(error) => error.fmt(f),
             Self::Secret(error) => error.fmt(f),
         }
@@ -39,6 +43,7 @@ impl std::error::Error for StatusError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Ref(error) => error.source(),
+            Self::Address(error) => error.source(),
             Self::Ledger(error) => error.source(),
             Self::Secret(error) => error.source(),
         }
@@ -48,6 +53,12 @@ impl std::error::Error for StatusError {
 impl From<RefError> for StatusError {
     fn from(error: RefError) -> Self {
         Self::Ref(error)
+    }
+}
+
+impl From<AddressError> for StatusError {
+    fn from(error: AddressError) -> Self {
+        Self::Address(error)
     }
 }
 
@@ -71,7 +82,7 @@ impl Idem {
     /// A malformed ref, or the ledger's failure.
     pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
         let reference = Ref::parse(reference)?;
-        let keyring = self.keyring()?;
+        let keyring = self.keyring(Check::Keep).await?;
         let (now, _) = self.ledger_time().await?;
         for secret in keyring.all() {
             let tenant = TenantTag::of(secret, caller.tenant());
@@ -86,29 +97,38 @@ impl Idem {
         Ok(None)
     }
 
-    /// Settles an unknown (or dead-holder) operation of the caller's tenant: the operator path
-    /// out of "outcome unknown". The verdict stays readable (and a completed one replayable)
-    /// for the verdict retention at least.
+    /// Settles an unknown (or dead-holder) operation of the caller's tenant, named by its
+    /// address (`<ref>@<window end>`, [`StatusReport::address`]): the operator path out of
+    /// "outcome unknown". The verdict lands on that operation only — never on a newer one of the
+    /// same key. It stays readable (and a completed one replayable) for the verdict retention
+    /// at least.
     ///
     /// # Errors
-    /// A malformed ref, no such operation, or one that is not unknown.
-    pub async fn resolve(&self, caller: &Caller, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
-        self.resolve_in(caller.tenant(), reference, resolution).await
+    /// A malformed address (a ref alone included), no operation at that address, or one that
+    /// is not unknown.
+    pub async fn resolve(&self, caller: &Caller, address: &str, resolution: Resolution) -> Result<(), StatusError> {
+        self.resolve_in(caller.tenant(), address, resolution).await
     }
 
-    /// The operator's view of operation `reference` of `tenant`, whoever its subject (an
-    /// operator knows the tenant, not necessarily the subject): what the `idem show` command
-    /// prints. Never another tenant's. Unlike [`Idem::status`], this is for operators only — do
-    /// not expose it to callers, who must see only their own operations.
+    /// The operator's view of an operation of `tenant`, whoever its subject (an operator knows
+    /// the tenant, not necessarily the subject): what the `idem show` command prints. Never
+    /// another tenant's. `operation` is its address (`<ref>@<window end>`), or a ref alone for
+    /// the current operation of its key (else the newest superseded one). Unlike
+    /// [`Idem::status`], this is for operators only — do not expose it to callers, who must see
+    /// only their own operations.
     ///
     /// # Errors
-    /// A malformed ref, no usable secret, or the ledger's failure.
-    pub async fn inspect(&self, tenant: &str, reference: &str) -> Result<Option<StatusReport>, StatusError> {
-        let reference = Ref::parse(reference)?;
-        let keyring = self.keyring()?;
+    /// A malformed ref or address, no usable secret, or the ledger's failure.
+    pub async fn inspect(&self, tenant: &str, operation: &str) -> Result<Option<StatusReport>, StatusError> {
+        let (reference, window_end) = match operation.parse::<Address>() {
+            Ok(address) => (address.reference, Some(address.window_end)),
+            Err(_) if !operation.contains('@') => (Ref::parse(operation)?, None),
+            Err(error) => return Err(error.into()),
+        };
+        let keyring = self.keyring(Check::Compare).await?;
         let (now, _) = self.ledger_time().await?;
         for secret in keyring.all() {
-            let report = self.inner.ledger.inspect(TenantTag::of(secret, tenant), reference, now).await?;
+            let report = self.inner.ledger.inspect(TenantTag::of(secret, tenant), reference, window_end, now).await?;
             if let Some(mut report) = report {
                 report.result = report.result.and_then(|stored| self.open(stored, report.reference).ok());
                 return Ok(Some(report));
@@ -117,14 +137,15 @@ impl Idem {
         Ok(None)
     }
 
-    /// Settles an unknown (or dead-holder) operation of `tenant`, as [`Idem::resolve`] does
-    /// for a caller of that tenant: what the `idem resolve` command does.
+    /// Settles an unknown (or dead-holder) operation of `tenant` at `address`, as
+    /// [`Idem::resolve`] does for a caller of that tenant: what the `idem resolve` command does.
     ///
     /// # Errors
-    /// A malformed ref, no such operation, or one that is not unknown.
-    pub async fn resolve_in(&self, tenant: &str, reference: &str, resolution: Resolution) -> Result<(), StatusError> {
-        let reference = Ref::parse(reference)?;
-        let keyring = self.keyring()?;
+    /// A malformed address (a ref alone included), no operation at that address, or one that
+    /// is not unknown.
+    pub async fn resolve_in(&self, tenant: &str, address: &str, resolution: Resolution) -> Result<(), StatusError> {
+        let address: Address = address.parse()?;
+        let keyring = self.keyring(Check::Compare).await?;
         // A resolve acts on time (is the holder's lease over?): only on a settled clock.
         let now = self.trusted_time().await?;
         let keep_until = clamp(now.saturating_add(millis(self.inner.verdict_retention)));
@@ -138,7 +159,7 @@ impl Idem {
         let mut answer = Err(LedgerError::NotFound);
         for secret in keyring.all() {
             let tenant = TenantTag::of(secret, tenant);
-            answer = self.inner.ledger.resolve(tenant, reference, resolution.clone(), now, keep_until).await;
+            answer = self.inner.ledger.resolve(tenant, address, resolution.clone(), now, keep_until).await;
             if answer != Err(LedgerError::NotFound) {
                 break;
             }

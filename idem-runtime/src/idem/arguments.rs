@@ -199,7 +199,7 @@ impl Idem {
         caller: &Caller,
         arguments: &(impl Serialize + ?Sized),
     ) -> Result<Key, Rejection> {
-        let keyring = self.keyring().map_err(|error| no_secret(&error))?;
+        let keyring = self.configured_keyring().map_err(|error| no_secret(&error))?;
         let arguments = CallArguments::of(recipe, arguments)?;
         let scope = scope_of(recipe, caller, &arguments)?;
         arguments.key(&keyring.current, self.namespace(recipe), &scope, recipe.tool())

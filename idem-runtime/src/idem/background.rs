@@ -79,7 +79,7 @@ impl Idem {
     }
 
     /// The claim may have committed before its answer was lost. Undo it — fenced by our token,
-    /// and only what it did: a fresh claim becomes failed, a takeover gives its lease back — so
+    /// and only what it did: a fresh claim is removed, a takeover gives its lease back — so
     /// the retry the caller was told is safe runs instead of hearing "in flight" although
     /// nothing ran. In the background, at most [`RELEASE_TRIES`] times with growing pauses,
     /// stopping at the first answer; at most [`BACKGROUND_JOBS`] at once per handle, past which

@@ -23,7 +23,7 @@ use super::Idem;
 use super::arguments::{CallArguments, Derive, scope_of};
 use super::coalesce::Begin;
 use super::hooks::{Completion, Seen, Timer, Watch};
-use super::keyring::{Keyring, no_secret};
+use super::keyring::{Check, Keyring, no_secret};
 use super::operation::{LeaseState, Operation, acting_for, current_caller, running_as};
 use super::request_state::Binding;
 use super::time::{clamp, millis};
@@ -135,7 +135,7 @@ impl Idem {
         let tool = recipe.tool();
         self.register(recipe)?;
         let arguments = arguments?;
-        let keyring = self.keyring().map_err(|error| no_secret(&error))?;
+        let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
         let caller = self.caller(caller, fallback)?;
         let watch = self.watch(recipe, &caller);
         let scope = scope_of(recipe, &caller, &arguments)?;
@@ -155,31 +155,54 @@ impl Idem {
             // Key → claim.
             let mut attempt = Attempt::prepare(self, &keyring.current, &at)?;
             // Identical calls in this process share one claim (see `coalesce.rs`).
-            let begin =
-                if self.inner.ledger.local() { Begin::Alone } else { self.inner.claims.begin(&attempt.request).await };
+            // A coalesced call waits for the first one's claim at most as long as that claim may
+            // take (two sends, each bounded by the ledger timeout), then claims on its own.
+            let begin = if self.inner.ledger.local() {
+                Begin::Alone
+            } else {
+                self.inner.claims.begin(&attempt.request, self.inner.ledger_timeout * 2).await
+            };
             let (mut claim, pending) = match begin {
-                Begin::Answered(claim) => (claim, None),
+                Begin::Answered(claim, version) => {
+                    // Answered by an operation keyed under a previous secret (found by the first
+                    // of these calls): this call names that operation, and compares its tags.
+                    if version != attempt.binding.secret.version()
+                        && let Some(secret) = keyring.all().find(|secret| secret.version() == version)
+                    {
+                        attempt = Attempt::prepare(self, secret, &at)?;
+                    }
+                    (claim, None)
+                }
                 Begin::Claim(pending) => {
                     (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, Some(pending))
                 }
                 Begin::Alone => (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, None),
             };
-            if matches!(claim, Claim::Won { attempt: Won::Fresh, .. })
+            // During a rotation, a fresh claim (or another's claim found in flight, which may be
+            // one that is about to yield) is checked against operations under previous secrets.
+            let holds = matches!(claim, Claim::Won { attempt: Won::Fresh, .. });
+            if (holds || matches!(claim, Claim::InFlight { .. }))
                 && let Some(earlier) =
-                    attempt.earlier_operation(&keyring, &at).await.inspect_err(|r| watch.refused(r))?
+                    attempt.earlier_operation(&keyring, &at, holds).await.inspect_err(|r| watch.refused(r))?
             {
                 (attempt, claim) = earlier;
             }
             // A claim that did not win is answered from the ledger.
             let reference = attempt.reference();
             if let Some(pending) = pending {
+                let version = attempt.binding.secret.version();
                 match &claim {
-                    Claim::Won { .. } => held = Some(pending.won()),
-                    answer => pending.answered(answer),
+                    Claim::Won { .. } => held = Some(pending.won(version)),
+                    answer => pending.answered(answer, version),
                 }
             }
             match claim {
-                Claim::Won { attempt: won, window_end } => break (attempt, won, window_end),
+                Claim::Won { attempt: won, window_end } => {
+                    if !keyring.previous.is_empty() {
+                        attempt.bind_earlier_secrets(&keyring, &at)?;
+                    }
+                    break (attempt, won, window_end);
+                }
                 Claim::Replay { result } => {
                     tracing::info!(tool, %reference, "replay");
                     watch.saw(reference, Seen::Replayed);
@@ -330,10 +353,37 @@ impl<'a> Attempt<'a> {
             fingerprint: *fingerprint.digest(),
             tenant: request.tenant,
             subject: request.subject,
+            earlier: Vec::new(),
         };
         let lease = LeaseState { until: AtomicU64::new(request.lease_until), fenced: AtomicBool::new(false) };
         let (lease, recorded, binding) = (Arc::new(lease), Arc::default(), Arc::new(binding));
         Ok(Self { idem, tool: recipe.tool(), request, fingerprint, complete: false, lease, recorded, binding })
+    }
+
+    /// During a rotation, a won claim's operation also accepts a `requestState` its first
+    /// round was given under another secret still honoured (sealed before the rotation step):
+    /// its binding under each of them. Only for a claim that runs, and only while previous
+    /// secrets are configured.
+    fn bind_earlier_secrets(&mut self, keyring: &Keyring, at: &Derive<'_, 'a, '_>) -> Result<(), Rejection> {
+        let own = self.binding.secret.version();
+        let mut earlier = Vec::new();
+        for secret in keyring.all().filter(|secret| secret.version() != own) {
+            let (recipe, namespace) = (at.recipe, self.idem.namespace(at.recipe));
+            let key = at.arguments.key(secret, namespace, at.scope, recipe.tool())?;
+            let asked = at.arguments.key_without_inputs(secret, namespace, at.scope, recipe.tool())?;
+            earlier.push(Binding {
+                secret: secret.clone(),
+                key: asked.unwrap_or(key),
+                fingerprint: *at.arguments.fingerprint(secret, recipe.ignored())?.digest(),
+                tenant: at.scope.tenant_tag(secret),
+                subject: at.scope.subject_tag(secret),
+                earlier: Vec::new(),
+            });
+        }
+        if let Some(binding) = Arc::get_mut(&mut self.binding) {
+            binding.earlier = earlier;
+        }
+        Ok(())
     }
 
     /// Completes the claim for the ledger: the argument tags (what a conflict names) and, on a
@@ -388,9 +438,11 @@ impl<'a> Attempt<'a> {
         })
     }
 
-    /// After a fresh claim under the current secret: an operation recorded under a previous
-    /// secret (before a rotation) that is still live is this call's operation. The fresh claim
-    /// is given back and the call is answered by that record. `None`: there is none.
+    /// After a fresh claim under the current secret (`holds`), or a claim found in flight under
+    /// it: an operation recorded under a previous secret (before a rotation) that is still live
+    /// is this call's operation. A fresh claim is given back, and the call is answered by that
+    /// record — so every answer names the operation that gave it, never a claim that yields to
+    /// it. `None`: there is none.
     ///
     /// Every replica claims first and looks second, so of two replicas keying one operation
     /// under different secrets at once, at least one sees the other's claim and yields; if both
@@ -399,6 +451,7 @@ impl<'a> Attempt<'a> {
         &self,
         keyring: &Keyring,
         at: &Derive<'_, 'a, '_>,
+        holds: bool,
     ) -> Result<Option<(Self, Claim)>, Rejection> {
         for secret in &keyring.previous {
             let mut earlier = Self::prepare(self.idem, secret, at)?;
@@ -406,7 +459,9 @@ impl<'a> Attempt<'a> {
                 Ok(found) => found,
                 Err(error) => {
                     tracing::error!(reference = %self.reference(), %error, "ledger unavailable; handler not run");
-                    self.give_back().await;
+                    if holds {
+                        self.give_back().await;
+                    }
                     return Err(unavailable(&error));
                 }
             };
@@ -423,7 +478,9 @@ impl<'a> Attempt<'a> {
             }
             tracing::info!(reference = %earlier.reference(), version = secret.version(),
                 "the operation was recorded under a previous secret; answering from that record");
-            self.give_back().await;
+            if holds {
+                self.give_back().await;
+            }
             let claim = earlier.claim(at).await?;
             if matches!(claim, Claim::Won { attempt: Won::Fresh, .. }) {
                 // It settled as "nothing happened" meanwhile, or its claimer yielded to ours:
@@ -436,7 +493,7 @@ impl<'a> Attempt<'a> {
         Ok(None)
     }
 
-    /// Gives a fresh claim back (it becomes "failed": nothing ran), in the background if the
+    /// Gives a fresh claim back (it is removed: nothing ran, and no record reads as an outcome), in the background if the
     /// ledger does not answer at once.
     async fn give_back(&self) {
         let (idem, request) = (self.idem, &self.request);

@@ -77,13 +77,16 @@ impl Entries {
     }
 }
 
-/// How the first call's claim went, as the identical calls waiting on it see it.
+/// How the first call's claim went, as the identical calls waiting on it see it. Each answer
+/// carries the version of the secret its operation is keyed under: during a rotation the first
+/// call may find the operation under a previous secret, and every call it answers must name
+/// that operation (its ref, its argument tags), not the key it gave back.
 #[derive(Clone, Debug)]
 enum Shared {
     /// Won: the holder runs here until its guard drops.
-    Held,
+    Held(u32),
     /// Answered by the ledger: the same answer for every identical call.
-    Answered(Claim),
+    Answered(Claim, u32),
     /// No answer to share: each claims on its own.
     Alone,
 }
@@ -92,8 +95,9 @@ enum Shared {
 pub(super) enum Begin {
     /// Send it, and tell the calls that wait on it how it went ([`Pending`]).
     Claim(Pending),
-    /// Identical to a claim this process sent: its answer, with no statement of its own.
-    Answered(Claim),
+    /// Identical to a claim this process sent: its answer, with no statement of its own, and
+    /// the version of the secret the answering operation is keyed under.
+    Answered(Claim, u32),
     /// Send it on its own (another call's arguments hold the key here, or nothing to share).
     Alone,
 }
@@ -103,8 +107,10 @@ impl Claims {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How the call that would send `request` proceeds; waits for an identical claim on its way.
-    pub(super) async fn begin(self: &Arc<Self>, request: &ClaimRequest) -> Begin {
+    /// How the call that would send `request` proceeds; waits for an identical claim on its way
+    /// — for at most `patience`, after which it claims on its own (a first call kept alive but
+    /// no longer polled never wedges the calls that joined it).
+    pub(super) async fn begin(self: &Arc<Self>, request: &ClaimRequest, patience: Duration) -> Begin {
         let mut outcome = {
             let mut entries = self.lock();
             // No clock read on a call's path unless an "in flight" answer is kept.
@@ -125,18 +131,22 @@ impl Claims {
                 }
                 Some(entry) if entry.fingerprint != request.fingerprint => return Begin::Alone,
                 Some(entry) => match &*entry.outcome.borrow() {
-                    Some(Shared::Held) => return Begin::Answered(Claim::InFlight { lease_until: entry.lease_until }),
-                    Some(Shared::Answered(claim @ Claim::InFlight { .. })) => return Begin::Answered(claim.clone()),
+                    Some(Shared::Held(version)) => {
+                        return Begin::Answered(Claim::InFlight { lease_until: entry.lease_until }, *version);
+                    }
+                    Some(Shared::Answered(claim @ Claim::InFlight { .. }, version)) => {
+                        return Begin::Answered(claim.clone(), *version);
+                    }
                     _ => entry.outcome.subscribe(),
                 },
             }
         };
         let lease_until = request.lease_until;
         // The sender lives as long as the entry; a dropped one (the entry went) shares nothing.
-        let shared = outcome.wait_for(Option::is_some).await.map(|seen| seen.clone());
-        match shared {
-            Ok(Some(Shared::Held)) => Begin::Answered(Claim::InFlight { lease_until }),
-            Ok(Some(Shared::Answered(claim))) => Begin::Answered(claim),
+        let shared = async { outcome.wait_for(Option::is_some).await.map(|seen| seen.clone()) };
+        match tokio::time::timeout(patience, shared).await {
+            Ok(Ok(Some(Shared::Held(version)))) => Begin::Answered(Claim::InFlight { lease_until }, version),
+            Ok(Ok(Some(Shared::Answered(claim, version)))) => Begin::Answered(claim, version),
             _ => Begin::Alone,
         }
     }
@@ -151,20 +161,22 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    /// The claim was won: identical calls are answered "in flight" until the returned guard
-    /// drops (once the outcome is recorded, or the call ends otherwise).
-    pub(super) fn won(mut self) -> Held {
-        self.publish(Shared::Held, false);
+    /// The claim was won, of an operation keyed under secret `version`: identical calls are
+    /// answered "in flight" until the returned guard drops (once the outcome is recorded, or the
+    /// call ends otherwise).
+    pub(super) fn won(mut self, version: u32) -> Held {
+        self.publish(Shared::Held(version), false);
         Held { claims: Arc::clone(&self.claims), key: self.key }
     }
 
-    /// The claim was answered: the identical calls waiting get `claim` too; later ones ask the
-    /// ledger again — after [`IN_FLIGHT_REUSE`], if the answer was "in flight".
-    pub(super) fn answered(mut self, claim: &Claim) {
+    /// The claim was answered by an operation keyed under secret `version`: the identical calls
+    /// waiting get `claim` too; later ones ask the ledger again — after [`IN_FLIGHT_REUSE`], if
+    /// the answer was "in flight".
+    pub(super) fn answered(mut self, claim: &Claim, version: u32) {
         self.published = true;
         let mut entries = self.claims.lock();
         let Some(entry) = entries.by_key.get_mut(&self.key) else { return };
-        entry.outcome.send_replace(Some(Shared::Answered(claim.clone())));
+        entry.outcome.send_replace(Some(Shared::Answered(claim.clone(), version)));
         if matches!(claim, Claim::InFlight { .. }) {
             let until = Instant::now() + IN_FLIGHT_REUSE;
             entry.reused_until = Some(until);
@@ -213,6 +225,8 @@ mod tests {
     use crate::recipe::StalePolicy;
     use crate::{SubjectTag, TenantTag};
 
+    const PATIENCE: Duration = Duration::from_secs(10);
+
     fn request(key: u8, fingerprint: u8) -> ClaimRequest {
         ClaimRequest {
             key: Key::from_bytes([key; 32]),
@@ -234,44 +248,52 @@ mod tests {
     #[tokio::test]
     async fn identical_calls_share_the_first_claims_answer() {
         let claims = Arc::new(Claims::default());
-        let Begin::Claim(pending) = claims.begin(&request(1, 1)).await else { panic!("the first claims") };
+        let Begin::Claim(pending) = claims.begin(&request(1, 1), PATIENCE).await else { panic!("the first claims") };
         let waiters: Vec<_> = (0..3)
             .map(|_| {
                 let claims = Arc::clone(&claims);
-                tokio::spawn(async move { claims.begin(&request(1, 1)).await })
+                tokio::spawn(async move { claims.begin(&request(1, 1), PATIENCE).await })
             })
             .collect();
         // Other arguments under the same key go to the ledger on their own (a conflict there).
-        assert!(matches!(claims.begin(&request(1, 2)).await, Begin::Alone));
+        assert!(matches!(claims.begin(&request(1, 2), PATIENCE).await, Begin::Alone));
         tokio::task::yield_now().await;
-        pending.answered(&Claim::Replay { result: b"r".to_vec() });
+        pending.answered(&Claim::Replay { result: b"r".to_vec() }, 1);
         for waiter in waiters {
             match waiter.await.unwrap() {
-                Begin::Answered(Claim::Replay { result }) => assert_eq!(result, b"r"),
+                Begin::Answered(Claim::Replay { result }, 1) => assert_eq!(result, b"r"),
                 _ => panic!("a waiter gets the replay"),
             }
         }
-        assert!(matches!(claims.begin(&request(1, 1)).await, Begin::Claim(_)), "a later call asks the ledger");
+        assert!(
+            matches!(claims.begin(&request(1, 1), PATIENCE).await, Begin::Claim(_)),
+            "a later call asks the ledger"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_in_flight_answer_from_the_ledger_answers_identical_calls_for_a_moment() {
         let claims = Arc::new(Claims::default());
-        let Begin::Claim(pending) = claims.begin(&request(4, 1)).await else { panic!("the first claims") };
-        pending.answered(&Claim::InFlight { lease_until: 9 });
+        let Begin::Claim(pending) = claims.begin(&request(4, 1), PATIENCE).await else { panic!("the first claims") };
+        pending.answered(&Claim::InFlight { lease_until: 9 }, 1);
         // Identical calls meanwhile: the same answer, no claim of their own.
         tokio::time::advance(IN_FLIGHT_REUSE / 2).await;
-        assert!(matches!(claims.begin(&request(4, 1)).await, Begin::Answered(Claim::InFlight { lease_until: 9 })));
+        assert!(matches!(
+            claims.begin(&request(4, 1), PATIENCE).await,
+            Begin::Answered(Claim::InFlight { lease_until: 9 }, 1)
+        ));
         // Other arguments under the key still go to the ledger (a conflict there).
-        assert!(matches!(claims.begin(&request(4, 2)).await, Begin::Alone));
+        assert!(matches!(claims.begin(&request(4, 2), PATIENCE).await, Begin::Alone));
         // Any other answer is never kept.
-        let Begin::Claim(other) = claims.begin(&request(5, 1)).await else { panic!("another key claims") };
-        other.answered(&Claim::Replay { result: b"r".to_vec() });
-        assert!(matches!(claims.begin(&request(5, 1)).await, Begin::Claim(_)), "a replay is asked for again");
+        let Begin::Claim(other) = claims.begin(&request(5, 1), PATIENCE).await else { panic!("another key claims") };
+        other.answered(&Claim::Replay { result: b"r".to_vec() }, 1);
+        assert!(matches!(claims.begin(&request(5, 1), PATIENCE).await, Begin::Claim(_)), "a replay is asked for again");
         // Past the moment: the ledger is asked again, and nothing is left behind.
         tokio::time::advance(IN_FLIGHT_REUSE).await;
-        let Begin::Claim(again) = claims.begin(&request(4, 1)).await else { panic!("the ledger is asked again") };
-        again.answered(&Claim::InFlight { lease_until: 10 });
+        let Begin::Claim(again) = claims.begin(&request(4, 1), PATIENCE).await else {
+            panic!("the ledger is asked again")
+        };
+        again.answered(&Claim::InFlight { lease_until: 10 }, 1);
         tokio::time::advance(IN_FLIGHT_REUSE * 2).await;
         claims.lock().forget_stale(Instant::now());
         let entries = claims.lock();
@@ -281,20 +303,26 @@ mod tests {
     #[tokio::test]
     async fn a_won_claim_answers_identical_calls_in_flight_until_it_is_done() {
         let claims = Arc::new(Claims::default());
-        let Begin::Claim(pending) = claims.begin(&request(2, 1)).await else { panic!("the first claims") };
-        let held = pending.won();
-        assert!(matches!(claims.begin(&request(2, 1)).await, Begin::Answered(Claim::InFlight { lease_until: 4 })));
+        let Begin::Claim(pending) = claims.begin(&request(2, 1), PATIENCE).await else { panic!("the first claims") };
+        let held = pending.won(1);
+        assert!(matches!(
+            claims.begin(&request(2, 1), PATIENCE).await,
+            Begin::Answered(Claim::InFlight { lease_until: 4 }, 1)
+        ));
         drop(held);
-        assert!(matches!(claims.begin(&request(2, 1)).await, Begin::Claim(_)), "done: the ledger decides again");
+        assert!(
+            matches!(claims.begin(&request(2, 1), PATIENCE).await, Begin::Claim(_)),
+            "done: the ledger decides again"
+        );
     }
 
     #[tokio::test]
     async fn a_failed_or_cancelled_claim_leaves_each_waiter_to_claim_alone() {
         let claims = Arc::new(Claims::default());
-        let Begin::Claim(pending) = claims.begin(&request(3, 1)).await else { panic!("the first claims") };
+        let Begin::Claim(pending) = claims.begin(&request(3, 1), PATIENCE).await else { panic!("the first claims") };
         let waiter = {
             let claims = Arc::clone(&claims);
-            tokio::spawn(async move { claims.begin(&request(3, 1)).await })
+            tokio::spawn(async move { claims.begin(&request(3, 1), PATIENCE).await })
         };
         tokio::task::yield_now().await;
         drop(pending);

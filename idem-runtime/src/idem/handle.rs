@@ -2,8 +2,8 @@
 //! them and their defaults. It also keeps the registry of recipes, so two tools never share keys
 //! by accident.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
@@ -11,13 +11,13 @@ use crate::ledger::{Ledger, Timeout};
 use crate::recipe::Recipe;
 use crate::rejection::Rejection;
 use crate::scope::Caller;
-use crate::secret::{Secret, SecretError};
+use crate::secret::Secret;
 
 use super::background::BACKGROUND_JOBS;
 use super::hooks::Hooks;
-use super::keyring::Keyring;
+use super::keyring::Secrets;
 use super::stored::ResultSeal;
-use super::time::Skew;
+use super::time::{FirstMeasure, Skew};
 use super::wait::Waiting;
 
 /// How long a record lives when its recipe sets no window.
@@ -80,8 +80,8 @@ pub(super) struct Inner {
     pub(super) secret: Option<Secret>,
     /// Previous secrets given in code, still honoured for operations recorded under them.
     pub(super) previous: Vec<Secret>,
-    /// The secrets in use, resolved on first use.
-    pub(super) keyring: Arc<OnceLock<Result<Arc<Keyring>, SecretError>>>,
+    /// The secrets in use, resolved and checked on first use.
+    pub(super) secrets: Arc<Secrets>,
     pub(super) ledger_timeout: Duration,
     /// Whether the ledger timeout was set by hand (then a lease too short for it is refused).
     pub(super) ledger_timeout_set: bool,
@@ -89,10 +89,8 @@ pub(super) struct Inner {
     pub(super) skew: Arc<std::sync::Mutex<Option<Skew>>>,
     /// Set while a background measurement of the skew runs, so calls start at most one.
     pub(super) measuring: Arc<AtomicBool>,
-    /// Taken by the call that measures the skew while none exists (a cold handle's first
-    /// burst); the others wait for its measurement, or its failure (when it failed), instead of
-    /// each sending its own.
-    pub(super) first_measure: Arc<tokio::sync::Mutex<Option<(u64, crate::ledger::LedgerError)>>>,
+    /// A cold handle's first measurement of the skew, shared by the calls that queue on it.
+    pub(super) first_measure: Arc<FirstMeasure>,
     /// Bounds the background ledger work (lost-claim releases, completion retries).
     pub(super) background: Arc<tokio::sync::Semaphore>,
     /// The operations this process waits on and the claims it holds (`wait`); kept across the
@@ -145,7 +143,7 @@ impl Idem {
                 registry: Arc::default(),
                 secret: None,
                 previous: Vec::new(),
-                keyring: Arc::default(),
+                secrets: Arc::default(),
                 ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
                 ledger_timeout_set: false,
                 skew: Arc::default(),
@@ -167,7 +165,8 @@ impl Idem {
         // A new clock, ledger or lease makes the old skew measurement meaningless.
         inner.skew = Arc::default();
         inner.measuring = Arc::default();
-        inner.keyring = Arc::default();
+        inner.first_measure = Arc::default();
+        inner.secrets = Arc::default();
         self
     }
 

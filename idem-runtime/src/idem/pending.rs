@@ -7,11 +7,12 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::key::{Ref, TenantTag};
+use crate::key::{Address, Ref, TenantTag};
 use crate::ledger::{Label, PendingQuery, State, open_label};
 
 use super::Idem;
 use super::admin::StatusError;
+use super::keyring::Check;
 use super::time::millis;
 
 /// Which unsettled operations [`Idem::pending`] lists.
@@ -108,7 +109,7 @@ impl FromStr for PendingCursor {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PendingOperation {
-    /// Its ref: what `idem show` and `idem resolve` take.
+    /// Its ref (see [`PendingOperation::address`] for what names it alone).
     pub reference: Ref,
     /// In progress or unknown.
     pub state: State,
@@ -127,6 +128,14 @@ pub struct PendingOperation {
     /// Its tool, tenant and subject; `None` for a record made before labels were kept, or
     /// sealed under a secret this handle no longer honours.
     pub label: Option<Label>,
+}
+
+impl PendingOperation {
+    /// Its address: what `idem show` and `idem resolve` take, and no other operation has.
+    #[must_use]
+    pub const fn address(&self) -> Address {
+        Address { reference: self.reference, window_end: self.window_end }
+    }
 }
 
 /// A page of [`Idem::pending`].
@@ -154,7 +163,7 @@ impl Idem {
     /// # Errors
     /// No usable secret (with a tenant filter), or the ledger's failure.
     pub async fn pending(&self, filter: &PendingFilter) -> Result<PendingPage, StatusError> {
-        let keyring = self.keyring()?;
+        let keyring = self.keyring(Check::Compare).await?;
         let (now, _) = self.ledger_time().await?;
         let mut query = PendingQuery::new(filter.limit);
         query.state = filter.state;

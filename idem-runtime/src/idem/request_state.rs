@@ -43,6 +43,9 @@ pub(crate) struct Binding {
     pub(crate) tenant: TenantTag,
     /// The caller's subject tag.
     pub(crate) subject: SubjectTag,
+    /// During a rotation, the operation's binding under each other secret still honoured: a
+    /// state sealed under one of them (before the rotation step) still opens.
+    pub(crate) earlier: Vec<Binding>,
 }
 
 impl Binding {
@@ -120,19 +123,26 @@ impl Idem {
     ///
     /// # Errors
     /// Not idem's, not this operation's, altered, or expired.
-    pub(crate) fn open_state<'s>(&self, binding: &Binding, state: &'s EchoedState) -> Result<&'s [u8; 16], Rejection> {
+    /// Returns its nonce and the binding it opened under (the operation's own, or during a
+    /// rotation its binding under the secret the state was sealed with).
+    pub(crate) fn open_state<'s, 'b>(
+        &self,
+        binding: &'b Binding,
+        state: &'s EchoedState,
+    ) -> Result<(&'s [u8; 16], &'b Binding), Rejection> {
         let EchoedState::Sealed { nonce, expires, mac, inner } = state else {
             return Err(Rejection::RequestStateInvalid { why: FOREIGN });
         };
-        let expected = binding.mac(nonce, *expires, inner.as_deref());
-        // Constant time: a forger learns nothing from how long a wrong MAC takes to refuse.
-        if expected.iter().zip(mac).fold(0u8, |diff, (a, b)| diff | (a ^ b)) != 0 {
-            return Err(Rejection::RequestStateInvalid { why: FOREIGN });
-        }
+        let opened = std::iter::once(binding).chain(&binding.earlier).find(|binding| {
+            let expected = binding.mac(nonce, *expires, inner.as_deref());
+            // Constant time: a forger learns nothing from how long a wrong MAC takes to refuse.
+            expected.iter().zip(mac).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
+        });
+        let Some(opened) = opened else { return Err(Rejection::RequestStateInvalid { why: FOREIGN }) };
         if self.ledger_now() >= *expires {
             return Err(Rejection::RequestStateExpired);
         }
-        Ok(nonce)
+        Ok((nonce, opened))
     }
 
     /// Consumes `nonce` of a state sealed to `binding` and valid until `expires`: one atomic
@@ -231,7 +241,7 @@ mod tests {
         let secret = Secret::new(1, &[7; 32]).unwrap();
         let key = Key::from_bytes([3; 32]);
         let (tenant, subject) = (TenantTag::from_bytes([1; 8]), SubjectTag::TENANT);
-        Binding { secret, key, fingerprint: [fingerprint; 32], tenant, subject }
+        Binding { secret, key, fingerprint: [fingerprint; 32], tenant, subject, earlier: Vec::new() }
     }
 
     #[tokio::test]
@@ -241,8 +251,8 @@ mod tests {
         let sealed = idem.seal_state(&binding(9), Some("mine"), Duration::from_secs(600));
         let echoed = EchoedState::parse(&sealed);
         assert_eq!(echoed.inner(), Some("mine"));
-        let nonce = *idem.open_state(&binding(9), &echoed).expect("opens for its operation");
-        let other = idem.open_state(&binding(8), &echoed);
+        let nonce = *idem.open_state(&binding(9), &echoed).expect("opens for its operation").0;
+        let other = idem.open_state(&binding(8), &echoed).map(|(nonce, _)| *nonce);
         assert!(matches!(other, Err(Rejection::RequestStateInvalid { .. })), "{other:?}");
 
         let EchoedState::Sealed { expires, .. } = echoed else { unreachable!() };
@@ -250,7 +260,7 @@ mod tests {
         assert_eq!(idem.consume_state(&binding(9), &nonce, expires).await, Err(Rejection::RequestStateUsed));
 
         clock.advance(Duration::from_secs(600));
-        assert_eq!(idem.open_state(&binding(9), &echoed), Err(Rejection::RequestStateExpired));
+        assert_eq!(idem.open_state(&binding(9), &echoed).map(|(nonce, _)| *nonce), Err(Rejection::RequestStateExpired));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! that stepped back) is not acted on.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::ledger::LedgerError;
@@ -69,14 +69,17 @@ impl Idem {
             Some(skew) => skew,
             None => {
                 // No measurement yet (a cold handle's first burst): one call measures, and the
-                // calls that arrive meanwhile take its measurement — or, if it failed, its failure
-                // — instead of each sending one.
-                let mut failed = self.inner.first_measure.lock().await;
+                // calls that queued meanwhile take its measurement — or, if it failed, its failure
+                // — instead of each sending one. A call that comes after a failure measures again.
+                let first = &self.inner.first_measure;
+                let seen = first.attempts.load(Ordering::Acquire);
+                let mut failed = first.failed.lock().await;
                 let skew = match (self.skew(), &*failed) {
                     (Some(skew), _) => skew,
-                    (None, Some((at, error))) if *at >= local => return Err(error.clone()),
+                    (None, Some((attempt, error))) if *attempt > seen => return Err(error.clone()),
                     (None, _) => {
-                        self.measure().await.inspect_err(|error| *failed = Some((self.now_ms(), error.clone())))?
+                        let attempt = first.attempts.fetch_add(1, Ordering::AcqRel) + 1;
+                        self.measure().await.inspect_err(|error| *failed = Some((attempt, error.clone())))?
                     }
                 };
                 let offset = if skew.clockless { 0 } else { skew.offset };
@@ -149,6 +152,17 @@ impl Idem {
     pub(super) fn keep_until(&self, after: Duration) -> u64 {
         clamp(self.ledger_now().saturating_add(millis(after)))
     }
+}
+
+/// A cold handle's first measurement: taken by the call that sends it, while the calls that
+/// queue behind it take its outcome. Only a failure that ended after a call queued answers it:
+/// nothing is cached for later calls.
+#[derive(Default)]
+pub(super) struct FirstMeasure {
+    /// How many first measurements were sent.
+    attempts: AtomicU64,
+    /// The last one's failure, with its attempt number.
+    failed: tokio::sync::Mutex<Option<(u64, LedgerError)>>,
 }
 
 /// The one background skew measurement in flight; ends when dropped.

@@ -38,8 +38,8 @@ pub(super) enum Waited {
     Replay(Arc<[u8]>),
     /// Its outcome is unknown.
     Unknown,
-    /// It ended without effect (or the record is gone, or another operation's arguments hold
-    /// the key): claim again, as any repeat would.
+    /// It ended without effect (or the record is gone, or nobody holds it any more, or another
+    /// operation's arguments hold the key): claim again, as any repeat would.
     ClaimAgain,
     /// Still in progress at the deadline.
     InFlight,
@@ -171,11 +171,13 @@ impl Idem {
         let id = (request.key, request.fingerprint);
         let mut pause = FIRST_PAUSE;
         loop {
-            // A holder in this process wakes the slot when it ends: no reads until then.
+            // A holder in this process wakes the slot when it ends: until then, one read per
+            // third of a lease (its renewal's pace) sees whether its lease lapsed meanwhile.
             let local = waiting.held_here(&request.key);
+            let sleep = if local { self.inner.lease / 3 } else { pause };
             tokio::select! {
                 () = slot.wake.notified() => {}
-                () = tokio::time::sleep(pause), if !local => pause = (pause * 2).min(LONGEST_PAUSE),
+                () = tokio::time::sleep(sleep) => if !local { pause = (pause * 2).min(LONGEST_PAUSE) },
                 () = slot.answer.closed() => {}
             }
             if waiting.leave_if_unwatched(&id) {
@@ -188,21 +190,29 @@ impl Idem {
         }
     }
 
-    /// One read of the record: `None` while it is in progress, whoever holds it and whatever
-    /// its lease says (a late holder is waited for, never presumed dead: the stale policy is
-    /// for a claim after the wait).
+    /// One read of the record: `None` while somebody holds it. Once nobody does — its lease
+    /// lapsed or was given back (a takeover that did nothing), on a clock that can be acted
+    /// on — the waiters claim again, and the tool's stale policy answers them exactly as it
+    /// answers a plain repeat arriving then (a takeover, a reconciliation, "outcome unknown").
     async fn look(&self, request: &ClaimRequest) -> Option<Waited> {
         let reference = request.key.reference();
-        let found = match self.inner.ledger.lookup(&request.key, self.ledger_now()).await {
+        let found = match self.ledger_time().await {
+            Ok((now, trusted)) => self.inner.ledger.lookup(&request.key, now).await.map(|found| (found, trusted)),
+            Err(error) => Err(error),
+        };
+        let (found, trusted) = match found {
             Ok(found) => found,
             Err(error) => {
                 tracing::warn!(%reference, %error, "the ledger did not answer a waiter's read; answering in flight");
                 return Some(Waited::Unavailable);
             }
         };
-        match found.map(|report| report.state) {
-            Some(State::InProgress) => None,
-            None | Some(State::Failed) => Some(Waited::ClaimAgain),
+        match found {
+            Some(report) if report.state == State::InProgress => {
+                (report.lease_expired && trusted).then_some(Waited::ClaimAgain)
+            }
+            None => Some(Waited::ClaimAgain),
+            Some(report) if report.state == State::Failed => Some(Waited::ClaimAgain),
             Some(_) => self.settle(request).await,
         }
     }
@@ -232,7 +242,7 @@ impl Idem {
             Ok(Claim::Conflict { .. }) => Some(Waited::ClaimAgain),
             Ok(Claim::Won { .. }) => {
                 // The record expired or was superseded between the read and the claim: this
-                // claim runs nothing, so it is given back (it becomes "failed"), and each
+                // claim runs nothing, so it is given back (removed: it leaves no record), and each
                 // waiter claims for itself.
                 match self.inner.ledger.release(&request.key, request.token).await {
                     Ok(()) | Err(LedgerError::Fenced) => {}

@@ -9,7 +9,7 @@ use super::{
     Resolution, State, StatusReport, Token, Verdict, Won, settled_expiry, won_stale,
 };
 use crate::clock::Clock;
-use crate::key::{Key, Ref, SubjectTag, TenantTag};
+use crate::key::{Address, Key, Ref, SubjectTag, TenantTag};
 use crate::recipe::StalePolicy;
 
 /// The model check of the ledger protocol: it runs this ledger, so it lives beside its records.
@@ -107,6 +107,8 @@ struct Records {
     current: HashMap<Key, Record, BuildHasherDefault<KeyHasher>>,
     /// Unsettled records a newer operation superseded after their window, by key and window end.
     superseded: BTreeMap<(Key, u64), Record>,
+    /// The check value of each secret version seen.
+    checks: HashMap<u32, [u8; 32]>,
 }
 
 /// A [`Ledger`] in a mutex-guarded ordered map.
@@ -161,7 +163,7 @@ impl MemoryLedger {
 
     fn claim_now(&self, request: &ClaimRequest) -> Claim {
         let mut records = self.lock();
-        let Records { current, superseded } = &mut *records;
+        let Records { current, superseded, .. } = &mut *records;
         let Some(record) = current.get_mut(&request.key) else {
             current.insert(request.key, Record::claimed(request));
             return Claim::Won { attempt: Won::Fresh, window_end: request.window_end };
@@ -202,6 +204,28 @@ impl MemoryLedger {
             .iter_mut()
             .filter(|(key, record)| reference.matches(key) && record.visible(tenant, subject))
             .min_by_key(|(key, _)| **key)
+    }
+
+    /// The operation of `tenant` at `address` — the current record of its key if its window
+    /// ends there (and it is not expired at `now`), else the superseded one that does — with
+    /// its key and whether it was superseded.
+    fn at<'r>(
+        current: &'r mut HashMap<Key, Record, BuildHasherDefault<KeyHasher>>,
+        superseded: &'r mut BTreeMap<(Key, u64), Record>,
+        tenant: TenantTag,
+        address: Address,
+        now: u64,
+    ) -> Option<(Key, &'r mut Record, bool)> {
+        let current = Self::find(current, tenant, None, address.reference)
+            .filter(|(_, record)| record.window_end == address.window_end && !record.view().expired(now));
+        if let Some((key, record)) = current {
+            return Some((*key, record, false));
+        }
+        superseded
+            .range_mut((Key::from_bytes(low(address.reference)), 0)..)
+            .take_while(|((key, _), _)| address.reference.matches(key))
+            .find(|((_, window_end), record)| *window_end == address.window_end && record.visible(tenant, None))
+            .map(|((key, _), record)| (*key, record, true))
     }
 
     /// The newest superseded record of `tenant` whose key starts with `reference` (that
@@ -278,7 +302,7 @@ impl Ledger for MemoryLedger {
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         let mut records = self.lock();
-        let Records { current, superseded } = &mut *records;
+        let Records { current, superseded, .. } = &mut *records;
         let holds =
             |record: &Record| record.token == token && matches!(record.state, State::InProgress | State::Unknown);
         let state = outcome.state();
@@ -305,16 +329,18 @@ impl Ledger for MemoryLedger {
     }
 
     fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
-        let result = match self.lock().current.get_mut(key) {
-            // A fresh claim becomes failed (nothing ran) — also once `hold` turned its lapsed
-            // lease "unknown", which only its own unrun handler could have been.
+        let mut records = self.lock();
+        let result = match records.current.get_mut(key) {
+            // A fresh claim is removed: nothing ran, and nothing is left that reads as an
+            // outcome — also once `hold` turned its lapsed lease "unknown", which only its own
+            // unrun handler could have been.
             Some(record)
                 if record.token == token
                     && record.attempt == Won::Fresh
                     && record.state != State::Completed
                     && record.state != State::Failed =>
             {
-                record.settle(State::Failed, None, 0);
+                records.current.remove(key);
                 Ok(())
             }
             Some(record) if record.token == token && record.state == State::InProgress => {
@@ -344,7 +370,7 @@ impl Ledger for MemoryLedger {
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
         let mut records = self.lock();
-        let Records { current, superseded } = &mut *records;
+        let Records { current, superseded, .. } = &mut *records;
         let subject = Some(subject);
         let current = Self::find(current, tenant, subject, reference).filter(|(_, record)| !record.view().expired(now));
         let report = match current {
@@ -359,15 +385,25 @@ impl Ledger for MemoryLedger {
         &'a self,
         tenant: TenantTag,
         reference: Ref,
+        window_end: Option<u64>,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
         let mut records = self.lock();
-        let Records { current, superseded } = &mut *records;
-        let current = Self::find(current, tenant, None, reference).filter(|(_, record)| !record.view().expired(now));
-        let report = match current {
-            Some((key, record)) => Some(record.report(key, now, false)),
+        let Records { current, superseded, .. } = &mut *records;
+        let report = match window_end {
+            Some(window_end) => {
+                let address = Address { reference, window_end };
+                Self::at(current, superseded, tenant, address, now)
+                    .map(|(key, record, superseded)| record.report(&key, now, superseded))
+            }
             None => {
-                Self::find_superseded(superseded, tenant, None, reference).map(|((key, _), r)| r.report(key, now, true))
+                let current =
+                    Self::find(current, tenant, None, reference).filter(|(_, record)| !record.view().expired(now));
+                match current {
+                    Some((key, record)) => Some(record.report(key, now, false)),
+                    None => Self::find_superseded(superseded, tenant, None, reference)
+                        .map(|((key, _), r)| r.report(key, now, true)),
+                }
             }
         };
         Box::pin(async move { Ok(report) })
@@ -447,31 +483,24 @@ impl Ledger for MemoryLedger {
     fn resolve<'a>(
         &'a self,
         tenant: TenantTag,
-        reference: Ref,
+        address: Address,
         resolution: Resolution,
         now: u64,
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         let mut records = self.lock();
-        let Records { current, superseded } = &mut *records;
-        let live = Self::find(current, tenant, None, reference).filter(|(_, record)| !record.view().expired(now));
-        let record = match live {
-            Some((_, record)) if record.resolvable(now) => Ok(record),
-            live => {
-                let refused = live.map(|(_, record)| record.state);
-                let old = Self::find_superseded(superseded, tenant, None, reference).map(|(_, record)| record);
-                match (old, refused) {
-                    (Some(record), _) if record.resolvable(now) => Ok(record),
-                    (_, Some(state)) => Err(LedgerError::NotResolvable { state }),
-                    (Some(record), None) => Err(LedgerError::NotResolvable { state: record.state }),
-                    (None, None) => Err(LedgerError::NotFound),
+        let Records { current, superseded, .. } = &mut *records;
+        let result = match Self::at(current, superseded, tenant, address, now) {
+            None => Err(LedgerError::NotFound),
+            Some((_, record, _)) if !record.resolvable(now) => Err(LedgerError::NotResolvable { state: record.state }),
+            Some((_, record, _)) => {
+                match resolution {
+                    Resolution::Completed(bytes) => record.settle(State::Completed, Some(bytes), keep_until),
+                    Resolution::NothingHappened => record.settle(State::Failed, None, keep_until),
                 }
+                Ok(())
             }
         };
-        let result = record.map(|record| match resolution {
-            Resolution::Completed(bytes) => record.settle(State::Completed, Some(bytes), keep_until),
-            Resolution::NothingHappened => record.settle(State::Failed, None, keep_until),
-        });
         Box::pin(async move { result })
     }
 
@@ -508,6 +537,19 @@ impl Ledger for MemoryLedger {
     }
 
     /// A random secret per process: the records die with it.
+    fn secret_check<'a>(
+        &'a self,
+        version: u32,
+        check: Option<&'a [u8; 32]>,
+    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
+        let mut records = self.lock();
+        let kept = match check {
+            Some(check) => Some(*records.checks.entry(version).or_insert(*check)),
+            None => records.checks.get(&version).copied(),
+        };
+        Box::pin(async move { Ok(kept) })
+    }
+
     fn default_secret(&self) -> Result<crate::secret::Secret, crate::secret::SecretError> {
         Ok(crate::secret::ephemeral())
     }

@@ -36,7 +36,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::key::{Key, Ref, SubjectTag, TenantTag};
+use crate::key::{Address, Key, Ref, SubjectTag, TenantTag};
 use crate::recipe::StalePolicy;
 use crate::secret::{Secret, SecretError};
 
@@ -344,6 +344,14 @@ pub struct StatusReport {
     /// Whether this is an unsettled operation that a newer one with the same key superseded
     /// after its window ended: kept for the operator until its retention passes.
     pub superseded: bool,
+}
+
+impl StatusReport {
+    /// The operation's address: what an operator's verdict names.
+    #[must_use]
+    pub const fn address(&self) -> Address {
+        Address { reference: self.reference, window_end: self.window_end }
+    }
 }
 
 /// What [`Ledger::stats`] counts: how many records the ledger holds, by state, and what an
@@ -717,11 +725,13 @@ pub trait Ledger: Send + Sync + 'static {
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>>;
 
-    /// Undoes a claim whose answer was lost, and only what that claim did: a fresh claim
-    /// becomes failed (nothing ran) — also if `hold` has meanwhile turned its lapsed lease
-    /// "unknown", since only its own handler, which never ran, could have acted — and a takeover
-    /// goes back to an in-progress record under a lapsed lease, so the tool's stale policy still
-    /// applies to the operation.
+    /// Undoes a claim that runs nothing (its answer was lost, or it yielded to an operation
+    /// found under a previous secret), and only what that claim did: a fresh claim is removed —
+    /// nothing ran, and nothing is left that an operator or a status reader would take for an
+    /// outcome; also if `hold` has meanwhile turned its lapsed lease "unknown", since only its
+    /// own handler, which never ran, could have acted — and a takeover goes back to an
+    /// in-progress record under a lapsed lease, so the tool's stale policy still applies to the
+    /// operation.
     /// [`LedgerError::Fenced`] if `token` holds no in-progress claim (it never committed, or was
     /// superseded): there is nothing to undo.
     fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>>;
@@ -740,29 +750,35 @@ pub trait Ledger: Send + Sync + 'static {
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>>;
 
-    /// Settles an unknown record, or an in-progress one whose lease has expired — the current
-    /// one, or else a superseded one. A completed verdict is kept at least until `keep_until`.
+    /// Settles the operation at `address` of `tenant` — the current record of its key if its
+    /// window ends there, else the superseded one that does; never another operation of the same
+    /// key — if it is unknown, or in progress under a lease that has expired. A completed verdict
+    /// is kept at least until `keep_until`. [`LedgerError::NotFound`] if no operation of the
+    /// tenant has that address.
     fn resolve<'a>(
         &'a self,
         tenant: TenantTag,
-        reference: Ref,
+        address: Address,
         resolution: Resolution,
         now: u64,
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>>;
 
     /// The operation `reference` of `tenant`, whoever its subject — the operator's lookup, who
-    /// knows the tenant but not necessarily the subject. Never another tenant's. The current
-    /// record of its key if it is not expired at `now`, or else the newest superseded one.
+    /// knows the tenant but not necessarily the subject. Never another tenant's. With a
+    /// `window_end`, the operation at that [`Address`] (current or superseded) or none; without,
+    /// the current record of its key if it is not expired at `now`, or else the newest
+    /// superseded one.
     ///
     /// The default refuses (a ledger written before this method existed).
     fn inspect<'a>(
         &'a self,
         tenant: TenantTag,
         reference: Ref,
+        window_end: Option<u64>,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        let _ = (tenant, reference, now);
+        let _ = (tenant, reference, window_end, now);
         Box::pin(async { Err(LedgerError::unavailable("this ledger does not implement Ledger::inspect")) })
     }
 
@@ -813,6 +829,16 @@ pub trait Ledger: Send + Sync + 'static {
     /// windows do not depend on every replica's clock agreeing.
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>>;
 
+    /// The check value the ledger keeps for secret `version` ([`Secret::check_value`]), if
+    /// any — keeping `check` first when it keeps none and `check` is given, atomically, so the
+    /// first replica to use a version sets it and every other compares against it. A reader
+    /// (the operator's CLI) passes `None` and keeps nothing.
+    fn secret_check<'a>(
+        &'a self,
+        version: u32,
+        check: Option<&'a [u8; 32]>,
+    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>>;
+
     /// The secret a handle on this ledger keys with when none is configured (in code or in
     /// `IDEM_SECRET`). The default refuses: a ledger that replicas share needs one secret given
     /// to all of them. [`MemoryLedger`](memory::MemoryLedger) uses a random secret per process
@@ -859,20 +885,21 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
     fn resolve<'a>(
         &'a self,
         tenant: TenantTag,
-        reference: Ref,
+        address: Address,
         resolution: Resolution,
         now: u64,
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        (**self).resolve(tenant, reference, resolution, now, keep_until)
+        (**self).resolve(tenant, address, resolution, now, keep_until)
     }
     fn inspect<'a>(
         &'a self,
         tenant: TenantTag,
         reference: Ref,
+        window_end: Option<u64>,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        (**self).inspect(tenant, reference, now)
+        (**self).inspect(tenant, reference, window_end, now)
     }
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
         (**self).stats(now)
@@ -895,6 +922,13 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
     }
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         (**self).now()
+    }
+    fn secret_check<'a>(
+        &'a self,
+        version: u32,
+        check: Option<&'a [u8; 32]>,
+    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
+        (**self).secret_check(version, check)
     }
     fn default_secret(&self) -> Result<Secret, SecretError> {
         (**self).default_secret()

@@ -559,9 +559,10 @@ impl Model for LedgerModel {
                 };
                 let ledger = s.ledger();
                 let keep_until = s.time + GRACE;
+                let address = crate::key::Address { reference: key().reference(), window_end: record.window_end };
                 let answer = ready(ledger.resolve(
                     TenantTag::from_bytes([7; 8]),
-                    key().reference(),
+                    address,
                     resolution.clone(),
                     s.time,
                     keep_until,

@@ -10,7 +10,7 @@ use super::{
     BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, PendingQuery, PendingRecord, Resolution,
     StatusReport, Token,
 };
-use crate::key::{Key, Ref, SubjectTag, TenantTag};
+use crate::key::{Address, Key, Ref, SubjectTag, TenantTag};
 use crate::secret::{Secret, SecretError};
 
 /// `inner`, with every call answered within `limit`: a call that takes longer is
@@ -76,20 +76,21 @@ impl Ledger for Timeout {
     fn resolve<'a>(
         &'a self,
         tenant: TenantTag,
-        reference: Ref,
+        address: Address,
         resolution: Resolution,
         now: u64,
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        self.bound(self.inner.resolve(tenant, reference, resolution, now, keep_until))
+        self.bound(self.inner.resolve(tenant, address, resolution, now, keep_until))
     }
     fn inspect<'a>(
         &'a self,
         tenant: TenantTag,
         reference: Ref,
+        window_end: Option<u64>,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        self.bound(self.inner.inspect(tenant, reference, now))
+        self.bound(self.inner.inspect(tenant, reference, window_end, now))
     }
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
         self.bound(self.inner.stats(now))
@@ -112,6 +113,13 @@ impl Ledger for Timeout {
     }
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         self.bound(self.inner.now())
+    }
+    fn secret_check<'a>(
+        &'a self,
+        version: u32,
+        check: Option<&'a [u8; 32]>,
+    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
+        self.bound(self.inner.secret_check(version, check))
     }
     fn default_secret(&self) -> Result<Secret, SecretError> {
         self.inner.default_secret()

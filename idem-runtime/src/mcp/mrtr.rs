@@ -157,8 +157,7 @@ impl<'a> Continuation<'a> {
             }
             return Ok(());
         };
-        let binding = operation.binding();
-        let nonce = self.idem.open_state(binding, state)?;
+        let (nonce, binding) = self.idem.open_state(operation.binding(), state)?;
         if self.single_use
             && let EchoedState::Sealed { expires, .. } = state
         {

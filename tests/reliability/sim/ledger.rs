@@ -176,13 +176,13 @@ impl Ledger for SimLedger {
     fn resolve<'a>(
         &'a self,
         tenant: TenantTag,
-        reference: Ref,
+        address: idem_runtime::Address,
         resolution: Resolution,
         at: u64,
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         Box::pin(
-            self.call(Kind::Resolve, move |sim, now| sim.resolve(now, tenant, reference, resolution, at, keep_until)),
+            self.call(Kind::Resolve, move |sim, now| sim.resolve(now, tenant, address, resolution, at, keep_until)),
         )
     }
 
@@ -190,6 +190,20 @@ impl Ledger for SimLedger {
         Box::pin(self.call(Kind::Sweep, move |sim, now| {
             sim.store().run(now, move |l| Box::pin(async move { l.sweep(at, limit).await }))
         }))
+    }
+
+    /// Outside the fault plan: the simulation is of calls, and a handle checks its secret once.
+    fn secret_check<'a>(
+        &'a self,
+        version: u32,
+        check: Option<&'a [u8; 32]>,
+    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
+        let check = check.copied();
+        let answer = self
+            .sim
+            .store()
+            .run(self.sim.now(), move |l| Box::pin(async move { l.secret_check(version, check.as_ref()).await }));
+        Box::pin(async move { answer })
     }
 
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {

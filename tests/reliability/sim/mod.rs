@@ -287,10 +287,10 @@ async fn operator(cluster: Arc<Cluster>) {
         };
         sleep_ms(pause).await;
         let Some(idem) = cluster.live(replica) else { continue };
-        let keys: Vec<_> = sim.world().keys.iter().map(|(key, (_, reference, _))| (*key, *reference)).collect();
-        for (key, reference) in keys {
-            if let Some(verdict) = sim.verdict(key) {
-                let _ = idem.resolve(&cluster.caller, &reference.to_string(), verdict).await;
+        let keys: Vec<_> = sim.world().keys.keys().copied().collect();
+        for key in keys {
+            if let Some((address, verdict)) = sim.verdict(key) {
+                let _ = idem.resolve(&cluster.caller, &address.to_string(), verdict).await;
             }
         }
         if sim.world().rng.chance(300) {

@@ -599,17 +599,18 @@ impl Sim {
         &self,
         now: u64,
         tenant: TenantTag,
-        reference: Ref,
+        address: idem_runtime::Address,
         resolution: Resolution,
         at: u64,
         keep_until: u64,
     ) -> Result<(), LedgerError> {
+        let reference = address.reference;
         let key = self.world().keys.iter().find(|(_, (_, r, _))| *r == reference).map(|(key, _)| *key);
         let pre = key.and_then(|key| self.lookup(key, now));
         let sent = resolution.clone();
         let answer = self
             .store()
-            .run(now, move |l| Box::pin(async move { l.resolve(tenant, reference, sent, at, keep_until).await }));
+            .run(now, move |l| Box::pin(async move { l.resolve(tenant, address, sent, at, keep_until).await }));
         let mut w = self.world();
         if answer.is_ok() {
             w.counts.resolves += 1;
@@ -805,7 +806,7 @@ impl Sim {
     /// An operator's verdict on `key`'s record, if it is unknown or its holder is dead, from the
     /// downstream's truth: it happened (with its receipt), or nothing happened (only when no live
     /// run of it could still act).
-    pub fn verdict(&self, key: Key) -> Option<Resolution> {
+    pub fn verdict(&self, key: Key) -> Option<(idem_runtime::Address, Resolution)> {
         let now = self.now();
         let report = self.lookup(key, now)?;
         let stale = report.state == State::Unknown || report.state == State::InProgress && report.lease_expired;
@@ -813,12 +814,13 @@ impl Sim {
             return None;
         }
         let op = (key, report.window_end);
+        let address = report.address();
         let w = self.world();
         if let Some((receipt, _)) = w.downstream.values().find(|(_, of)| *of == op) {
-            return Resolution::completed(receipt).ok();
+            return Resolution::completed(receipt).ok().map(|verdict| (address, verdict));
         }
         let running = w.runs.iter().any(|run| run.op == op && run.state == RunState::Running);
-        (!running).then_some(Resolution::NothingHappened)
+        (!running).then_some((address, Resolution::NothingHappened))
     }
 }
 

@@ -81,7 +81,7 @@ use super::{
     State, StatusReport, Token, Verdict, Won, settled_expiry, won_stale,
 };
 use crate::clock::Clock;
-use crate::key::{Key, Ref, SubjectTag, TenantTag};
+use crate::key::{Address, Key, Ref, SubjectTag, TenantTag};
 use crate::recipe::StalePolicy;
 
 /// How many times a claim re-runs when a concurrent change slipped between its statements
@@ -310,10 +310,15 @@ impl SeaOrmLedger {
     }
 
     async fn release_now(&self, key: &Key, token: Token) -> Result<(), LedgerError> {
-        let values = vec![key_value(key), token_value(token)];
-        let statement = Statement::from_sql_and_values(self.backend(), self.statements().release, values);
-        let done = self.db.execute_raw(statement).await.map_err(failed)?;
-        if done.rows_affected() == 1 { Ok(()) } else { Err(LedgerError::Fenced) }
+        let statements = self.statements();
+        for text in [statements.withdraw, statements.release] {
+            let values = vec![key_value(key), token_value(token)];
+            let statement = Statement::from_sql_and_values(self.backend(), text, values);
+            if self.db.execute_raw(statement).await.map_err(failed)?.rows_affected() == 1 {
+                return Ok(());
+            }
+        }
+        Err(LedgerError::Fenced)
     }
 
     async fn lookup_now(&self, key: &Key, now: u64) -> Result<Option<StatusReport>, LedgerError> {
@@ -367,26 +372,49 @@ impl SeaOrmLedger {
         row.map(|row| Found::read(&row)).transpose()
     }
 
-    async fn resolve_now(
+    /// The operation of `tenant` at `address`: the current record of its key if its window ends
+    /// there (and it is visible at `now`), else the superseded one that does — and whether it
+    /// was superseded.
+    async fn at(&self, tenant: TenantTag, address: Address, now: u64) -> Result<Option<(Found, bool)>, LedgerError> {
+        let current = self.find(tenant, None, address.reference, now).await?;
+        if let Some(found) = current.filter(|found| found.window_end == address.window_end) {
+            return Ok(Some((found, false)));
+        }
+        let mut values = visible_values(tenant, None, address.reference);
+        values.push(millis(address.window_end));
+        Ok(self.found(self.statements().find_superseded_at, values).await?.map(|found| (found, true)))
+    }
+
+    async fn inspect_now(
         &self,
         tenant: TenantTag,
         reference: Ref,
+        window_end: Option<u64>,
+        now: u64,
+    ) -> Result<Option<StatusReport>, LedgerError> {
+        match window_end {
+            Some(window_end) => {
+                let found = self.at(tenant, Address { reference, window_end }, now).await?;
+                Ok(found.map(|(found, superseded)| found.report(now, superseded)))
+            }
+            None => self.status_now(tenant, None, reference, now).await,
+        }
+    }
+
+    async fn resolve_now(
+        &self,
+        tenant: TenantTag,
+        address: Address,
         resolution: Resolution,
         now: u64,
         keep_until: u64,
     ) -> Result<(), LedgerError> {
         let resolve = &self.statements().resolve;
-        let current = self.find(tenant, None, reference, now).await?;
-        let (found, text) = match current {
-            Some(found) if found.resolvable(now) => (found, resolve.records),
-            current => match (self.find_superseded(tenant, None, reference).await?, current) {
-                (Some(old), _) if old.resolvable(now) => (old, resolve.superseded),
-                (_, Some(found)) | (Some(found), None) => {
-                    return Err(LedgerError::NotResolvable { state: found.state });
-                }
-                (None, None) => return Err(LedgerError::NotFound),
-            },
-        };
+        let Some((found, superseded)) = self.at(tenant, address, now).await? else { return Err(LedgerError::NotFound) };
+        if !found.resolvable(now) {
+            return Err(LedgerError::NotResolvable { state: found.state });
+        }
+        let text = if superseded { resolve.superseded } else { resolve.records };
         let (state, result) = match resolution {
             Resolution::Completed(bytes) => (State::Completed, Some(bytes)),
             Resolution::NothingHappened => (State::Failed, None),
@@ -407,10 +435,23 @@ impl SeaOrmLedger {
             return Ok(());
         }
         // It changed meanwhile (its holder finished, another operator answered).
-        match self.status_now(tenant, None, reference, now).await? {
-            Some(report) => Err(LedgerError::NotResolvable { state: report.state }),
+        match self.at(tenant, address, now).await? {
+            Some((found, _)) => Err(LedgerError::NotResolvable { state: found.state }),
             None => Err(LedgerError::NotFound),
         }
+    }
+
+    async fn secret_check_now(&self, version: u32, check: Option<&[u8; 32]>) -> Result<Option<[u8; 32]>, LedgerError> {
+        let version = Value::BigInt(Some(i64::from(version)));
+        if let Some(check) = check {
+            let values = vec![version.clone(), Value::Bytes(Some(check.to_vec()))];
+            let keep = Statement::from_sql_and_values(self.backend(), self.statements().keep_check, values);
+            self.db.execute_raw(keep).await.map_err(failed)?;
+        }
+        let read = Statement::from_sql_and_values(self.backend(), self.statements().check_of, vec![version]);
+        let Some(row) = self.db.query_one_raw(read).await.map_err(failed)? else { return Ok(None) };
+        let kept = row.try_get_by_index::<Vec<u8>>(0).map_err(corrupt)?;
+        kept.try_into().map(Some).map_err(|_| LedgerError::corrupt("a secret's check value is not 32 bytes"))
     }
 
     async fn sweep_now(&self, now: u64, limit: usize) -> Result<usize, LedgerError> {
@@ -566,9 +607,10 @@ impl Ledger for SeaOrmLedger {
         &'a self,
         tenant: TenantTag,
         reference: Ref,
+        window_end: Option<u64>,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        Box::pin(self.status_now(tenant, None, reference, now))
+        Box::pin(self.inspect_now(tenant, reference, window_end, now))
     }
 
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
@@ -590,12 +632,12 @@ impl Ledger for SeaOrmLedger {
     fn resolve<'a>(
         &'a self,
         tenant: TenantTag,
-        reference: Ref,
+        address: Address,
         resolution: Resolution,
         now: u64,
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(self.resolve_now(tenant, reference, resolution, now, keep_until))
+        Box::pin(self.resolve_now(tenant, address, resolution, now, keep_until))
     }
 
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
@@ -610,6 +652,14 @@ impl Ledger for SeaOrmLedger {
     /// `<file>.secret`, readable by its owner only. SQLite in memory: a random one per process.
     /// PostgreSQL and MySQL: none — replicas share the ledger and must share a configured
     /// secret.
+    fn secret_check<'a>(
+        &'a self,
+        version: u32,
+        check: Option<&'a [u8; 32]>,
+    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
+        Box::pin(self.secret_check_now(version, check))
+    }
+
     fn default_secret(&self) -> Result<crate::secret::Secret, crate::secret::SecretError> {
         match &self.own_secret {
             OwnSecret::File(path) => crate::secret::Secret::load_or_create(path),

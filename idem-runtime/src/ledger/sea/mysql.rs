@@ -24,10 +24,8 @@ pub(super) static STATEMENTS: Statements = Statements {
                       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     renew: "UPDATE idem_records SET lease_until = CASE WHEN lease_until < ? THEN ? ELSE lease_until END \
             WHERE `key` = ? AND token = ? AND state = 1",
-    release: "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
-              expires_at = CASE WHEN attempt = 0 THEN window_end ELSE expires_at END, \
-              lease_until = CASE WHEN attempt = 0 THEN lease_until ELSE 0 END \
-              WHERE `key` = ? AND token = ? AND (state = 1 OR (state = 4 AND attempt = 0))",
+    withdraw: "DELETE FROM idem_records WHERE `key` = ? AND token = ? AND attempt = 0 AND state IN (1, 4)",
+    release: "UPDATE idem_records SET lease_until = 0 WHERE `key` = ? AND token = ? AND attempt <> 0 AND state = 1",
     complete: Tables {
         records: Complete {
             completed: "UPDATE idem_records SET state = ?, result = ?, label = ?, \
@@ -66,6 +64,9 @@ pub(super) static STATEMENTS: Statements = Statements {
         subject: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
                   WHERE `key` >= ? AND `key` <= ? AND tenant = ? AND subject IN (?, ?) ORDER BY window_end DESC LIMIT 1",
     },
+    find_superseded_at: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result \
+                         FROM idem_superseded WHERE `key` >= ? AND `key` <= ? AND tenant = ? \
+                         AND window_end = ? LIMIT 1",
     resolve: Tables {
         records: "UPDATE idem_records SET state = ?, result = ?, expires_at = ? \
                   WHERE `key` = ? AND window_end = ? AND tenant = ? AND (state = 4 OR (state = 1 AND lease_until <= ?))",
@@ -95,6 +96,8 @@ pub(super) static STATEMENTS: Statements = Statements {
     now: "SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
     label_of: "SELECT label FROM idem_records WHERE `key` = ?",
     // No index serves it: an operator's occasional scan, not a call's path.
+    keep_check: "INSERT IGNORE INTO idem_secrets (version, check_value) VALUES (?, ?)",
+    check_of: "SELECT check_value FROM idem_secrets WHERE version = ?",
     pending: "SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, CAST(0 AS SIGNED) AS superseded FROM idem_records \
              WHERE state IN (?, ?) AND expires_at > ? AND (? = 1 OR tenant IN (?, ?)) AND created_at <= ? AND (created_at > ? OR (created_at = ? AND `key` > ?)) \
@@ -107,6 +110,10 @@ pub(super) static STATEMENTS: Statements = Statements {
 pub(super) static MIGRATION: Migration = Migration {
     lock: None,
     schema: &[
+        "CREATE TABLE IF NOT EXISTS idem_secrets (
+                version BIGINT NOT NULL PRIMARY KEY,
+                check_value BINARY(32) NOT NULL
+            ) ENGINE=InnoDB",
         "CREATE TABLE IF NOT EXISTS idem_records (
                 `key` BINARY(32) NOT NULL PRIMARY KEY,
                 tenant BIGINT NOT NULL,

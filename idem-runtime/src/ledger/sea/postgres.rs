@@ -36,10 +36,8 @@ pub(super) static STATEMENTS: Statements = Statements {
                       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
     renew: "UPDATE idem_records SET lease_until = CASE WHEN lease_until < $1 THEN $2 ELSE lease_until END \
             WHERE key = $3 AND token = $4 AND state = 1",
-    release: "UPDATE idem_records SET state = CASE WHEN attempt = 0 THEN 3 ELSE 1 END, \
-              expires_at = CASE WHEN attempt = 0 THEN window_end ELSE expires_at END, \
-              lease_until = CASE WHEN attempt = 0 THEN lease_until ELSE 0 END \
-              WHERE key = $1 AND token = $2 AND (state = 1 OR (state = 4 AND attempt = 0))",
+    withdraw: "DELETE FROM idem_records WHERE key = $1 AND token = $2 AND attempt = 0 AND state IN (1, 4)",
+    release: "UPDATE idem_records SET lease_until = 0 WHERE key = $1 AND token = $2 AND attempt <> 0 AND state = 1",
     complete: Tables {
         records: Complete {
             completed: "UPDATE idem_records SET state = $1, result = $2, label = $3, \
@@ -79,6 +77,9 @@ pub(super) static STATEMENTS: Statements = Statements {
                   WHERE key >= $1 AND key <= $2 AND tenant = $3 AND subject IN ($4, $5) \
                   ORDER BY window_end DESC LIMIT 1",
     },
+    find_superseded_at: "SELECT key, state, created_at, window_end, expires_at, lease_until, result \
+                         FROM idem_superseded WHERE key >= $1 AND key <= $2 AND tenant = $3 \
+                         AND window_end = $4 LIMIT 1",
     resolve: Tables {
         records: "UPDATE idem_records SET state = $1, result = $2, expires_at = $3 \
                   WHERE key = $4 AND window_end = $5 AND tenant = $6 \
@@ -115,6 +116,8 @@ pub(super) static STATEMENTS: Statements = Statements {
     now: "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
     label_of: "SELECT label FROM idem_records WHERE key = $1",
     // No index serves it: an operator's occasional scan, not a call's path.
+    keep_check: "INSERT INTO idem_secrets (version, check_value) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING",
+    check_of: "SELECT check_value FROM idem_secrets WHERE version = $1",
     pending: "SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 0::bigint AS superseded FROM idem_records \
              WHERE state IN ($1, $2) AND expires_at > $3 AND ($4 = 1 OR tenant IN ($5, $6)) AND created_at <= $7 AND (created_at > $8 OR (created_at = $9 AND key > $10)) \
@@ -127,6 +130,10 @@ pub(super) static STATEMENTS: Statements = Statements {
 pub(super) static MIGRATION: Migration = Migration {
     lock: Some("SELECT pg_advisory_xact_lock(7233960519474712933)"),
     schema: &[
+        "CREATE TABLE IF NOT EXISTS idem_secrets (
+                version bigint PRIMARY KEY,
+                check_value bytea NOT NULL CHECK (octet_length(check_value) = 32)
+            )",
         "CREATE TABLE IF NOT EXISTS idem_records (
                 tenant bigint NOT NULL,
                 token bigint NOT NULL,

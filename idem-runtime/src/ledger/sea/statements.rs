@@ -32,10 +32,11 @@ pub struct Statements {
     pub keep_superseded: &'static str,
     /// Extends the holder's lease, never shortening it: the lease twice, key, token.
     pub renew: &'static str,
-    /// Undoes a claim whose answer never came: key, token. A fresh claim becomes failed
-    /// (nothing ran) — also once `hold` turned its lapsed lease "unknown", which only its own
-    /// unrun handler could have been; a takeover only gives its lease back, so the operation
-    /// stays in progress and its stale policy applies.
+    /// Removes a fresh claim that runs nothing: key, token. Nothing ran — also once `hold`
+    /// turned its lapsed lease "unknown", which only its own unrun handler could have been.
+    pub withdraw: &'static str,
+    /// Gives a takeover's lease back, so the operation stays in progress and its stale policy
+    /// applies: key, token.
     pub release: &'static str,
     /// Settles a held claim, on the current table or the superseded one.
     pub complete: Tables<Complete>,
@@ -45,6 +46,9 @@ pub struct Statements {
     pub find: Visible,
     /// The newest superseded record whose key starts with a reference.
     pub find_superseded: Visible,
+    /// The superseded record of a tenant at an operation's address: the key range (low, high),
+    /// tenant, window end.
+    pub find_superseded_at: &'static str,
     /// An operator's answer to an unsettled record: state, result, expiry, then key, window
     /// end, tenant, now.
     pub resolve: Tables<&'static str>,
@@ -71,6 +75,10 @@ pub struct Statements {
     pub now: &'static str,
     /// The sealed label of a current record, read before a superseding claim replaces it: key.
     pub label_of: &'static str,
+    /// Keeps a secret version's check value unless one is kept: version, check value.
+    pub keep_check: &'static str,
+    /// The check value kept for a secret version: version.
+    pub check_of: &'static str,
     /// The unsettled records an operator looks at (`idem pending`), current and superseded,
     /// oldest first, with a flag saying which table each came from. For each table in turn:
     /// two states, now, whether every tenant (1) or only the two tenant tags that follow, the
@@ -177,6 +185,7 @@ mod tests {
             ("take_unknown", s.take_unknown),
             ("take_over", s.take_over),
             ("renew", s.renew),
+            ("withdraw", s.withdraw),
             ("release", s.release),
             ("complete.records.completed", s.complete.records.completed),
             ("complete.records.failed", s.complete.records.failed),
@@ -189,11 +198,13 @@ mod tests {
             ("find.subject", s.find.subject),
             ("find_superseded.tenant", s.find_superseded.tenant),
             ("find_superseded.subject", s.find_superseded.subject),
+            ("find_superseded_at", s.find_superseded_at),
             ("resolve.records", s.resolve.records),
             ("resolve.superseded", s.resolve.superseded),
             ("stats.records", s.stats.records),
             ("stats.superseded", s.stats.superseded),
             ("label_of", s.label_of),
+            ("check_of", s.check_of),
             ("probe_upgrade", m.probe_upgrade),
             ("carry", m.carry),
         ]

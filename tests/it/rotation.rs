@@ -1,0 +1,371 @@
+//! Secrets across replicas and rotations: a replica whose secret differs from the others' for
+//! one version cannot serve; a secret or a clock that could not be read is tried again, never
+//! cached as a failure; every answer of a rotation names the operation that gave it; and a
+//! rotation leaves no record that looks like an outcome.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::ledger::{Ledger, LedgerError, State, Token};
+use idem_runtime::{
+    Caller, ErrorClass, Idem, IdempotentError, ManualClock, MemoryLedger, Recipe, Ref, Rejection, Secret, SecretError,
+};
+use idem_tests::tap::{Call, Pass, Tap, Tapped};
+use serde_json::json;
+
+/// What a call answered instead of running: the rejection itself, so a test reads its ref.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+enum Error {
+    Declined(String),
+    #[serde(skip)]
+    Idem(Rejection),
+}
+
+impl IdempotentError for Error {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::NothingHappened
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self::Idem(rejection)
+    }
+}
+
+impl Error {
+    fn code(&self) -> &str {
+        match self {
+            Self::Declined(why) => why,
+            Self::Idem(rejection) => rejection.code(),
+        }
+    }
+}
+
+static PAY: Recipe = Recipe::new("pay", &["order_id"]);
+
+fn alice() -> Caller {
+    Caller::new("acme", "alice")
+}
+
+/// Two secret versions no other test (or earlier run) on a shared database has used.
+fn fresh_versions() -> (u32, u32) {
+    let base = u32::try_from(Token::random().get() % 1_000_000_000).unwrap() + 1_000;
+    (base, base + 1)
+}
+
+fn secret(version: u32, byte: u8) -> Secret {
+    Secret::new(version, &[byte; 32]).unwrap()
+}
+
+/// Pays on `idem`, counting runs; the handler waits for `release` if one is given.
+async fn pay(
+    idem: &Idem,
+    args: &serde_json::Value,
+    runs: &AtomicUsize,
+    release: Option<&tokio::sync::Notify>,
+) -> Result<idem_runtime::Served<String>, Error> {
+    pay_on(&PAY, idem, args, runs, release).await
+}
+
+/// [`pay`] under `recipe`.
+async fn pay_on(
+    recipe: &Recipe,
+    idem: &Idem,
+    args: &serde_json::Value,
+    runs: &AtomicUsize,
+    release: Option<&tokio::sync::Notify>,
+) -> Result<idem_runtime::Served<String>, Error> {
+    idem.call(recipe, Some(&alice()), args, || async {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(release) = release {
+            release.notified().await;
+        }
+        Ok::<_, Error>(format!("paid #{n}"))
+    })
+    .await
+}
+
+fn order() -> String {
+    format!("o-{}", Token::random().get())
+}
+
+/// A replica started with other bytes under a version the ledger has seen refuses to serve,
+/// and says which version differs; the first replica keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_other_bytes_for_a_version_cannot_serve() {
+    for (backend, ledger) in idem_tests::every_ledger("a_replica_with_other_bytes").await {
+        let (version, _) = fresh_versions();
+        let first = Idem::from_shared(Arc::clone(&ledger)).with_secret(secret(version, 0x11));
+        let third = Idem::from_shared(Arc::clone(&ledger)).with_secret(secret(version, 0x33));
+        let runs = AtomicUsize::new(0);
+        let args = json!({ "order_id": order(), "amount": 5 });
+        first.check_secret().await.unwrap_or_else(|error| panic!("{backend}: the first replica: {error}"));
+        let served = pay(&first, &args, &runs, None).await.unwrap();
+        assert_eq!(served.value, "paid #1", "{backend}");
+
+        let refused = third.check_secret().await.expect_err("a replica with other bytes starts");
+        assert!(matches!(refused, SecretError::Mismatch { version: v, .. } if v == version), "{backend}: {refused:?}");
+        let words = refused.to_string();
+        assert!(words.contains(&format!("version {version}")) && words.contains("IDEM_SECRET"), "{backend}: {words}");
+        let repeat = pay(&third, &args, &runs, None).await.expect_err("the mismatched replica served");
+        assert_eq!(repeat.code(), "ledger_unavailable", "{backend}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: charged a second time on the mismatched replica");
+        // The operator's view refuses too, and keeps nothing for a version it reads.
+        let inspect = third.inspect("acme", &served.reference.to_string()).await.expect_err("inspect");
+        assert!(inspect.to_string().contains(&format!("version {version}")), "{backend}: {inspect}");
+
+        // The right replica is unaffected, and replays.
+        let again = pay(&first, &args, &runs, None).await.unwrap();
+        assert!(again.replayed, "{backend}");
+        // A reader (the operator's paths) keeps no check value for a version nobody used.
+        let (unused, _) = fresh_versions();
+        let reader = Idem::from_shared(Arc::clone(&ledger)).with_secret(secret(unused, 0x44));
+        let _ = reader.inspect("acme", &served.reference.to_string()).await;
+        assert_eq!(ledger.secret_check(unused, None).await.unwrap(), None, "{backend}: a reader kept a check value");
+    }
+}
+
+/// The SQLite default's secret file could not be read once (here: a directory stands in its
+/// place): the next calls try again, and once it can be made, they run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_file_that_could_not_be_read_is_tried_again() {
+    let dir = std::env::temp_dir().join(format!("idem-secret-retry-{}", Token::random().get()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ledger.sqlite3");
+    let ledger = SeaOrmLedger::connect(&format!("sqlite://{}?mode=rwc", file.display())).await.unwrap();
+    let secret_file = dir.join("ledger.sqlite3.secret");
+    std::fs::create_dir_all(&secret_file).unwrap();
+    let idem = Idem::new(ledger);
+    let runs = AtomicUsize::new(0);
+    let args = json!({ "order_id": order(), "amount": 5 });
+    let refused = pay(&idem, &args, &runs, None).await.expect_err("ran without a secret");
+    assert_eq!(refused.code(), "ledger_unavailable");
+    std::fs::remove_dir(&secret_file).unwrap();
+    let mut answer = Err(refused);
+    for _ in 0..100 {
+        answer = pay(&idem, &args, &runs, None).await;
+        if answer.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served = answer.expect("still refused after the secret file could be made: the failure was kept");
+    assert_eq!((served.value.as_str(), runs.load(Ordering::SeqCst)), ("paid #1", 1));
+    assert!(secret_file.is_file());
+}
+
+/// Fails the ledger's clock read `n` times.
+struct ClockFails(AtomicUsize);
+
+impl Tap for ClockFails {
+    fn before(&self, call: Call) -> Pass {
+        let failing =
+            call == Call::Now && self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if failing { Pass::Fail(LedgerError::unavailable("connection refused")) } else { Pass::Through }
+    }
+}
+
+/// A cold handle's first clock read failed: the next call reads it again — also on a clock
+/// that has not moved since (a test's, or a coarse one), and on a copy made with `with_*`.
+#[tokio::test]
+async fn a_clock_read_that_failed_is_tried_again() {
+    const T0: u64 = 1_900_000_000_000;
+    let ledger = Tapped::new(Arc::new(MemoryLedger::with_clock(ManualClock::new(T0))), ClockFails(AtomicUsize::new(1)));
+    let idem = idem_tests::idem_shared(ledger.clone() as Arc<dyn Ledger>).with_clock(ManualClock::new(T0));
+    let runs = AtomicUsize::new(0);
+    let args = json!({ "order_id": order(), "amount": 5 });
+    let refused = pay(&idem, &args, &runs, None).await.expect_err("ran on an unread clock");
+    assert_eq!(refused.code(), "ledger_unavailable");
+    let served = pay(&idem, &args, &runs, None).await.expect("the clock's first failure was kept");
+    assert_eq!(served.value, "paid #1");
+
+    // The same on a copy made after a failure.
+    ledger.0.store(1, Ordering::SeqCst);
+    let cold = idem_tests::idem_shared(ledger.clone() as Arc<dyn Ledger>).with_clock(ManualClock::new(T0));
+    let refused = pay(&cold, &json!({ "order_id": order(), "amount": 1 }), &runs, None).await.expect_err("unread");
+    assert_eq!(refused.code(), "ledger_unavailable");
+    let copy = cold.with_max_result_bytes(1 << 20);
+    let served = pay(&copy, &json!({ "order_id": order(), "amount": 1 }), &runs, None).await;
+    assert!(served.is_ok(), "a copy kept its original's clock failure: {served:?}");
+}
+
+/// Each repeat of a pre-rotation operation through a replica keyed with the new secret is
+/// answered from that operation — and leaves no record under the new key that an operator or
+/// a status reader would take for an outcome ("failed, nothing ran").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_leaves_no_false_records() {
+    for (backend, ledger) in idem_tests::every_ledger("a_rotation_leaves_no_false_records").await {
+        let (v1, v2) = fresh_versions();
+        let before = Idem::from_shared(Arc::clone(&ledger)).with_secret(secret(v1, 0x11));
+        let after =
+            Idem::from_shared(Arc::clone(&ledger)).with_secret(secret(v2, 0x22)).with_previous_secret(secret(v1, 0x11));
+        let runs = AtomicUsize::new(0);
+        let args = json!({ "order_id": order(), "amount": 5 });
+        let first = pay(&before, &args, &runs, None).await.unwrap();
+        for _ in 0..4 {
+            let again = pay(&after, &args, &runs, None).await.unwrap();
+            assert_eq!((again.value.as_str(), again.replayed, again.reference), ("paid #1", true, first.reference));
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}");
+        let new_key = after.key_of(&PAY, &alice(), &args).unwrap().reference().to_string();
+        let status = after.status(&alice(), &new_key).await.unwrap();
+        assert_eq!(status, None, "{backend}: a yielded claim left a record under the new key");
+        if backend == "memory" || backend == "sqlite" {
+            let stats = after.stats().await.unwrap();
+            assert_eq!((stats.failed, stats.completed), (0, 1), "{backend}: {stats:?}");
+        }
+    }
+}
+
+/// Slows every record lookup: the first of identical calls, finding the operation under the
+/// previous secret, is still looking while the others join its claim.
+struct SlowLookups;
+
+impl Tap for SlowLookups {
+    fn before(&self, call: Call) -> Pass {
+        if call == Call::Lookup { Pass::After(Duration::from_millis(300)) } else { Pass::Through }
+    }
+}
+
+/// During a rotation, identical calls coalesced in one process share the first one's answer —
+/// and that answer names the operation that gave it (the one under the previous secret), never
+/// the key the first call gave back: "in flight" with its ref, and a conflict that names only
+/// the argument that differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_answer_names_the_operation_that_answered() {
+    for (backend, ledger) in idem_tests::every_ledger("a_shared_answer_names_the_operation").await {
+        if backend == "memory" {
+            continue; // A local ledger is not coalesced.
+        }
+        let (v1, v2) = fresh_versions();
+        let before = Idem::from_shared(Arc::clone(&ledger)).with_secret(secret(v1, 0x11));
+        let slow = Tapped::new(Arc::clone(&ledger), SlowLookups);
+        let after = Idem::from_shared(slow as Arc<dyn Ledger>)
+            .with_secret(secret(v2, 0x22))
+            .with_previous_secret(secret(v1, 0x11));
+        let runs = AtomicUsize::new(0);
+
+        // In flight under the previous secret.
+        let release = tokio::sync::Notify::new();
+        let args = json!({ "order_id": order(), "amount": 5 });
+        let old_ref: Ref = before.key_of(&PAY, &alice(), &args).unwrap().reference();
+        let holder = pay(&before, &args, &runs, Some(&release));
+        let repeats = async {
+            while runs.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let answers = futures_join_all((0..8).map(|_| pay(&after, &args, &runs, None))).await;
+            let status = after.status(&alice(), &old_ref.to_string()).await.unwrap().expect("the operation");
+            release.notify_one();
+            (answers, status)
+        };
+        let (held, (answers, status)) = tokio::join!(holder, repeats);
+        assert_eq!(held.unwrap().value, "paid #1", "{backend}");
+        assert_eq!(status.state, State::InProgress, "{backend}");
+        for answer in answers {
+            match answer {
+                Err(Error::Idem(Rejection::InFlight { reference, .. })) => {
+                    assert_eq!(reference, old_ref, "{backend}: \"in flight\" named another operation");
+                }
+                other => panic!("{backend}: a repeat of an operation in flight got {other:?}"),
+            }
+        }
+
+        // A conflict with it names the argument that differs, and only that one.
+        let conflicting = json!({ "order_id": args["order_id"], "amount": 6 });
+        let new_ref = after.key_of(&PAY, &alice(), &conflicting).unwrap().reference();
+        let answers = futures_join_all((0..8).map(|_| pay(&after, &conflicting, &runs, None))).await;
+        for answer in answers {
+            match answer {
+                Err(Error::Idem(Rejection::Conflict { reference, differing, .. })) => {
+                    assert_eq!(reference, old_ref, "{backend}");
+                    assert_eq!(differing, vec!["amount".to_owned()], "{backend}: the conflict named {differing:?}");
+                }
+                other => panic!(
+                    "{backend}: a conflicting repeat got {other:?} (the operation: {old_ref}, the new key: {})",
+                    new_ref
+                ),
+            }
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}");
+    }
+}
+
+/// Waits 600 ms for an operation in flight.
+static PAY_WAITING: Recipe = Recipe::new("pay_waiting", &["order_id"]).wait(Duration::from_millis(600));
+
+/// Counts record lookups.
+struct Lookups(AtomicUsize);
+
+impl Tap for Lookups {
+    fn before(&self, call: Call) -> Pass {
+        if call == Call::Lookup {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        Pass::Through
+    }
+}
+
+/// During a rotation, repeats that wait for an operation in flight under the previous secret
+/// wait on that operation — one poller, its reads spaced out (10 ms doubling to 250 ms) — and
+/// are answered "in flight" with its ref at their deadline: no read every 10 ms on the key the
+/// first of them gave back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_repeat_during_a_rotation_does_not_spin() {
+    for (backend, ledger) in idem_tests::every_ledger("a_waiting_repeat_during_a_rotation").await {
+        if backend == "memory" {
+            continue; // A local ledger is not coalesced.
+        }
+        let (v1, v2) = fresh_versions();
+        let before = Idem::from_shared(Arc::clone(&ledger)).with_secret(secret(v1, 0x11));
+        let counted = Tapped::new(Arc::clone(&ledger), Lookups(AtomicUsize::new(0)));
+        let after = Idem::from_shared(Arc::clone(&counted) as Arc<dyn Ledger>)
+            .with_secret(secret(v2, 0x22))
+            .with_previous_secret(secret(v1, 0x11));
+        let runs = AtomicUsize::new(0);
+        let release = tokio::sync::Notify::new();
+        let args = json!({ "order_id": order(), "amount": 5 });
+        let old_ref = before.key_of(&PAY_WAITING, &alice(), &args).unwrap().reference();
+        let holder = pay_on(&PAY_WAITING, &before, &args, &runs, Some(&release));
+        let repeats = async {
+            while runs.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let answers = futures_join_all((0..2).map(|_| pay_on(&PAY_WAITING, &after, &args, &runs, None))).await;
+            release.notify_one();
+            answers
+        };
+        let (held, answers) = tokio::join!(holder, repeats);
+        assert_eq!(held.unwrap().value, "paid #1", "{backend}");
+        for answer in answers {
+            match answer {
+                Err(Error::Idem(Rejection::InFlight { reference, .. })) => assert_eq!(reference, old_ref, "{backend}"),
+                other => panic!("{backend}: a waiting repeat got {other:?}"),
+            }
+        }
+        let lookups = counted.0.load(Ordering::SeqCst);
+        assert!(lookups <= 20, "{backend}: two waiters read the record {lookups} times in 600 ms");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}");
+    }
+}
+
+/// Runs the futures together, in one task (they share the handle's coalescing as calls on one
+/// replica do), and returns their outputs in order.
+async fn futures_join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (future, output) in futures.iter_mut().zip(&mut outputs) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+    })
+    .await;
+    outputs.into_iter().map(|output| output.expect("every future finished")).collect()
+}
