@@ -162,7 +162,7 @@ impl Idem {
             } else {
                 self.inner.claims.begin(&attempt.request, self.inner.ledger_timeout * 2).await
             };
-            let (mut claim, pending) = match begin {
+            let (mut claim, pending, sent) = match begin {
                 Begin::Answered(claim, version) => {
                     // Answered by an operation keyed under a previous secret (found by the first
                     // of these calls): this call names that operation, and compares its tags.
@@ -171,17 +171,19 @@ impl Idem {
                     {
                         attempt = Attempt::prepare(self, secret, &at)?;
                     }
-                    (claim, None)
+                    (claim, None, false)
                 }
                 Begin::Claim(pending) => {
-                    (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, Some(pending))
+                    (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, Some(pending), true)
                 }
-                Begin::Alone => (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, None),
+                Begin::Alone => (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, None, true),
             };
-            // During a rotation, a fresh claim (or another's claim found in flight, which may be
-            // one that is about to yield) is checked against operations under previous secrets.
+            // During a rotation, a fresh claim this call sent (or another's claim it found in
+            // flight, which may be one about to yield) is checked against operations under
+            // previous secrets. An answer shared by an identical call was checked by that call.
             let holds = matches!(claim, Claim::Won { attempt: Won::Fresh, .. });
-            if (holds || matches!(claim, Claim::InFlight { .. }))
+            if sent
+                && (holds || matches!(claim, Claim::InFlight { .. }))
                 && let Some(earlier) =
                     attempt.earlier_operation(&keyring, &at, holds).await.inspect_err(|r| watch.refused(r))?
             {
