@@ -6,7 +6,8 @@
 //!   free functions).
 //! - `handle`: the handle itself — its ledger, clock, limits and defaults, and the builders that
 //!   set them; a tool's namespace and the registry that keeps two recipes from sharing keys.
-//! - `keyring`: the secrets a handle keys with, resolved once per configuration.
+//! - `keyring`: the secrets a handle keys with, checked against the ledger's check values and
+//!   kept once they check out (a failure is tried again later, never kept).
 //! - `arguments`: a call's arguments as its recipe selects them, and the scope they are keyed in.
 //! - `time`: ledger time — this handle's clock measured against the ledger's.
 //! - `call`: one call, top to bottom: arguments → key → claim → handler → record → answer.

@@ -211,7 +211,7 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared
         env,
         &["resolve", &unknown_at, "--tenant", tenant, "--completed", r#"{"charge":"ch_2"}"#, "--json"],
     ));
-    assert_eq!(resolved, json!({ "operation": unknown_at, "tenant": tenant, "resolved": "completed" }));
+    assert_eq!(resolved, json!({ "operation": unknown_at, "ref": unknown, "tenant": tenant, "resolved": "completed" }));
     let shown = ok_json(&idem(env, &["show", &unknown, "--tenant", tenant, "--json"]));
     assert_eq!(
         (shown["state"].as_str(), &shown["result"]),

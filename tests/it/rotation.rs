@@ -189,6 +189,42 @@ async fn a_clock_read_that_failed_is_tried_again() {
     assert!(served.is_ok(), "a copy kept its original's clock failure: {served:?}");
 }
 
+/// Hangs every clock read, counting them.
+struct ClockHangs(AtomicUsize);
+
+impl Tap for ClockHangs {
+    fn before(&self, call: Call) -> Pass {
+        if call == Call::Now {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            return Pass::Hang;
+        }
+        Pass::Through
+    }
+}
+
+/// A cold handle's first burst while the ledger's clock does not answer: one call reads it, and
+/// the calls that queued behind that read take its failure — one read, not one per call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_burst_shares_one_failed_clock_read() {
+    let ledger = Tapped::new(
+        Arc::new(MemoryLedger::with_clock(ManualClock::new(1_900_000_000_000))),
+        ClockHangs(AtomicUsize::new(0)),
+    );
+    let idem = idem_tests::idem_shared(ledger.clone() as Arc<dyn Ledger>)
+        .with_lease(Duration::from_secs(1))
+        .with_ledger_timeout(Duration::from_millis(100));
+    let runs = AtomicUsize::new(0);
+    let calls = (0..20).map(|n| {
+        let (idem, runs) = (&idem, &runs);
+        async move { pay(idem, &json!({ "order_id": format!("burst-{n}"), "amount": 1 }), runs, None).await }
+    });
+    for answer in futures_join_all(calls).await {
+        assert_eq!(answer.expect_err("ran on an unread clock").code(), "ledger_unavailable");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(ledger.0.load(Ordering::SeqCst), 1, "the burst read the clock more than once");
+}
+
 /// Each repeat of a pre-rotation operation through a replica keyed with the new secret is
 /// answered from that operation — and leaves no record under the new key that an operator or
 /// a status reader would take for an outcome ("failed, nothing ran").

@@ -210,6 +210,7 @@ on_every_backend!(
     a_repeat_gets_the_first_calls_result_as_a_replay,
     a_holder_slower_than_the_wait_is_answered_in_flight,
     a_lapsed_holder_is_taken_over_as_a_plain_repeat_would,
+    a_lapsed_holder_in_this_process_is_waited_for,
     a_first_call_no_longer_polled_does_not_wedge_the_calls_that_joined_it,
     a_repeat_runs_the_handler_when_the_first_call_did_nothing,
     a_local_holder_wakes_its_waiters_without_polling,
@@ -321,6 +322,41 @@ async fn a_lapsed_holder_is_taken_over_as_a_plain_repeat_would(backend: &str) {
     assert_eq!((first.value.as_str(), first.replayed), (repeat.value.as_str(), true), "{backend}: the recorded result");
     let again = repeats.call(&DEPLOY_TAKEOVER, Some(alice()), &args, || async { Ok::<_, Error>(String::new()) });
     assert_eq!(again.await.unwrap().value, repeat.value, "{backend}: recorded and replayed");
+}
+
+/// The same holder in this process: alive (it runs here) whatever its lease reads, so the
+/// repeats that wait on it here never take it over — they wait, and get its result.
+async fn a_lapsed_holder_in_this_process_is_waited_for(backend: &str) {
+    let Some(shared) = ledger(backend, "a_lapsed_holder_in_this_process_is_waited_for").await else { return };
+    let counted = Counting::new(shared);
+    let idem = idem_tests::idem_shared(counted.clone()).with_lease(Duration::from_millis(150));
+    let (downstream, release) = (Downstream::default(), Notify::new());
+    let args = json!({ "service": unique("api") });
+    let first = idem.call(&DEPLOY_TAKEOVER, Some(alice()), &args, || async {
+        counted.drop_renewals.store(true, Ordering::SeqCst);
+        let receipt = downstream.deploy("api");
+        release.notified().await;
+        Ok::<_, Error>(receipt)
+    });
+    let repeat = async {
+        while downstream.attempts.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let repeat =
+            idem.call(&DEPLOY_TAKEOVER, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
+        let release = async {
+            // Well past the lapsed lease (150 ms), inside the one-second wait.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            counted.drop_renewals.store(false, Ordering::SeqCst);
+            release.notify_one();
+        };
+        tokio::join!(repeat, release).0
+    };
+    let (first, repeat) = tokio::join!(first, repeat);
+    assert_eq!(downstream.attempts.load(Ordering::SeqCst), 1, "{backend}: a waiter took over a holder in its process");
+    let first = first.unwrap();
+    let repeat = repeat.expect("the waiter gets the holder's result");
+    assert_eq!((repeat.value, repeat.replayed), (first.value, true), "{backend}");
 }
 
 /// The first of identical calls is kept alive but never polled again after it sent its claim

@@ -18,8 +18,8 @@ use comfy_table::{Table, presets};
 use idem_runtime::ledger::sea::{DATABASE_URL_ENV, SeaOrmLedger};
 use idem_runtime::secret::{self, SECRET_ENV, Secret};
 use idem_runtime::{
-    Idem, Ledger, LedgerError, LedgerStats, PendingCursor, PendingFilter, PendingOperation, PendingPage, Resolution,
-    State, StatusError, StatusReport, parse_window,
+    DEFAULT_LEASE, Idem, Ledger, LedgerError, LedgerStats, PendingCursor, PendingFilter, PendingOperation, PendingPage,
+    Resolution, State, StatusError, StatusReport, parse_window,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
@@ -34,6 +34,10 @@ struct Cli {
     /// Print JSON (one object) instead of text, for scripts.
     #[arg(long, global = true)]
     json: bool,
+    /// How long one statement may take (`idem pending` and `idem stats` scan whole tables:
+    /// raise it on a large ledger).
+    #[arg(long, global = true, value_name = "AGE", default_value = "10s", value_parser = parse_age)]
+    timeout: Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -162,14 +166,20 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         .map_err(|error| Failure::new(format!("{error} (check {DATABASE_URL_ENV} or --database-url)")))?;
     let now = ledger.now().await.map_err(ledger_failure)?;
     let now = now.unwrap_or_else(local_now);
+    // Every statement is bounded by `--timeout` (a handle's ledger timeout is at most half its
+    // lease: the lease is set to fit).
+    let operator = |ledger: SeaOrmLedger| {
+        let timeout = cli.timeout.max(Duration::from_millis(1));
+        Idem::new(ledger).with_lease((timeout * 2).max(DEFAULT_LEASE)).with_ledger_timeout(timeout)
+    };
     match &cli.command {
         Command::Stats => {
-            let idem = Idem::new(ledger);
+            let idem = operator(ledger);
             let stats = idem.stats().await.map_err(ledger_failure)?;
             Ok(if cli.json { stats_json(&stats).to_string() } else { stats_text(&stats, now) })
         }
         Command::Pending { state, tenant, older_than, limit, after } => {
-            let idem = with_secret(Idem::new(ledger), file.as_deref())?;
+            let idem = with_secret(operator(ledger), file.as_deref())?;
             let mut filter = PendingFilter::new(usize::from(*limit));
             if let Some(state) = state {
                 filter = filter.state(match state {
@@ -190,7 +200,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             Ok(if cli.json { pending_json(&page).to_string() } else { pending_text(&page) })
         }
         Command::Sweep { batch } => {
-            let idem = Idem::new(ledger);
+            let idem = operator(ledger);
             // A bar on a terminal only: a script's stderr stays clean.
             let bar = if std::io::stderr().is_terminal() && !cli.json {
                 let bar = ProgressBar::new_spinner();
@@ -209,7 +219,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             Ok(if cli.json { json!({ "swept": swept }).to_string() } else { format!("swept {swept} expired records") })
         }
         Command::Show(target) => {
-            let idem = with_secret(Idem::new(ledger), file.as_deref())?;
+            let idem = with_secret(operator(ledger), file.as_deref())?;
             let report = idem.inspect(&target.tenant, &target.reference).await.map_err(status_failure)?;
             let report = report.ok_or_else(|| not_found(target))?;
             Ok(if cli.json {
@@ -231,7 +241,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
                 }
                 (None, _) => Resolution::NothingHappened,
             };
-            let idem = with_secret(Idem::new(ledger), file.as_deref())?;
+            let idem = with_secret(operator(ledger), file.as_deref())?;
             idem.resolve_in(&target.tenant, &target.reference, resolution).await.map_err(|error| match error {
                 StatusError::Ledger(LedgerError::NotFound) => not_found(target),
                 StatusError::Ledger(LedgerError::NotResolvable { state }) => Failure {
@@ -252,7 +262,13 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             })?;
             let verdict = if *nothing_happened { "nothing_happened" } else { "completed" };
             Ok(if cli.json {
-                json!({ "operation": target.reference, "tenant": target.tenant, "resolved": verdict }).to_string()
+                json!({
+                    "operation": target.reference,
+                    "ref": target.reference.split('@').next(),
+                    "tenant": target.tenant,
+                    "resolved": verdict,
+                })
+                .to_string()
             } else if *nothing_happened {
                 format!(
                     "resolved {} (tenant {}): nothing happened; the next repeat runs the tool again",

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::key::{Fingerprint, Ref};
+use crate::key::{Fingerprint, Key, Ref};
 use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won, seal_label};
 use crate::recipe::Recipe;
 use crate::rejection::{ErrorClass, IdempotentError, Rejection};
@@ -145,6 +145,11 @@ impl Idem {
         // Held until the outcome is recorded (or the call ends): identical calls in this
         // process are answered "in flight" meanwhile, with no statement.
         let mut held = None;
+        // How long the first of identical calls may take to answer: two sends of its claim,
+        // and during a rotation a look, a release and a claim per previous secret, each bounded
+        // by the ledger timeout.
+        let statements = 2 + 3 * u32::try_from(keyring.previous.len()).unwrap_or(u32::MAX / 4);
+        let patience = self.inner.ledger_timeout.saturating_mul(statements);
         let (attempt, won, window_end) = loop {
             let (now, clock_trusted) = self.ledger_time().await.map_err(|error| {
                 tracing::error!(tool, %error, "the ledger's clock could not be read; handler not run");
@@ -155,24 +160,26 @@ impl Idem {
             // Key → claim.
             let mut attempt = Attempt::prepare(self, &keyring.current, &at)?;
             // Identical calls in this process share one claim (see `coalesce.rs`).
-            // A coalesced call waits for the first one's claim at most as long as that claim may
-            // take (two sends, each bounded by the ledger timeout), then claims on its own.
+            // A coalesced call waits for the first one's answer at most as long as it may take
+            // (see `patience` above), then claims on its own.
             let begin = if self.inner.ledger.local() {
                 Begin::Alone
             } else {
-                self.inner.claims.begin(&attempt.request, self.inner.ledger_timeout * 2).await
+                self.inner.claims.begin(&attempt.request, patience).await
             };
             let (mut claim, pending, sent) = match begin {
-                Begin::Answered(claim, version) => {
+                Begin::Answered(claim, version) if version == attempt.binding.secret.version() => (claim, None, false),
+                Begin::Answered(claim, version) => match keyring.all().find(|secret| secret.version() == version) {
                     // Answered by an operation keyed under a previous secret (found by the first
                     // of these calls): this call names that operation, and compares its tags.
-                    if version != attempt.binding.secret.version()
-                        && let Some(secret) = keyring.all().find(|secret| secret.version() == version)
-                    {
+                    Some(secret) => {
                         attempt = Attempt::prepare(self, secret, &at)?;
+                        (claim, None, false)
                     }
-                    (claim, None, false)
-                }
+                    // A secret this handle does not honour (a clone configured otherwise shares
+                    // the process's claims): the answer is not this call's to give.
+                    None => (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, None, true),
+                },
                 Begin::Claim(pending) => {
                     (attempt.claim(&at).await.inspect_err(|_| watch.unavailable())?, Some(pending), true)
                 }
@@ -345,18 +352,7 @@ impl<'a> Attempt<'a> {
             clock_trusted: at.clock_trusted,
             label: None,
         };
-        // Input responses that joined the key are left out of what a `requestState` is sealed
-        // to: the continuation that carries them must open the state its first round was given.
-        let asked = at.arguments.key_without_inputs(secret, idem.namespace(recipe), at.scope, recipe.tool())?;
-        let asked = asked.unwrap_or(key);
-        let binding = Binding {
-            secret: secret.clone(),
-            key: asked,
-            fingerprint: *fingerprint.digest(),
-            tenant: request.tenant,
-            subject: request.subject,
-            earlier: Vec::new(),
-        };
+        let binding = bind(idem, secret, at, key, *fingerprint.digest())?;
         let lease = LeaseState { until: AtomicU64::new(request.lease_until), fenced: AtomicBool::new(false) };
         let (lease, recorded, binding) = (Arc::new(lease), Arc::default(), Arc::new(binding));
         Ok(Self { idem, tool: recipe.tool(), request, fingerprint, complete: false, lease, recorded, binding })
@@ -372,15 +368,8 @@ impl<'a> Attempt<'a> {
         for secret in keyring.all().filter(|secret| secret.version() != own) {
             let (recipe, namespace) = (at.recipe, self.idem.namespace(at.recipe));
             let key = at.arguments.key(secret, namespace, at.scope, recipe.tool())?;
-            let asked = at.arguments.key_without_inputs(secret, namespace, at.scope, recipe.tool())?;
-            earlier.push(Binding {
-                secret: secret.clone(),
-                key: asked.unwrap_or(key),
-                fingerprint: *at.arguments.fingerprint(secret, recipe.ignored())?.digest(),
-                tenant: at.scope.tenant_tag(secret),
-                subject: at.scope.subject_tag(secret),
-                earlier: Vec::new(),
-            });
+            let fingerprint = *at.arguments.fingerprint(secret, recipe.ignored())?.digest();
+            earlier.push(bind(self.idem, secret, at, key, fingerprint)?);
         }
         if let Some(binding) = Arc::get_mut(&mut self.binding) {
             binding.earlier = earlier;
@@ -459,11 +448,11 @@ impl<'a> Attempt<'a> {
             let mut earlier = Self::prepare(self.idem, secret, at)?;
             let found = match self.idem.inner.ledger.lookup(&earlier.request.key, at.now).await {
                 Ok(found) => found,
+                // Found in flight: that answer stands.
+                Err(_) if !holds => return Ok(None),
                 Err(error) => {
                     tracing::error!(reference = %self.reference(), %error, "ledger unavailable; handler not run");
-                    if holds {
-                        self.give_back().await;
-                    }
+                    self.give_back().await;
                     return Err(unavailable(&error));
                 }
             };
@@ -483,7 +472,17 @@ impl<'a> Attempt<'a> {
             if holds {
                 self.give_back().await;
             }
-            let claim = earlier.claim(at).await?;
+            let claim = match earlier.claim(at).await {
+                Ok(claim) => claim,
+                Err(_) if !holds => return Ok(None),
+                Err(rejection) => return Err(rejection),
+            };
+            if !holds && claim.won().is_some() {
+                // This call found another's claim in flight under the current secret: it runs
+                // nothing, whatever it won here. Undo it, and let the in-flight answer stand.
+                earlier.give_back().await;
+                return Ok(None);
+            }
             if matches!(claim, Claim::Won { attempt: Won::Fresh, .. }) {
                 // It settled as "nothing happened" meanwhile, or its claimer yielded to ours:
                 // running now could race a replica that keys it under the other secret.
@@ -495,8 +494,9 @@ impl<'a> Attempt<'a> {
         Ok(None)
     }
 
-    /// Gives a fresh claim back (it is removed: nothing ran, and no record reads as an outcome), in the background if the
-    /// ledger does not answer at once.
+    /// Gives a claim that runs nothing back — a fresh one is removed (nothing ran, and no record
+    /// reads as an outcome), a takeover's lease lapses again — in the background if the ledger
+    /// does not answer at once.
     async fn give_back(&self) {
         let (idem, request) = (self.idem, &self.request);
         match idem.inner.ledger.release(&request.key, request.token).await {
@@ -711,6 +711,28 @@ impl Idem {
             Err(error) => Err(error),
         }
     }
+}
+
+/// What a `requestState` the operation keyed `key` under `secret` sends is sealed to. Input
+/// responses that joined the key are left out: the continuation that carries them must open
+/// the state its first round was given.
+fn bind(
+    idem: &Idem,
+    secret: &Secret,
+    at: &Derive<'_, '_, '_>,
+    key: Key,
+    fingerprint: [u8; 32],
+) -> Result<Binding, Rejection> {
+    let (recipe, namespace) = (at.recipe, idem.namespace(at.recipe));
+    let asked = at.arguments.key_without_inputs(secret, namespace, at.scope, recipe.tool())?;
+    Ok(Binding {
+        secret: secret.clone(),
+        key: asked.unwrap_or(key),
+        fingerprint,
+        tenant: at.scope.tenant_tag(secret),
+        subject: at.scope.subject_tag(secret),
+        earlier: Vec::new(),
+    })
 }
 
 fn unavailable(error: &LedgerError) -> Rejection {

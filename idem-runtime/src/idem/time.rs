@@ -72,15 +72,16 @@ impl Idem {
                 // calls that queued meanwhile take its measurement — or, if it failed, its failure
                 // — instead of each sending one. A call that comes after a failure measures again.
                 let first = &self.inner.first_measure;
-                let seen = first.attempts.load(Ordering::Acquire);
+                let seen = first.failures.load(Ordering::Acquire);
                 let mut failed = first.failed.lock().await;
                 let skew = match (self.skew(), &*failed) {
                     (Some(skew), _) => skew,
-                    (None, Some((attempt, error))) if *attempt > seen => return Err(error.clone()),
-                    (None, _) => {
-                        let attempt = first.attempts.fetch_add(1, Ordering::AcqRel) + 1;
-                        self.measure().await.inspect_err(|error| *failed = Some((attempt, error.clone())))?
-                    }
+                    // A measurement failed while this call queued behind it: its failure.
+                    (None, Some((failure, error))) if *failure > seen => return Err(error.clone()),
+                    (None, _) => self.measure().await.inspect_err(|error| {
+                        let failure = first.failures.fetch_add(1, Ordering::AcqRel) + 1;
+                        *failed = Some((failure, error.clone()));
+                    })?,
                 };
                 let offset = if skew.clockless { 0 } else { skew.offset };
                 return Ok((self.now_ms().saturating_add_signed(offset), skew.trusted));
@@ -159,9 +160,9 @@ impl Idem {
 /// nothing is cached for later calls.
 #[derive(Default)]
 pub(super) struct FirstMeasure {
-    /// How many first measurements were sent.
-    attempts: AtomicU64,
-    /// The last one's failure, with its attempt number.
+    /// How many first measurements failed (counted as each ends).
+    failures: AtomicU64,
+    /// The last failure, with its number.
     failed: tokio::sync::Mutex<Option<(u64, LedgerError)>>,
 }
 

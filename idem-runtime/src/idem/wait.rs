@@ -171,13 +171,11 @@ impl Idem {
         let id = (request.key, request.fingerprint);
         let mut pause = FIRST_PAUSE;
         loop {
-            // A holder in this process wakes the slot when it ends: until then, one read per
-            // third of a lease (its renewal's pace) sees whether its lease lapsed meanwhile.
+            // A holder in this process wakes the slot when it ends: no reads until then.
             let local = waiting.held_here(&request.key);
-            let sleep = if local { self.inner.lease / 3 } else { pause };
             tokio::select! {
                 () = slot.wake.notified() => {}
-                () = tokio::time::sleep(sleep) => if !local { pause = (pause * 2).min(LONGEST_PAUSE) },
+                () = tokio::time::sleep(pause), if !local => pause = (pause * 2).min(LONGEST_PAUSE),
                 () = slot.answer.closed() => {}
             }
             if waiting.leave_if_unwatched(&id) {
@@ -194,6 +192,8 @@ impl Idem {
     /// lapsed or was given back (a takeover that did nothing), on a clock that can be acted
     /// on — the waiters claim again, and the tool's stale policy answers them exactly as it
     /// answers a plain repeat arriving then (a takeover, a reconciliation, "outcome unknown").
+    /// A holder in this process is alive however its lease reads (a plain repeat here is
+    /// answered "in flight" by the process itself): its waiters wait for it to end.
     async fn look(&self, request: &ClaimRequest) -> Option<Waited> {
         let reference = request.key.reference();
         let found = match self.ledger_time().await {
@@ -209,7 +209,8 @@ impl Idem {
         };
         match found {
             Some(report) if report.state == State::InProgress => {
-                (report.lease_expired && trusted).then_some(Waited::ClaimAgain)
+                let nobody_holds = report.lease_expired && trusted && !self.inner.waiting.held_here(&request.key);
+                nobody_holds.then_some(Waited::ClaimAgain)
             }
             None => Some(Waited::ClaimAgain),
             Some(report) if report.state == State::Failed => Some(Waited::ClaimAgain),

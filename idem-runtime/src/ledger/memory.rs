@@ -536,7 +536,6 @@ impl Ledger for MemoryLedger {
         Box::pin(async move { Ok(now) })
     }
 
-    /// A random secret per process: the records die with it.
     fn secret_check<'a>(
         &'a self,
         version: u32,
@@ -550,6 +549,7 @@ impl Ledger for MemoryLedger {
         Box::pin(async move { Ok(kept) })
     }
 
+    /// A random secret per process: the records die with it.
     fn default_secret(&self) -> Result<crate::secret::Secret, crate::secret::SecretError> {
         Ok(crate::secret::ephemeral())
     }

@@ -216,7 +216,7 @@ fn task_of(idem: &Idem, report: &StatusReport) -> DetailedTask {
             OUTCOME_UNKNOWN,
             format!(
                 "task {reference}: the outcome is unknown — the operation may or may not have taken effect. Do not \
-                 retry it; an operator must resolve ref {reference}"
+                 retry it; an operator must resolve it (`idem show {reference}` gives its address)"
             ),
             reference,
             "outcome_unknown",

@@ -648,10 +648,6 @@ impl Ledger for SeaOrmLedger {
         Box::pin(self.now_ms())
     }
 
-    /// SQLite in a file: a secret generated once and kept beside the file as
-    /// `<file>.secret`, readable by its owner only. SQLite in memory: a random one per process.
-    /// PostgreSQL and MySQL: none — replicas share the ledger and must share a configured
-    /// secret.
     fn secret_check<'a>(
         &'a self,
         version: u32,
@@ -660,6 +656,10 @@ impl Ledger for SeaOrmLedger {
         Box::pin(self.secret_check_now(version, check))
     }
 
+    /// SQLite in a file: a secret generated once and kept beside the file as
+    /// `<file>.secret`, readable by its owner only. SQLite in memory: a random one per process.
+    /// PostgreSQL and MySQL: none — replicas share the ledger and must share a configured
+    /// secret.
     fn default_secret(&self) -> Result<crate::secret::Secret, crate::secret::SecretError> {
         match &self.own_secret {
             OwnSecret::File(path) => crate::secret::Secret::load_or_create(path),

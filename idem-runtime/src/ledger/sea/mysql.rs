@@ -95,9 +95,9 @@ pub(super) static STATEMENTS: Statements = Statements {
     sweep_rechecks: false,
     now: "SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
     label_of: "SELECT label FROM idem_records WHERE `key` = ?",
-    // No index serves it: an operator's occasional scan, not a call's path.
     keep_check: "INSERT IGNORE INTO idem_secrets (version, check_value) VALUES (?, ?)",
     check_of: "SELECT check_value FROM idem_secrets WHERE version = ?",
+    // No index serves it: an operator's occasional scan, not a call's path.
     pending: "SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, CAST(0 AS SIGNED) AS superseded FROM idem_records \
              WHERE state IN (?, ?) AND expires_at > ? AND (? = 1 OR tenant IN (?, ?)) AND created_at <= ? AND (created_at > ? OR (created_at = ? AND `key` > ?)) \

@@ -115,9 +115,9 @@ pub(super) static STATEMENTS: Statements = Statements {
     sweep_rechecks: true,
     now: "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
     label_of: "SELECT label FROM idem_records WHERE key = $1",
-    // No index serves it: an operator's occasional scan, not a call's path.
     keep_check: "INSERT INTO idem_secrets (version, check_value) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING",
     check_of: "SELECT check_value FROM idem_secrets WHERE version = $1",
+    // No index serves it: an operator's occasional scan, not a call's path.
     pending: "SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 0::bigint AS superseded FROM idem_records \
              WHERE state IN ($1, $2) AND expires_at > $3 AND ($4 = 1 OR tenant IN ($5, $6)) AND created_at <= $7 AND (created_at > $8 OR (created_at = $9 AND key > $10)) \

@@ -98,9 +98,9 @@ pub(super) static STATEMENTS: Statements = Statements {
     sweep_rechecks: true,
     now: "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     label_of: "SELECT label FROM idem_records WHERE key = ?",
-    // No index serves it: an operator's occasional scan, not a call's path.
     keep_check: "INSERT OR IGNORE INTO idem_secrets (version, check_value) VALUES (?, ?)",
     check_of: "SELECT check_value FROM idem_secrets WHERE version = ?",
+    // No index serves it: an operator's occasional scan, not a call's path.
     pending: "SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 0 AS superseded FROM idem_records \
              WHERE state IN (?, ?) AND expires_at > ? AND (? = 1 OR tenant IN (?, ?)) AND created_at <= ? AND (created_at > ? OR (created_at = ? AND key > ?)) \
