@@ -423,6 +423,17 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_unit_test_tells_a_replay_from_a_fresh_result() {
+        let server = server();
+        let first = server.charge_card(ToolContext::local(), charge("tok_visa")).await;
+        let again = server.charge_card(ToolContext::local(), charge("tok_visa")).await;
+        assert!(!first.replayed() && again.replayed(), "{again:?}");
+        assert_eq!(first.reference(), again.reference(), "one operation");
+        assert!(format!("{again:?}").contains("replayed: true"), "{again:?}");
+        assert_eq!(processor_charges(&server), 1);
+    }
+
+    #[tokio::test]
     async fn a_declined_card_is_the_answer_to_every_repeat() {
         let server = server();
         let first = server.charge_card(ToolContext::local(), charge("tok_declined")).await.into_result();

@@ -243,6 +243,10 @@ struct Param {
     cfgs: Vec<Attribute>,
     /// The user could name it in `key`, `ignore` or `within` (not a destructuring pattern).
     nameable: bool,
+    /// How to reach it as the handler's arguments struct, if it can be one: its name, the value
+    /// a struct pattern destructures (`Order { order_id, .. }: Order`), or the one field a
+    /// newtype pattern unwraps (`Body(order): Body<Order>`, a renamed `Parameters`).
+    root: Option<TokenStream>,
 }
 
 /// How the handler's parameters feed the key and the fingerprint.
@@ -265,24 +269,36 @@ impl Arguments {
             let FnArg::Typed(typed) = input else { continue };
             let cfgs: Vec<Attribute> = typed.attrs.iter().filter(|attr| attr.path().is_ident("cfg")).cloned().collect();
             let is_params = last_segment_is(&typed.ty, &["Parameters"]);
-            let (binding, name, nameable) = match &*typed.pat {
+            if matches!(&*typed.pat, Pat::Wild(_)) && !is_params {
+                // `_: T`: the handler reads nothing of it, so it is neither keyed nor
+                // fingerprinted (changing it is no conflict), and no path can name it.
+                continue;
+            }
+            let (binding, name, nameable, root) = match &*typed.pat {
                 Pat::Ident(pat) if pat.subpat.is_none() && pat.by_ref.is_none() => {
                     let name = pat.ident.unraw().to_string();
-                    if name.starts_with('_') {
+                    let binding = if name.starts_with('_') {
                         // Read at the macro's own span, so that clippy's `used_underscore_binding`
                         // does not blame the user's `_x` for what the macro reads.
-                        (Ident::new(&pat.ident.to_string(), Span::call_site()), name, true)
+                        Ident::new(&pat.ident.to_string(), Span::call_site())
                     } else {
-                        (pat.ident.clone(), name, true)
-                    }
+                        pat.ident.clone()
+                    };
+                    let root = quote!(#binding);
+                    (binding, name, true, Some(root))
                 }
                 pattern => {
                     // Give the parameter a name of ours and bind the user's pattern inside the body.
                     let name = pattern.to_token_stream().to_string().replace(' ', "");
                     let ident = Ident::new(&format!("idem_param_{index}"), Span::mixed_site());
+                    let root = match pattern {
+                        Pat::Struct(_) => Some(quote!(#ident)),
+                        Pat::TupleStruct(newtype) if newtype.elems.len() == 1 => Some(quote!(#ident.0)),
+                        _ => None,
+                    };
                     let pattern = std::mem::replace(&mut *typed.pat, syn::parse_quote!(#ident));
                     rebinds.push(quote!(#(#cfgs)* let #pattern = #ident;));
-                    (ident, name, false)
+                    (ident, name, false, root)
                 }
             };
             if !ignored_param(&name)
@@ -317,10 +333,12 @@ impl Arguments {
                     plain: is_plain_value(&typed.ty),
                     cfgs,
                     nameable,
+                    root,
                 });
             }
         }
-        // One argument that no path names is the handler's arguments struct: paths are its fields.
+        // One argument that no path names is the handler's arguments struct: paths are its fields
+        // — named, destructured by a struct pattern, or unwrapped by a newtype pattern.
         // Not when it is a plain value (`order_id: String`): a path that does not name it is a
         // misspelt argument, and "no argument named" says so better than "no field on `String`".
         let candidates: Vec<&Param> = params.iter().filter(|param| !param.likely_extractor).collect();
@@ -329,11 +347,10 @@ impl Arguments {
         if params_struct.is_none()
             && let [single] = candidates[..]
             && !single.plain
-            && single.nameable
+            && let Some(root) = &single.root
             && !paths().any(|path| path.text.split('.').next() == Some(single.name.as_str()))
         {
-            let binding = &single.binding;
-            params_struct = Some((quote!(#binding), single.cfgs.clone(), binding.span()));
+            params_struct = Some((root.clone(), single.cfgs.clone(), single.binding.span()));
             root_param = Some(single.name.clone());
         }
         let args = Ident::new("idem_args", Span::mixed_site());
@@ -393,11 +410,9 @@ impl Arguments {
                 let list = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
                 let options = match (list.is_empty(), params.iter().any(|param| !param.nameable)) {
                     (true, false) => "it has none".to_owned(),
-                    (true, true) => "it has no named ones (a destructured parameter cannot be named)".to_owned(),
+                    (true, true) => format!("it has no named ones ({UNNAMED})"),
                     (false, false) => format!("its arguments are {list}"),
-                    (false, true) => {
-                        format!("its arguments are {list} (a destructured parameter cannot be named)")
-                    }
+                    (false, true) => format!("its arguments are {list} ({UNNAMED})"),
                 };
                 cx.error(path.span, format!("no argument named `{first}` in this handler; {options}"));
             }
@@ -432,6 +447,10 @@ impl Arguments {
         Self { statements, rebinds }
     }
 }
+
+/// What a key path cannot name, and how to make it nameable.
+const UNNAMED: &str = "a destructured parameter cannot be named: name it (`order: Order`) and destructure it \
+                       in the body; a single arguments struct may be destructured, and a key then names its fields";
 
 /// `idem_args.insert("name", &value)` for an argument, nothing for an extractor: by type.
 fn insert(args: &Ident, param: &Param, kind: &dyn Fn(&TokenStream, Span) -> TokenStream) -> TokenStream {

@@ -273,3 +273,54 @@ async fn arc_and_by_value_receivers_find_the_handle() {
     assert_eq!(desk.place("o-2".into()).await, Ok(2), "replayed");
     assert_eq!(shop.placed.load(Ordering::SeqCst), 2);
 }
+
+/// Shapes of a single arguments struct: destructured by a struct pattern, unwrapped by a newtype
+/// pattern, or through a renamed `Parameters` import — a key names its fields in each, and a
+/// wildcard parameter is neither keyed nor fingerprinted.
+struct Body<T>(T);
+
+#[idempotent(key = "order_id", window = "1h")]
+async fn place_destructured(Order { order_id, amount_cents, .. }: Order) -> Result<String, ShopError> {
+    Ok(format!("placed {order_id} ({amount_cents} cents), run {}", PLACED_SHAPES.fetch_add(1, Ordering::SeqCst) + 1))
+}
+
+#[idempotent(key = "order_id", window = "1h")]
+async fn place_newtype(Body(order): Body<Order>) -> Result<String, ShopError> {
+    Ok(format!("placed {}, run {}", order.order_id, PLACED_SHAPES.fetch_add(1, Ordering::SeqCst) + 1))
+}
+
+#[idempotent(key = "order_id", window = "1h")]
+async fn place_renamed(Params(order): Params<Order>, _: u64) -> Result<String, ShopError> {
+    Ok(format!("placed {}, run {}", order.order_id, PLACED_SHAPES.fetch_add(1, Ordering::SeqCst) + 1))
+}
+
+use rmcp::handler::server::wrapper::Parameters as Params;
+
+static PLACED_SHAPES: AtomicUsize = AtomicUsize::new(0);
+
+#[tokio::test]
+async fn a_single_arguments_struct_may_be_destructured_and_keyed_by_its_fields() {
+    let _installed = crate::INSTALLED_HANDLE.lock().await;
+    Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")).install();
+    let runs = || PLACED_SHAPES.load(Ordering::SeqCst);
+    let before = runs();
+    let first = place_destructured(order("s-1", 100, "n")).await.unwrap();
+    assert_eq!(place_destructured(order("s-1", 100, "n")).await.unwrap(), first, "a repeat is a replay");
+    let conflict = place_destructured(order("s-1", 200, "n")).await.unwrap_err();
+    assert_eq!(conflict.code(), "conflict", "the same order with another amount: {conflict:?}");
+    place_destructured(order("s-2", 100, "n")).await.unwrap();
+    assert_eq!(runs() - before, 2, "one run per order_id");
+
+    let before = runs();
+    let first = place_newtype(Body(order("s-3", 100, "n"))).await.unwrap();
+    assert_eq!(place_newtype(Body(order("s-3", 100, "n"))).await.unwrap(), first);
+    assert_eq!(place_newtype(Body(order("s-3", 300, "n"))).await.unwrap_err().code(), "conflict");
+    assert_eq!(runs() - before, 1);
+
+    let before = runs();
+    let first = place_renamed(Params(order("s-4", 100, "n")), 1).await.unwrap();
+    // The wildcard changes: not part of the operation, so the repeat is a replay, not a conflict.
+    assert_eq!(place_renamed(Params(order("s-4", 100, "n")), 2).await.unwrap(), first);
+    assert_eq!(place_renamed(Params(order("s-4", 400, "n")), 3).await.unwrap_err().code(), "conflict");
+    assert_eq!(runs() - before, 1);
+}

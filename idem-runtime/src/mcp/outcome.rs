@@ -17,7 +17,10 @@ use crate::macro_support::HandlerResult;
 use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
 
 /// What an idempotent rmcp tool returns: its own result (fresh or replayed), or idem's refusal.
-#[derive(Debug)]
+///
+/// In a unit test, [`ToolOutcome::replayed`], [`ToolOutcome::reference`] and
+/// [`ToolOutcome::rejection`] say how the call was answered, and `{:?}` prints it whatever the
+/// result's type (rmcp's `Json<T>` is not `Debug`: the result shows as its type's name).
 #[non_exhaustive]
 pub enum ToolOutcome<R> {
     /// The handler's result, from this call or replayed from the ledger.
@@ -57,7 +60,58 @@ pub enum ToolOutcome<R> {
     },
 }
 
+impl<R> std::fmt::Debug for ToolOutcome<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let result = std::any::type_name::<R>();
+        match self {
+            Self::Served { reference, replayed, replay_note, .. } => f
+                .debug_struct("Served")
+                .field("result", &format_args!("<{result}>"))
+                .field("reference", reference)
+                .field("replayed", replayed)
+                .field("replay_note", replay_note)
+                .finish(),
+            Self::InputRequired { reference, .. } => f
+                .debug_struct("InputRequired")
+                .field("result", &format_args!("<{result}>"))
+                .field("reference", reference)
+                .finish(),
+            Self::Refused(rejection) => f.debug_tuple("Refused").field(rejection).finish(),
+            Self::Task { task, reference } => {
+                f.debug_struct("Task").field("task", task).field("reference", reference).finish()
+            }
+        }
+    }
+}
+
 impl<R> ToolOutcome<R> {
+    /// Whether the handler's result was replayed from the ledger (`false` for a fresh result,
+    /// and for every answer that is not a result).
+    #[must_use]
+    pub const fn replayed(&self) -> bool {
+        matches!(self, Self::Served { replayed: true, .. })
+    }
+
+    /// The operation's ref, unless idem refused before keying the call.
+    #[must_use]
+    pub fn reference(&self) -> Option<Ref> {
+        match self {
+            Self::Served { reference, .. } | Self::InputRequired { reference, .. } | Self::Task { reference, .. } => {
+                Some(*reference)
+            }
+            Self::Refused(rejection) => rejection.reference(),
+        }
+    }
+
+    /// idem's refusal, if it answered without running the handler.
+    #[must_use]
+    pub const fn rejection(&self) -> Option<&Rejection> {
+        match self {
+            Self::Refused(rejection) => Some(rejection),
+            _ => None,
+        }
+    }
+
     /// The tool's own result: what it returned (or replayed), or idem's refusal as its error
     /// type (`from_rejection`). For calling a tool from a unit test (see
     /// [`ToolContext`](super::ToolContext)).
