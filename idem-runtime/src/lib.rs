@@ -184,6 +184,18 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 /// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Idem::with_local_caller`]; none: refused |
 /// | `crate = my_reexport::idem_runtime` | the path to this crate, for re-exporters | `::idem_runtime` |
 ///
+/// # Parameters and what a key may name
+///
+/// | parameter | keyed and fingerprinted as | a key may name |
+/// |---|---|---|
+/// | `order_id: String` (a plain name) | the argument `order_id` | `order_id`, and `order.field` paths into a struct |
+/// | the only argument, a struct: `order: Order` | its fields, as the arguments | its fields (`order_id`) — or, naming the parameter, `order.order_id` |
+/// | the only argument, destructured: `Order { order_id, .. }: Order` | the struct's fields (all of them, not only those bound) | its fields |
+/// | the only argument, unwrapped: `Parameters(o): Parameters<Order>` (rmcp), `Body(o): Body<Order>`, a renamed `Parameters` | the inner struct's fields | its fields |
+/// | any other pattern (`(a, b): (String, u64)`, a struct pattern beside other arguments) | the pattern's text, as one argument | nothing: name the parameter and destructure it in the body |
+/// | `_: T` | nothing: the handler reads none of it (changing it is no conflict) | nothing |
+/// | an extractor by type (`RequestContext`, `Extension`, `Peer`, …) | nothing | nothing |
+///
 /// # With rmcp
 ///
 /// Above `#[tool(...)]`, the attribute inserts `idempotent_hint = true` into its
