@@ -247,6 +247,8 @@ struct Param {
     /// a struct pattern destructures (`Order { order_id, .. }: Order`), or the one field a
     /// newtype pattern unwraps (`Body(order): Body<Order>`, a renamed `Parameters`).
     root: Option<TokenStream>,
+    /// A JSON object (`JsonObject`, `Map`, `Value`): no key path can name its members.
+    json_object: bool,
 }
 
 /// How the handler's parameters feed the key and the fingerprint.
@@ -264,6 +266,9 @@ impl Arguments {
         let mut params: Vec<Param> = Vec::new();
         // The arguments struct: how to reach it, its `cfg`s, and where to report it (its type).
         let mut params_struct: Option<(TokenStream, Vec<Attribute>, Span)> = None;
+        // Where the arguments struct is a JSON object (`Parameters<JsonObject>`), whose members
+        // no key path can name at compile time.
+        let mut json_root: Option<Span> = None;
         let ignored_param = |name: &str| recipe.ignore.iter().any(|path| path.text == name);
         for (index, input) in item.sig.inputs.iter_mut().enumerate() {
             let FnArg::Typed(typed) = input else { continue };
@@ -324,6 +329,10 @@ impl Arguments {
                 );
             }
             if is_params && params_struct.is_none() {
+                let inner = first_type_argument(&typed.ty, "Parameters");
+                if inner.is_some_and(|inner| last_segment_is(inner, JSON_OBJECTS)) {
+                    json_root = Some(typed.ty.span());
+                }
                 params_struct = Some((quote!(#binding.0), cfgs, typed.ty.span()));
             } else {
                 params.push(Param {
@@ -334,6 +343,7 @@ impl Arguments {
                     cfgs,
                     nameable,
                     root,
+                    json_object: last_segment_is(&typed.ty, JSON_OBJECTS),
                 });
             }
         }
@@ -352,6 +362,25 @@ impl Arguments {
         {
             params_struct = Some((root.clone(), single.cfgs.clone(), single.binding.span()));
             root_param = Some(single.name.clone());
+            if single.json_object {
+                json_root = Some(single.binding.span());
+            }
+        }
+        if json_root.is_some() && recipe.keys.iter().chain(&recipe.within).next().is_some() {
+            for path in recipe.keys.iter().chain(&recipe.within) {
+                cx.error(
+                    path.span,
+                    format!(
+                        "a key cannot name `{}` inside a JSON object argument: its members are only known at run \
+                         time; declare the arguments as a struct (`#[derive(Serialize, Deserialize, JsonSchema)] \
+                         struct Args {{ {}: String, .. }}`) and take that instead — or call `Idem::call`, whose \
+                         recipe names members of any JSON object",
+                        path.text,
+                        path.text.split('.').next().unwrap_or_default(),
+                    ),
+                );
+            }
+            return Self { statements: Vec::new(), rebinds };
         }
         let args = Ident::new("idem_args", Span::mixed_site());
         let private = {
@@ -447,6 +476,10 @@ impl Arguments {
         Self { statements, rebinds }
     }
 }
+
+/// The types of a JSON object argument, by their last path segment (rmcp's `JsonObject`,
+/// `serde_json`'s `Map` and `Value`).
+const JSON_OBJECTS: &[&str] = &["JsonObject", "Map", "Value"];
 
 /// What a key path cannot name, and how to make it nameable.
 const UNNAMED: &str = "a destructured parameter cannot be named: name it (`order: Order`) and destructure it \
