@@ -54,8 +54,9 @@ pub struct Recipe {
 }
 
 const NEEDS_RECIPE: &str = "`#[idempotent]` needs a key recipe: `key = \"order_id\"` names the arguments that \
-                            make two calls the same operation; a naturally idempotent tool (an absolute write by \
-                            id) says why instead: `inherent = \"sets the status by id\"`";
+                            make two calls the same operation; `key = \"()\"` makes the call itself the operation \
+                            (once per caller and window, for a tool without arguments); a naturally idempotent tool \
+                            (an absolute write by id) says why instead: `inherent = \"sets the status by id\"`";
 
 pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
     let inherent = args.inherent.get().cloned();
@@ -178,11 +179,17 @@ fn input_paths(cx: &mut Ctxt, lit: &LitStr) -> Vec<String> {
 }
 
 fn key_list(cx: &mut Ctxt, lit: &LitStr) -> Vec<ArgPath> {
+    // `()`: no argument is part of the key — the call itself is the operation, once per caller
+    // (the recipe's scope) and window. Every argument still counts in the fingerprint.
+    if lit.value().trim() == "()" {
+        return Vec::new();
+    }
     if lit.value().trim().is_empty() {
         cx.error(
             lit.span(),
             "the key is empty; name the arguments that make two calls the same operation, e.g. \
-             `key = \"order_id\"` or `key = \"card, amount_cents\"`",
+             `key = \"order_id\"` or `key = \"card, amount_cents\"` — or, for a tool without arguments, \
+             `key = \"()\"`: once per caller and window",
         );
         return Vec::new();
     }

@@ -166,7 +166,7 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 ///
 /// | option | meaning | default |
 /// |---|---|---|
-/// | `key = "order_id, customer.id"` | the arguments that make two calls the same operation: parameter names, or fields of the single arguments struct (rmcp's `Parameters<T>` included); dotted paths reach into nested structs. A business key states the uniqueness rule directly — prefer one | required, unless `inherent` |
+/// | `key = "order_id, customer.id"` | the arguments that make two calls the same operation: parameter names, or fields of the single arguments struct (rmcp's `Parameters<T>` included); dotted paths reach into nested structs. A business key states the uniqueness rule directly — prefer one. `key = "()"`: the call itself is the operation, once per caller (scope) and window — for a tool without arguments; arguments still count in the fingerprint | required, unless `inherent` |
 /// | `window = "15m"` | how long after the **first claim** a repeat is the same operation (`s`, `m`, `h`, `d`; sliding, not a clock bucket) | the ledger retention (24 h, [`Idem::with_retention`]) |
 /// | `ignore = "note, trace_id"` | top-level arguments left out of the conflict fingerprint (and not serialised at all for plain parameters) | none |
 /// | `stale = "takeover"` | a dead holder's lease: run again under a new fencing token; safe when the downstream dedupes by the forwarded key | `"hold"`: report "outcome unknown" until [`Idem::resolve`] |

@@ -324,3 +324,26 @@ async fn a_single_arguments_struct_may_be_destructured_and_keyed_by_its_fields()
     assert_eq!(place_renamed(Params(order("s-4", 400, "n")), 3).await.unwrap_err().code(), "conflict");
     assert_eq!(runs() - before, 1);
 }
+
+static SUMMARIES: AtomicUsize = AtomicUsize::new(0);
+
+/// A tool without arguments: the call itself is the operation.
+#[idempotent(key = "()", window = "1h")]
+async fn send_daily_summary() -> Result<usize, ShopError> {
+    Ok(SUMMARIES.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+/// `key = "()"`: once per caller and window — a repeat by the same caller is a replay, another
+/// caller's call is its own operation.
+#[tokio::test]
+async fn a_tool_without_arguments_runs_once_per_caller_and_window() {
+    let _installed = crate::INSTALLED_HANDLE.lock().await;
+    Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")).install();
+    let before = SUMMARIES.load(Ordering::SeqCst);
+    let first = send_daily_summary().await.unwrap();
+    assert_eq!(send_daily_summary().await.unwrap(), first, "the same caller's repeat is a replay");
+    let bob = run_as(Caller::new("acme", "bob"), send_daily_summary()).await.unwrap();
+    assert_ne!(bob, first, "another caller's call runs");
+    assert_eq!(run_as(Caller::new("acme", "bob"), send_daily_summary()).await.unwrap(), bob);
+    assert_eq!(SUMMARIES.load(Ordering::SeqCst) - before, 2, "once per caller");
+}
