@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use crate::canonical::{self, CanonicalError, Members};
 use crate::idem::{CallArguments, Idem, Operation, Reconciled};
 use crate::recipe::Recipe;
-use crate::rejection::{ErrorClass, IdempotentError, Rejection};
+use crate::rejection::{ErrorClass, IdempotentError, Rejection, StorableError};
 use crate::scope::Caller;
 
 /// A handler's result type, split into what is stored and what is classified.
@@ -262,10 +262,10 @@ impl<R, E> Round<R, E> {
     }
 }
 
-impl<R, E: Serialize> Serialize for Round<R, E> {
+impl<R, E: StorableError> Serialize for Round<R, E> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
-            Self::Tool(error) => error.serialize(serializer),
+            Self::Tool(error) => error.store(serializer),
             // Classified "nothing happened", so never stored.
             Self::Asked(_) | Self::Refused(_) => {
                 Err(serde::ser::Error::custom("an input request or a refusal is never stored"))
@@ -274,9 +274,9 @@ impl<R, E: Serialize> Serialize for Round<R, E> {
     }
 }
 
-impl<'de, R, E: DeserializeOwned> serde::Deserialize<'de> for Round<R, E> {
+impl<'de, R, E: StorableError> serde::Deserialize<'de> for Round<R, E> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        E::deserialize(deserializer).map(Self::Tool)
+        E::restore(deserializer).map(Self::Tool)
     }
 }
 

@@ -259,9 +259,47 @@ pub enum ErrorClass {
     note = "only errors that `classify` calls `ErrorClass::Final` are ever stored: a variant that is never final may \
             hold a type serde cannot handle (an `std::io::Error`) if you mark it `#[serde(skip)]`"
 )]
-pub trait StorableError: Serialize + DeserializeOwned {}
+pub trait StorableError: Sized {
+    /// Writes this error as `Serialize` does.
+    #[doc(hidden)]
+    fn store<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error>;
 
-impl<T: Serialize + DeserializeOwned> StorableError for T {}
+    /// Reads an error back as `Deserialize` does.
+    #[doc(hidden)]
+    fn restore<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>;
+}
+
+// No supertraits above and `do_not_recommend` here: a type lacking a derive is then told
+// `StorableError`'s words (and the `#[serde(skip)]` way out), not rustc's bare "consider adding
+// `#[derive(Deserialize)]`", which leads straight into a field serde cannot handle.
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned> StorableError for T {
+    fn store<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.serialize(serializer)
+    }
+
+    fn restore<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize(deserializer)
+    }
+}
+
+/// A stored error as serde writes it.
+pub(crate) struct Storing<'a, E>(pub(crate) &'a E);
+
+impl<E: StorableError> Serialize for Storing<'_, E> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.store(serializer)
+    }
+}
+
+/// A stored error as serde reads it back.
+pub(crate) struct Restored<E>(pub(crate) E);
+
+impl<'de, E: StorableError> serde::Deserialize<'de> for Restored<E> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        E::restore(deserializer).map(Self)
+    }
+}
 
 /// An error type an `#[idempotent]` handler may return.
 ///

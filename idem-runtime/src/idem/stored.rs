@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::key::Ref;
 use crate::ledger::Outcome;
-use crate::rejection::{IdempotentError, Rejection};
+use crate::rejection::{IdempotentError, Rejection, Restored, StorableError, Storing};
 
 use super::Idem;
 
@@ -71,10 +71,10 @@ impl std::fmt::Display for Unstorable {
 
 impl Idem {
     /// A handler's result as it is stored: its JSON, within the size limit, sealed.
-    pub(super) fn encode<T: Serialize, E: Serialize>(&self, result: Result<&T, &E>) -> Result<Vec<u8>, Unstorable> {
+    pub(super) fn encode<T: Serialize, E: StorableError>(&self, result: Result<&T, &E>) -> Result<Vec<u8>, Unstorable> {
         let stored = match result {
             Ok(value) => Stored::Ok(value),
-            Err(error) => Stored::Err(error),
+            Err(error) => Stored::Err(Storing(error)),
         };
         let bytes = serde_json::to_vec(&stored).map_err(Unstorable::Unserializable)?;
         let max = self.inner.max_result_bytes;
@@ -86,7 +86,7 @@ impl Idem {
 
     /// What a call records for a result to replay: its stored bytes, or "outcome unknown" if it
     /// cannot be stored — the effect happened, so repeats are told to check rather than run.
-    pub(super) fn completion<T: Serialize, E: Serialize>(&self, reference: Ref, result: Result<&T, &E>) -> Outcome {
+    pub(super) fn completion<T: Serialize, E: StorableError>(&self, reference: Ref, result: Result<&T, &E>) -> Outcome {
         match self.encode(result) {
             Ok(sealed) => Outcome::Completed(sealed),
             Err(Unstorable::TooLarge { size, max }) => {
@@ -130,9 +130,9 @@ impl Idem {
         reference: Ref,
     ) -> Result<Result<T, E>, Rejection> {
         let bytes = self.open(stored, reference)?;
-        match serde_json::from_slice::<Stored<T, E>>(&bytes) {
+        match serde_json::from_slice::<Stored<T, Restored<E>>>(&bytes) {
             Ok(Stored::Ok(value)) => Ok(Ok(value)),
-            Ok(Stored::Err(error)) => Ok(Err(error)),
+            Ok(Stored::Err(Restored(error))) => Ok(Err(error)),
             Err(error) => Err(Rejection::UnreadableResult { reference, detail: error.to_string() }),
         }
     }

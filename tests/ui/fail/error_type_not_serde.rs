@@ -1,6 +1,6 @@
 //! An error type that implements `IdempotentError` but not serde (a `#[from] std::io::Error` variant):
-//! serde's own message, and no longer rustc's false note that `IdempotentError` is a "sealed trait"
-//! (its supertrait is idem's public `StorableError`, not serde's re-exported one).
+//! idem's words — derive serde, and mark a variant that is never final `#[serde(skip)]` — not
+//! rustc's "consider adding `#[derive(serde::Deserialize)]`", which leads into `io::Error`.
 
 use idem_runtime::{ErrorClass, IdempotentError, Rejection};
 
