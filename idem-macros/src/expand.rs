@@ -249,6 +249,8 @@ struct Param {
     root: Option<TokenStream>,
     /// A JSON object (`JsonObject`, `Map`, `Value`): no key path can name its members.
     json_object: bool,
+    /// Not refused already (an `impl Trait` argument is, once): statements may read it.
+    keyable: bool,
 }
 
 /// How the handler's parameters feed the key and the fingerprint.
@@ -306,6 +308,18 @@ impl Arguments {
                     (ident, name, false, root)
                 }
             };
+            let keyable = ignored_param(&name) || !is_impl_trait(&typed.ty);
+            if !keyable {
+                cx.error(
+                    typed.ty.span(),
+                    format!(
+                        "`{name}` cannot be keyed or fingerprinted: every argument is serialised, and an \
+                         `impl Trait` type is not known to be `serde::Serialize`; take a concrete type (`{name}: \
+                         String`), or, if it is a dependency rather than part of the call, leave it out with \
+                         `ignore = \"{name}\"`"
+                    ),
+                );
+            }
             if !ignored_param(&name)
                 && let Some(span) = unordered_set(&typed.ty)
             {
@@ -344,6 +358,7 @@ impl Arguments {
                     nameable,
                     root,
                     json_object: last_segment_is(&typed.ty, JSON_OBJECTS),
+                    keyable,
                 });
             }
         }
@@ -357,6 +372,7 @@ impl Arguments {
         if params_struct.is_none()
             && let [single] = candidates[..]
             && !single.plain
+            && single.keyable
             && let Some(root) = &single.root
             && !paths().any(|path| path.text.split('.').next() == Some(single.name.as_str()))
         {
@@ -425,7 +441,7 @@ impl Arguments {
             }
             // The other parameters: extractors are left out by type; anything else is an argument.
             for param in &params {
-                if root_param.as_deref() == Some(param.name.as_str()) || ignored_param(&param.name) {
+                if root_param.as_deref() == Some(param.name.as_str()) || ignored_param(&param.name) || !param.keyable {
                     continue;
                 }
                 statements.push(insert(&args, param, &kind));
@@ -447,13 +463,14 @@ impl Arguments {
             }
         }
         for param in &params {
-            if !ignored_param(&param.name) {
+            if !ignored_param(&param.name) && param.keyable {
                 statements.push(insert(&args, param, &kind));
             }
         }
         let rooted = |path: &ArgPath| {
-            let param =
-                params.iter().find(|param| param.nameable && path.text.split('.').next() == Some(param.name.as_str()));
+            let param = params.iter().find(|param| {
+                param.nameable && param.keyable && path.text.split('.').next() == Some(param.name.as_str())
+            });
             param.map(|param| {
                 // The whole path at the literal, so rustc's errors about it underline the literal.
                 let mut root = param.binding.clone();
@@ -526,6 +543,16 @@ fn is_plain_value(ty: &Type) -> bool {
         Type::Paren(paren) => is_plain_value(&paren.elem),
         Type::Slice(_) | Type::Array(_) | Type::Tuple(_) => true,
         other => last_segment_is(other, PLAIN),
+    }
+}
+
+/// Whether `ty` is an `impl Trait` (or a reference to one).
+fn is_impl_trait(ty: &Type) -> bool {
+    match ty {
+        Type::ImplTrait(_) => true,
+        Type::Reference(reference) => is_impl_trait(&reference.elem),
+        Type::Paren(paren) => is_impl_trait(&paren.elem),
+        _ => false,
     }
 }
 
