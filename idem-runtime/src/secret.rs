@@ -510,7 +510,7 @@ impl Eq for SecretError {}
 
 /// The short form of a check value ([`Secret::check_short`]).
 #[must_use]
-pub fn short_check(check: &[u8; 32]) -> String {
+pub(crate) fn short_check(check: &[u8; 32]) -> String {
     hex(&check[..4])
 }
 
