@@ -5,6 +5,7 @@
 //! factory then prints that the test was skipped, and fails instead when `CI=true`.
 
 pub mod conformance;
+pub mod owners;
 pub mod tap;
 
 /// Expands to one `#[tokio::test]` per conformance case, each calling `$make().await` for its

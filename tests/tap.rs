@@ -37,6 +37,8 @@ pub enum Call {
     Now,
     /// [`Ledger::secret_check`]
     SecretCheck,
+    /// [`Ledger::tool_owners`]
+    ToolOwners,
 }
 
 /// What a [`Tap`] does with one call.
@@ -189,6 +191,16 @@ impl<T: Tap> Ledger for Tapped<T> {
         check: Option<&'a [u8; 32]>,
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
         self.gate(Call::SecretCheck, move || self.inner.secret_check(version, check))
+    }
+    fn tool_owners<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        owner: &'a str,
+        now: u64,
+        since: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        self.gate(Call::ToolOwners, move || self.inner.tool_owners(namespace, tool, owner, now, since))
     }
     fn default_secret(&self) -> Result<Secret, SecretError> {
         self.inner.default_secret()

@@ -55,7 +55,8 @@ const EXTRACTORS: &[&str] = &[
 const CLIPPY_MAX_ARGUMENTS: usize = 7;
 
 /// Expands `#[idempotent]` on `item`, or records why it cannot.
-pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream {
+/// `audited`: the handler is in an impl `#[audit_idempotent]` marked, so `Self` names its type.
+pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler, audited: bool) -> TokenStream {
     check_async(cx, &item);
     let (tool_name, is_tool) = rewrite_tool_attr(cx, recipe, &mut item);
     if recipe.inherent.is_some() {
@@ -70,6 +71,17 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream 
         );
         return TokenStream::new();
     };
+    if let Some(shown) = plainly_not_result(&ret) {
+        cx.error(
+            ret.span(),
+            format!(
+                "an `#[idempotent]` handler must return `Result<T, E>`, not `{shown}`: `T` is stored and replayed \
+                 to repeats, `E` (an `IdempotentError`) says what each error means for a repeat — e.g. \
+                 `Result<{shown}, MyError>`"
+            ),
+        );
+        return TokenStream::new();
+    }
     if let Some(span) = find_ident(ret.to_token_stream(), "impl") {
         cx.error(
             span,
@@ -104,7 +116,7 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream 
         }
     }
     let args = Arguments::collect(cx, recipe, &mut item);
-    let body = wrap_body(recipe, &tool_name, &item, &args, &ret, is_tool);
+    let body = wrap_body(recipe, &tool_name, &item, &args, &ret, (is_tool, audited));
     let mut group = Group::new(Delimiter::Brace, body);
     group.set_span(item.body.span());
     item.body = group;
@@ -115,6 +127,50 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler) -> TokenStream 
 }
 
 /// The span of the first `name` among `tokens`, at any depth.
+/// The return type as written, if it plainly cannot be a `Result` (a tuple, a reference, an
+/// array, or a standard type that is not one); a path that may name an alias of `Result` is
+/// left to the type checker.
+fn plainly_not_result(ty: &Type) -> Option<String> {
+    const NOT_RESULTS: &[&str] = &[
+        "String",
+        "str",
+        "Vec",
+        "Option",
+        "bool",
+        "char",
+        "u8",
+        "u16",
+        "u32",
+        "u64",
+        "u128",
+        "usize",
+        "i8",
+        "i16",
+        "i32",
+        "i64",
+        "i128",
+        "isize",
+        "f32",
+        "f64",
+        "Value",
+        "Json",
+        "HashMap",
+        "BTreeMap",
+        "Box",
+        "Arc",
+        "Step",
+        "CallToolResult",
+    ];
+    let plain = match ty {
+        Type::Tuple(_) | Type::Reference(_) | Type::Array(_) | Type::Slice(_) => true,
+        Type::Path(path) if path.qself.is_none() => {
+            path.path.segments.last().is_some_and(|last| NOT_RESULTS.iter().any(|name| last.ident == name))
+        }
+        _ => false,
+    };
+    plain.then(|| ty.to_token_stream().to_string().replace(" < ", "<").replace(" >", ">").replace(" ,", ","))
+}
+
 fn find_ident(tokens: TokenStream, name: &str) -> Option<Span> {
     tokens.into_iter().find_map(|token| match token {
         proc_macro2::TokenTree::Ident(ident) if ident == name => Some(ident.span()),
@@ -583,7 +639,15 @@ fn last_segment_is(ty: &Type, names: &[&str]) -> bool {
     matches!(ty, Type::Path(path) if path.path.segments.last().is_some_and(|s| names.iter().any(|n| s.ident == n)))
 }
 
-fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments, ret: &Type, mcp: bool) -> TokenStream {
+/// `(mcp, audited)`: whether the handler is an rmcp tool, and in an audited impl.
+fn wrap_body(
+    recipe: &Recipe,
+    tool_name: &str,
+    item: &Handler,
+    args: &Arguments,
+    ret: &Type,
+    (mcp, audited): (bool, bool),
+) -> TokenStream {
     let krate = &recipe.krate;
     let private = quote!(#krate::__private);
     let recipe_tokens = recipe_expr(recipe, tool_name);
@@ -608,6 +672,15 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
     };
     let statements = &args.statements;
     let rebinds = &args.rebinds;
+    // Who serves the tool, so that two different handlers under one tool name are refused: a
+    // method by its type's path (known only at run time), a function by its module's; a
+    // handler pinned with `name = "..."` by that name (the runtime's default).
+    let function = item.sig.ident.unraw().to_string();
+    let owner = match (&recipe.name, audited) {
+        (Some(_), _) => None,
+        (None, true) => Some(quote!(#idem_args.owner_in::<Self>(#function);)),
+        (None, false) => Some(quote!(#idem_args.owner(::core::concat!(::core::module_path!(), "::", #function));)),
+    };
     // The body's statements go straight into the async block, not as a nested `{ ... }`: a
     // one-line body would otherwise draw `unused_braces` with a suggestion that does not compile.
     let (inner_attrs, body) = item.body_parts();
@@ -698,6 +771,7 @@ fn wrap_body(recipe: &Recipe, tool_name: &str, item: &Handler, args: &Arguments,
         #task_check
         #status_check
         let mut #idem_args = #private::Arguments::new();
+        #owner
         #(#statements)*
         let #handle: ::core::option::Option<#krate::Idem> = #handle_expr;
         #run

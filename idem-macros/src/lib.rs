@@ -106,7 +106,7 @@ fn idempotent_impl(args: proc_macro2::TokenStream, input: proc_macro2::TokenStre
     }
     let parsed = attr::parse(&mut cx, args);
     let recipe = valid::validate(&mut cx, parsed);
-    let expanded = expand::expand(&mut cx, &recipe, handler.clone());
+    let expanded = expand::expand(&mut cx, &recipe, handler.clone(), audited);
     match cx.finish() {
         Ok(()) => expanded,
         Err(errors) => {

@@ -34,6 +34,7 @@ mod keyring;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod operation;
+mod owners;
 mod pending;
 #[cfg_attr(not(feature = "rmcp"), expect(dead_code, reason = "only rmcp tools ask for input"))]
 mod request_state;

@@ -175,7 +175,7 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 /// | `within = "conversation_id"` | narrow the key to a task or conversation id argument (MCP has no sessions; request ids are reused). Before 0.2 this was `task = "..."`, which is now a compile error saying so | — |
 /// | `task = true` | on an rmcp tool: it may run as an MCP task (the `io.modelcontextprotocol/tasks` extension). For a client that declared the extension, a repeat that finds the operation in progress gets the operation's task (`taskId` = its ref) instead of the in-flight answer, and `tasks/get` is answered from the ledger (`mcp::get_task`, feature `rmcp`). The result must be `rmcp::Json<T>` or `String`, the error `mcp::ToolError`, so that any replica can rebuild the answer from the stored JSON | `false` |
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
-/// | `name = "charge"` | the tool name in the key, with the namespace ([`Idem::with_namespace`], else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. One handle refuses two handlers with one name in one namespace (`duplicate_tool`) | `#[tool(name = ...)]`, else the function's name |
+/// | `name = "charge"` | the tool name in the key, with the namespace ([`Idem::with_namespace`], else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. Two different handlers under one tool name in one namespace on one ledger — one handle, two handles, two processes or binaries — are both refused (`duplicate_tool`), see [Who serves a tool](#who-serves-a-tool) | `#[tool(name = ...)]`, else the function's name |
 /// | `wait = "5s"` | a repeat that finds the operation in progress waits up to this long (`s` or `m`, 1 s to [`MAX_WAIT`]) for it to settle: completed, it gets the stored result as a replay; failed with nothing done, it claims again and may run the handler; unknown, "outcome unknown"; still running, "in flight". No connection or lock is held while it waits (see [`Recipe::wait`]) | none: "in flight" at once |
 /// | `replay_note = false` | on an rmcp tool, leave out the line of text a replayed answer ends with ("this is the stored result of an earlier identical call … nothing was executed again"); `_meta["dev.idem/outcome"].replayed` still says it | `true`: hosts that drop `_meta` still show the model it was a replay |
 /// | `input_key = "pick.content.amount"` | on an rmcp tool that may ask for input (`mcp::Step`, feature `rmcp`): input-response paths (the input request's id, then fields of the client's response) whose values join the key, under names no argument can have (`$input.pick.content.amount`). Input responses are no part of the key otherwise: a confirmation does not change what is done. With one, the first round (without the response) and each continuation with another value are different operations | none |
@@ -195,6 +195,30 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 /// | any other pattern (`(a, b): (String, u64)`, a struct pattern beside other arguments) | the pattern's text, as one argument | nothing: name the parameter and destructure it in the body |
 /// | `_: T` | nothing: the handler reads none of it (changing it is no conflict) | nothing |
 /// | an extractor by type (`RequestContext`, `Extension`, `Peer`, …) | nothing | nothing |
+///
+/// # Who serves a tool
+///
+/// A key holds the namespace and the tool name, not the handler: two different handlers under
+/// one tool name would replay each other's results. So each call first records which handler
+/// serves its tool — in the ledger (per namespace and tool, with the time) and in this process —
+/// and refuses the call (`duplicate_tool`, naming both handlers and the fix) once a second
+/// handler is seen for the same tool, on any handle, process or binary on the ledger. Both are
+/// refused from then on, whichever came first; replicas of one build are one handler. The
+/// ledger is asked at a tool's first call in a process and at most once a minute after.
+///
+/// - A method is named by its type's path and its name (`billing::Invoices::create`; the
+///   generic arguments of a generic service left out), a free function by its module's path.
+///   A function with no `self` in an impl without [`audit_idempotent`] is named by its module:
+///   two such functions of one name in one module are one handler to idem (one handle still
+///   refuses them, by where their recipes are declared).
+/// - `name = "..."` pins the tool: the handler is then named by that name alone, so moving or
+///   renaming it in code changes neither its keys nor its owner. Give `name` to any handler you
+///   expect to move.
+/// - Moving or renaming an unpinned handler makes it another handler: a server with the new code
+///   is refused while the old one's operations can still be replayed (the tool's window or the
+///   ledger retention, 24 h by default), or until an operator runs
+///   `idem tools forget <namespace> <tool>` once the old build is gone. `idem tools` lists
+///   every tool's handlers.
 ///
 /// # With rmcp
 ///

@@ -119,6 +119,19 @@ impl Arguments {
         }
     }
 
+    /// The handler is `function` in an `impl` of `S` (its path without generic arguments, so
+    /// every instance of a generic service is one handler).
+    pub fn owner_in<S: ?Sized>(&mut self, function: &str) {
+        let ty = std::any::type_name::<S>();
+        let ty = ty.split_once('<').map_or(ty, |(path, _)| path);
+        self.arguments.owner = Some(format!("{ty}::{function}"));
+    }
+
+    /// The handler is the function at `path` (`module_path!()` and its name).
+    pub fn owner(&mut self, path: &str) {
+        self.arguments.owner = Some(path.to_owned());
+    }
+
     /// One named argument.
     pub fn insert<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) {
         if let Err(error) = self.arguments.all.insert(name, value) {

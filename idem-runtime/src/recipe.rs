@@ -71,6 +71,8 @@ pub struct Recipe {
     namespace: Option<&'static str>,
     /// Where the recipe is declared: two recipes of one tool name are told apart by it.
     site: &'static Location<'static>,
+    /// The handler that serves the tool, if named ([`Recipe::owner`]).
+    owner: Option<&'static str>,
     key: &'static [&'static str],
     optional: &'static [&'static str],
     ignore: &'static [&'static str],
@@ -111,6 +113,7 @@ impl Recipe {
             tool,
             namespace: None,
             site: Location::caller(),
+            owner: None,
             key,
             optional: &[],
             ignore: &[],
@@ -132,6 +135,18 @@ impl Recipe {
     #[must_use]
     pub const fn namespace(mut self, namespace: &'static str) -> Self {
         self.namespace = Some(namespace);
+        self
+    }
+
+    /// Names the handler that serves the tool (`"billing::Invoices::create"`), so that two
+    /// different handlers given one tool name in one namespace are refused wherever they run —
+    /// two handles, processes or binaries on one ledger — instead of sharing operations
+    /// ([`Rejection::DuplicateTool`](crate::Rejection::DuplicateTool)). `#[idempotent]` names its
+    /// handler by its path; a recipe without an owner is owned by its tool name, as a handler
+    /// pinned with `#[idempotent(name = "...")]` is.
+    #[must_use]
+    pub const fn owner(mut self, owner: &'static str) -> Self {
+        self.owner = Some(owner);
         self
     }
 
@@ -311,6 +326,12 @@ impl Recipe {
     #[must_use]
     pub const fn tool(&self) -> &'static str {
         self.tool
+    }
+
+    /// The handler that serves the tool, if named ([`Recipe::owner`]).
+    #[must_use]
+    pub const fn owned_by(&self) -> Option<&'static str> {
+        self.owner
     }
 
     /// The recipe's own namespace ([`Recipe::namespace`]), if any.

@@ -62,17 +62,19 @@ pub enum Rejection {
         /// What is wrong, and where.
         error: CanonicalError,
     },
-    /// Two different handlers are registered under one tool name in one namespace on this
-    /// handle: they would share keys and replay each other's results, so the second is refused.
-    /// A server bug; the message says how to fix it.
+    /// Two different handlers serve one tool name in one namespace on this ledger — on one
+    /// handle, on two handles, or in two processes or binaries — so they would share keys and
+    /// replay each other's results. Every call of either is refused once both have been seen,
+    /// whichever came first. A server bug; the message says how to fix it.
     DuplicateTool {
         /// The namespace.
         namespace: String,
         /// The tool name.
         tool: String,
-        /// Where the first registered handler's recipe is declared.
+        /// The other handler (or handlers): its path, `name = "..."` for a pinned or hand-built
+        /// recipe, or where its recipe is declared when both are on one handle.
         first: String,
-        /// Where the refused one's is.
+        /// The refused handler, named the same way.
         second: String,
     },
     /// A continuation of a multi-round-trip request (MCP `inputResponses` / `requestState`)
@@ -196,13 +198,14 @@ impl fmt::Display for Rejection {
                  configure one (`Idem::with_local_caller`) and restart it",
             ),
             Self::InvalidArguments { error } => write!(f, "nothing was executed: {error}"),
-            // Where the two are declared is logged, not shown: source paths are the server's own.
-            Self::DuplicateTool { namespace, tool, .. } => write!(
+            Self::DuplicateTool { namespace, tool, first, second } => write!(
                 f,
-                "nothing was executed: two handlers are registered as tool `{tool}` in namespace `{namespace}` on \
-                 one idem handle, so they would share keys and replay each other's results (the server's log \
-                 names both). Give each its own name with `#[idempotent(name = \"...\")]`, or serve them from \
-                 handles with different namespaces (`Idem::with_namespace`)"
+                "nothing was executed: two different handlers serve tool `{tool}` in namespace `{namespace}` on \
+                 this ledger (`{second}` and `{first}`), so they would share keys and replay each other's \
+                 results; both are refused. Give one its own tool name with `#[idempotent(name = \"...\")]`, or \
+                 serve them in different namespaces (`Idem::with_namespace`). If one is the other moved or \
+                 renamed in code, pin the tool with `#[idempotent(name = \"{tool}\")]` so that moves never \
+                 change it again, and forget the old handler: `idem tools forget {namespace} {tool}`"
             ),
             Self::RequestStateInvalid { why } => write!(
                 f,

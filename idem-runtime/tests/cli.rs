@@ -1,6 +1,6 @@
 //! The `idem` command-line tool end to end: the binary spawned as a process against a ledger
 //! that an `Idem` handle in this test filled with real operations (completed, unknown), output
-//! asserted — `pending`, `show`, `resolve`, `stats`, `sweep` — and its errors: a wrong URL, a missing secret,
+//! asserted — `pending`, `show`, `resolve`, `stats`, `sweep`, `tools` — and its errors: a wrong URL, a missing secret,
 //! an unknown ref, a settled record. On SQLite (a temporary file, its secret file beside it) and
 //! PostgreSQL (`IDEM_TEST_POSTGRES_URL`, default the local `test` database; skipped loudly when
 //! unreachable, a failure under `CI=true`).
@@ -324,4 +324,47 @@ async fn postgres_session() {
     session(&env, &tenant, &done, &unknown, true);
     // A shared ledger keeps no secret: without IDEM_SECRET, the tool says to set it.
     failed(&idem(&env[..1], &["show", &done.to_string(), "--tenant", &tenant]), 1, "set IDEM_SECRET");
+}
+
+/// `idem tools` lists the handler each tool is served by and marks two; `idem tools forget`
+/// lets a handler moved in code serve its tool again (issue 26, item 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_lists_handlers_and_forgets_a_moved_one() {
+    static OLD: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::Tickets::open");
+    static MOVED: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::api::Tickets::open");
+    let dir = scratch();
+    let file = dir.join("ledger.sqlite3");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let alice = Caller::new("acme", "alice");
+    let call = |idem: Idem, recipe: &'static Recipe| {
+        let alice = alice.clone();
+        async move {
+            idem.call(recipe, Some(&alice), &json!({ "title": "printer" }), || async {
+                Ok::<_, ToolError>(json!("T-1"))
+            })
+            .await
+        }
+    };
+    let old = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    call(old.clone(), &OLD).await.expect("the first handler runs");
+    // The moved handler, in a new process (its own connection): another path, refused.
+    let moved = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    let refused = call(moved, &MOVED).await.expect_err("a second handler is refused");
+    assert!(format!("{refused:?}").contains("idem tools forget default open_ticket"), "{refused:?}");
+
+    let env = [("IDEM_DATABASE_URL", url.as_str())];
+    let listed = idem(&env, &["tools"]);
+    let text = stdout(&listed);
+    assert!(text.contains("desk::Tickets::open") && text.contains("desk::api::Tickets::open"), "{text}");
+    assert!(text.contains("two handlers: refused"), "{text}");
+    let listed = ok_json(&idem(&env, &["tools", "--json"]));
+    assert_eq!(listed["tools"].as_array().map(Vec::len), Some(2), "{listed}");
+    let forgot = ok_json(&idem(&env, &["tools", "forget", "default", "open_ticket", "--json"]));
+    assert_eq!(forgot["forgotten"], 2, "{forgot}");
+
+    // Once the old build is gone, the moved handler serves the tool (a restarted process).
+    let moved = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    assert_eq!(call(moved, &MOVED).await.expect("the moved handler runs").value, json!("T-1"));
+    let listed = ok_json(&idem(&env, &["tools", "--json"]));
+    assert_eq!(listed["tools"][0]["handler"], "desk::api::Tickets::open", "{listed}");
 }

@@ -471,6 +471,16 @@ impl Ledger for Faulty {
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
         self.fault().unwrap_or_else(|| self.inner.secret_check(version, check))
     }
+    fn tool_owners<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        owner: &'a str,
+        now: u64,
+        since: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.tool_owners(namespace, tool, owner, now, since))
+    }
     fn default_secret(&self) -> Result<idem_runtime::Secret, idem_runtime::SecretError> {
         self.inner.default_secret()
     }

@@ -21,6 +21,7 @@ mod macro_behaviour;
 mod mcp_e2e;
 mod metrics;
 mod mrtr;
+mod owners;
 mod pedantic;
 mod rmcp_tasks;
 mod rmcp_tools;

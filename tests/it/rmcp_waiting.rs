@@ -214,7 +214,11 @@ async fn replicas(backend: &str, test: &str) -> Option<Replicas> {
     let (here_ledger, there_ledger) = (Watched::new(Arc::clone(&shared)), Watched::new(shared));
     let server = |ledger: &Arc<Tapped<Watched>>| {
         let ledger: Arc<dyn Ledger> = ledger.clone();
-        let idem = idem_tests::idem_shared(ledger).with_local_caller(Caller::new("acme", "alice"));
+        // A namespace of its own: `rmcp_tasks` serves another `deploy` handler on the same
+        // databases, and two handlers under one tool name are refused (`duplicate_tool`).
+        let idem = idem_tests::idem_shared(ledger)
+            .with_namespace("idem-tests-waiting")
+            .with_local_caller(Caller::new("acme", "alice"));
         Deployer::new(idem, Arc::clone(&downstream))
     };
     let here = Wire::connect(server(&here_ledger)).await;

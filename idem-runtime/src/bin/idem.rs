@@ -1,5 +1,5 @@
 //! `idem`: the operator's command-line tool for an idem ledger: `pending`, `show`, `resolve`,
-//! `stats`, `sweep`.
+//! `stats`, `sweep`, `tools`.
 //!
 //! Pointed at the ledger by `IDEM_DATABASE_URL` (or `--database-url`) and, to find an operation
 //! by its ref, at the servers' secret the way they find it: `IDEM_SECRET` (and
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use comfy_table::{Table, presets};
-use idem_runtime::ledger::sea::{DATABASE_URL_ENV, SeaOrmLedger};
+use idem_runtime::ledger::sea::{DATABASE_URL_ENV, SeaOrmLedger, ToolOwner};
 use idem_runtime::secret::{self, SECRET_ENV, Secret};
 use idem_runtime::{
     DEFAULT_LEASE, Idem, Ledger, LedgerError, LedgerStats, PendingCursor, PendingFilter, PendingOperation, PendingPage,
@@ -24,7 +24,7 @@ use idem_runtime::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
-/// The operator's tool for an idem ledger: pending, show, resolve, stats, sweep.
+/// The operator's tool for an idem ledger: pending, show, resolve, stats, sweep, tools.
 #[derive(Parser, Debug)]
 #[command(name = "idem", version)]
 struct Cli {
@@ -89,6 +89,25 @@ enum Command {
         /// It did not happen: the next repeat runs the tool again.
         #[arg(long)]
         nothing_happened: bool,
+    },
+    /// The handler each tool is served by, as servers recorded it: two handlers under one tool
+    /// name in one namespace are refused until one is renamed (or the old one forgotten).
+    Tools {
+        #[command(subcommand)]
+        action: Option<ToolsAction>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ToolsAction {
+    /// Forgets the handlers recorded for a tool, after one was moved or renamed in code (so its
+    /// new path is not refused as a second handler). Servers still running record theirs again
+    /// at their next call.
+    Forget {
+        /// The namespace (the server's package name, or its `Idem::with_namespace`).
+        namespace: String,
+        /// The tool's name.
+        tool: String,
     },
 }
 
@@ -218,6 +237,18 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             let swept = swept.map_err(ledger_failure)?;
             Ok(if cli.json { json!({ "swept": swept }).to_string() } else { format!("swept {swept} expired records") })
         }
+        Command::Tools { action: None } => {
+            let owners = ledger.tool_owners_all().await.map_err(ledger_failure)?;
+            Ok(if cli.json { tools_json(&owners).to_string() } else { tools_text(&owners, now) })
+        }
+        Command::Tools { action: Some(ToolsAction::Forget { namespace, tool }) } => {
+            let forgotten = ledger.forget_tool_owners(namespace, tool).await.map_err(ledger_failure)?;
+            Ok(if cli.json {
+                json!({ "namespace": namespace, "tool": tool, "forgotten": forgotten }).to_string()
+            } else {
+                format!("forgot {forgotten} handler(s) of tool {tool} in namespace {namespace}")
+            })
+        }
         Command::Show(target) => {
             let idem = with_secret(operator(ledger), file.as_deref())?;
             let report = idem.inspect(&target.tenant, &target.reference).await.map_err(status_failure)?;
@@ -282,6 +313,39 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             })
         }
     }
+}
+
+/// `idem tools`: a table of namespace, tool, handler and when it was last seen; two handlers
+/// of one tool are marked.
+fn tools_text(owners: &[ToolOwner], now: u64) -> String {
+    if owners.is_empty() {
+        return "no tool recorded yet: servers record each tool's handler at its first call".to_owned();
+    }
+    let mut table = Table::new();
+    table.load_preset(presets::NOTHING);
+    table.set_header(["NAMESPACE", "TOOL", "HANDLER", "LAST SEEN", ""]);
+    for owner in owners {
+        let shared =
+            owners.iter().filter(|other| other.namespace == owner.namespace && other.tool == owner.tool).count();
+        table.add_row([
+            owner.namespace.clone(),
+            owner.tool.clone(),
+            owner.owner.clone(),
+            relative(owner.seen_at, now),
+            if shared > 1 { "two handlers: refused".to_owned() } else { String::new() },
+        ]);
+    }
+    table.to_string()
+}
+
+fn tools_json(owners: &[ToolOwner]) -> Value {
+    let owners: Vec<Value> = owners
+        .iter()
+        .map(|owner| {
+            json!({ "namespace": owner.namespace, "tool": owner.tool, "handler": owner.owner, "seen_at": owner.seen_at })
+        })
+        .collect();
+    json!({ "tools": owners })
 }
 
 /// The SQLite file `url` names, if it names one; refuses a file that does not exist (the tool

@@ -25,6 +25,9 @@ pub(crate) struct CallArguments {
     pub(crate) selected: Members,
     /// The task or conversation id, for `ScopeRule::Within`.
     pub(crate) within: Option<Value>,
+    /// The handler that serves the tool, as `#[idempotent]` names it at run time (a method's
+    /// `Self` type is known only there); else the recipe's [`Recipe::owner`].
+    pub(crate) owner: Option<String>,
 }
 
 impl CallArguments {
@@ -62,7 +65,7 @@ impl CallArguments {
             Some(_) => found.get(keys.len()).map(parse_canonical).transpose().map_err(invalid)?,
             None => None,
         };
-        Ok(Self { all, selected, within })
+        Ok(Self { all, selected, within, owner: None })
     }
 
     /// The key of these arguments under `secret`.

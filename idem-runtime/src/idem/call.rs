@@ -135,6 +135,7 @@ impl Idem {
         let tool = recipe.tool();
         self.register(recipe)?;
         let arguments = arguments?;
+        self.own(recipe, arguments.owner.as_deref()).await?;
         let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
         let caller = self.caller(caller, fallback)?;
         let watch = self.watch(recipe, &caller);

@@ -61,7 +61,7 @@ pub(super) struct Inner {
     /// The ledger as given, wrapped in the ledger timeout: every call goes through this.
     pub(super) ledger: Arc<dyn Ledger>,
     /// The ledger as given (wrapped anew whenever the timeout changes).
-    untimed: Arc<dyn Ledger>,
+    pub(super) untimed: Arc<dyn Ledger>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) lease: Duration,
     pub(super) retention: Duration,

@@ -109,6 +109,8 @@ struct Records {
     superseded: BTreeMap<(Key, u64), Record>,
     /// The check value of each secret version seen.
     checks: HashMap<u32, [u8; 32]>,
+    /// When each handler was last seen serving each tool: (namespace, tool) → owner → time.
+    owners: HashMap<(String, String), std::collections::BTreeMap<String, u64>>,
 }
 
 /// A [`Ledger`] in a mutex-guarded ordered map.
@@ -547,6 +549,22 @@ impl Ledger for MemoryLedger {
             None => records.checks.get(&version).copied(),
         };
         Box::pin(async move { Ok(kept) })
+    }
+
+    fn tool_owners<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        owner: &'a str,
+        now: u64,
+        since: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        let mut records = self.lock();
+        let owners = records.owners.entry((namespace.to_owned(), tool.to_owned())).or_default();
+        let seen = owners.entry(owner.to_owned()).or_insert(now);
+        *seen = (*seen).max(now);
+        let owners = owners.iter().filter(|(_, seen)| **seen >= since).map(|(owner, _)| owner.clone()).collect();
+        Box::pin(async move { Ok(owners) })
     }
 
     /// A random secret per process: the records die with it.

@@ -839,6 +839,20 @@ pub trait Ledger: Send + Sync + 'static {
         check: Option<&'a [u8; 32]>,
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>>;
 
+    /// Records that the handler `owner` serves `tool` in `namespace`, seen at `now` (keeping the
+    /// later time if it was seen before), and returns every owner recorded for that tool seen
+    /// at or after `since` — this one included — in order. Two owners mean two different
+    /// handlers answer to one tool name on this ledger, and would share operations: a handle
+    /// refuses both ([`Rejection::DuplicateTool`](crate::Rejection::DuplicateTool)).
+    fn tool_owners<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        owner: &'a str,
+        now: u64,
+        since: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>>;
+
     /// The secret a handle on this ledger keys with when none is configured (in code or in
     /// `IDEM_SECRET`). The default refuses: a ledger that replicas share needs one secret given
     /// to all of them. [`MemoryLedger`](memory::MemoryLedger) uses a random secret per process
@@ -929,6 +943,16 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
         check: Option<&'a [u8; 32]>,
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
         (**self).secret_check(version, check)
+    }
+    fn tool_owners<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        owner: &'a str,
+        now: u64,
+        since: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        (**self).tool_owners(namespace, tool, owner, now, since)
     }
     fn default_secret(&self) -> Result<Secret, SecretError> {
         (**self).default_secret()

@@ -114,6 +114,16 @@ impl Ledger for Timeout {
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         self.bound(self.inner.now())
     }
+    fn tool_owners<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        owner: &'a str,
+        now: u64,
+        since: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        self.bound(self.inner.tool_owners(namespace, tool, owner, now, since))
+    }
     fn secret_check<'a>(
         &'a self,
         version: u32,

@@ -206,6 +206,22 @@ impl Ledger for SimLedger {
         Box::pin(async move { answer })
     }
 
+    /// Outside the fault plan too: a handle asks once per tool (and once a minute after).
+    fn tool_owners<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        owner: &'a str,
+        now: u64,
+        since: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        let (namespace, tool, owner) = (namespace.to_owned(), tool.to_owned(), owner.to_owned());
+        let answer = self.sim.store().run(self.sim.now(), move |l| {
+            Box::pin(async move { l.tool_owners(&namespace, &tool, &owner, now, since).await })
+        });
+        Box::pin(async move { answer })
+    }
+
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         Box::pin(
             self.call(Kind::Now, move |sim, now| sim.store().run(now, move |l| Box::pin(async move { l.now().await }))),

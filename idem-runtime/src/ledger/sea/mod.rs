@@ -454,6 +454,56 @@ impl SeaOrmLedger {
         kept.try_into().map(Some).map_err(|_| LedgerError::corrupt("a secret's check value is not 32 bytes"))
     }
 
+    /// Every handler recorded as serving a tool, with when it was last seen (`idem tools`).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn tool_owners_all(&self) -> Result<Vec<ToolOwner>, LedgerError> {
+        let read = Statement::from_string(self.backend(), self.statements().all_owners);
+        let rows = self.db.query_all_raw(read).await.map_err(failed)?;
+        rows.iter()
+            .map(|row| {
+                Ok(ToolOwner {
+                    namespace: row.try_get_by_index(0).map_err(corrupt)?,
+                    tool: row.try_get_by_index(1).map_err(corrupt)?,
+                    owner: row.try_get_by_index(2).map_err(corrupt)?,
+                    seen_at: u64::try_from(row.try_get_by_index::<i64>(3).map_err(corrupt)?).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    /// Forgets every handler recorded as serving `tool` in `namespace`, returning how many
+    /// (`idem tools forget`): after a handler was moved or renamed in code, so its new name is
+    /// not refused as a second handler. A server still running it records it again.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn forget_tool_owners(&self, namespace: &str, tool: &str) -> Result<u64, LedgerError> {
+        let text = |text: &str| Value::String(Some(text.to_owned()));
+        let values = vec![text(namespace), text(tool)];
+        let forget = Statement::from_sql_and_values(self.backend(), self.statements().forget_owners, values);
+        Ok(self.db.execute_raw(forget).await.map_err(failed)?.rows_affected())
+    }
+
+    async fn tool_owners_now(
+        &self,
+        namespace: &str,
+        tool: &str,
+        owner: &str,
+        now: u64,
+        since: u64,
+    ) -> Result<Vec<String>, LedgerError> {
+        let text = |text: &str| Value::String(Some(text.to_owned()));
+        let values = vec![text(namespace), text(tool), text(owner), millis(now)];
+        let keep = Statement::from_sql_and_values(self.backend(), self.statements().keep_owner, values);
+        self.db.execute_raw(keep).await.map_err(failed)?;
+        let values = vec![text(namespace), text(tool), millis(since)];
+        let read = Statement::from_sql_and_values(self.backend(), self.statements().owners_of, values);
+        let rows = self.db.query_all_raw(read).await.map_err(failed)?;
+        rows.iter().map(|row| row.try_get_by_index::<String>(0).map_err(corrupt)).collect()
+    }
+
     async fn sweep_now(&self, now: u64, limit: usize) -> Result<usize, LedgerError> {
         let sweep = &self.statements().sweep;
         let mut swept = 0;
@@ -566,6 +616,19 @@ impl SeaOrmLedger {
     }
 }
 
+/// A handler recorded as serving a tool ([`SeaOrmLedger::tool_owners_all`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOwner {
+    /// The namespace of the tool's keys.
+    pub namespace: String,
+    /// The tool's name.
+    pub tool: String,
+    /// The handler: its path, or `name = "..."` for a pinned or hand-built recipe.
+    pub owner: String,
+    /// When a server last called it, in milliseconds since the Unix epoch (the ledger's clock).
+    pub seen_at: u64,
+}
+
 impl Ledger for SeaOrmLedger {
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
         Box::pin(self.claim_now(request))
@@ -646,6 +709,17 @@ impl Ledger for SeaOrmLedger {
 
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
         Box::pin(self.now_ms())
+    }
+
+    fn tool_owners<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        owner: &'a str,
+        now: u64,
+        since: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        Box::pin(self.tool_owners_now(namespace, tool, owner, now, since))
     }
 
     fn secret_check<'a>(

@@ -97,6 +97,11 @@ pub(super) static STATEMENTS: Statements = Statements {
     label_of: "SELECT label FROM idem_records WHERE `key` = ?",
     keep_check: "INSERT IGNORE INTO idem_secrets (version, check_value) VALUES (?, ?)",
     check_of: "SELECT check_value FROM idem_secrets WHERE version = ?",
+    keep_owner: "INSERT INTO idem_tools (namespace, tool, owner, seen_at) VALUES (?, ?, ?, ?) \
+                 ON DUPLICATE KEY UPDATE seen_at = GREATEST(seen_at, VALUES(seen_at))",
+    owners_of: "SELECT owner FROM idem_tools WHERE namespace = ? AND tool = ? AND seen_at >= ? ORDER BY owner",
+    all_owners: "SELECT namespace, tool, owner, seen_at FROM idem_tools ORDER BY namespace, tool, owner",
+    forget_owners: "DELETE FROM idem_tools WHERE namespace = ? AND tool = ?",
     // No index serves it: an operator's occasional scan, not a call's path.
     pending: "SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, CAST(0 AS SIGNED) AS superseded FROM idem_records \
@@ -113,6 +118,13 @@ pub(super) static MIGRATION: Migration = Migration {
         "CREATE TABLE IF NOT EXISTS idem_secrets (
                 version BIGINT NOT NULL PRIMARY KEY,
                 check_value BINARY(32) NOT NULL
+            ) ENGINE=InnoDB",
+        "CREATE TABLE IF NOT EXISTS idem_tools (
+                namespace VARCHAR(191) NOT NULL,
+                tool VARCHAR(191) NOT NULL,
+                owner VARCHAR(255) NOT NULL,
+                seen_at BIGINT NOT NULL,
+                PRIMARY KEY (namespace, tool, owner)
             ) ENGINE=InnoDB",
         "CREATE TABLE IF NOT EXISTS idem_records (
                 `key` BINARY(32) NOT NULL PRIMARY KEY,

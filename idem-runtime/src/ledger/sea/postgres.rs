@@ -117,6 +117,11 @@ pub(super) static STATEMENTS: Statements = Statements {
     label_of: "SELECT label FROM idem_records WHERE key = $1",
     keep_check: "INSERT INTO idem_secrets (version, check_value) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING",
     check_of: "SELECT check_value FROM idem_secrets WHERE version = $1",
+    keep_owner: "INSERT INTO idem_tools (namespace, tool, owner, seen_at) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (namespace, tool, owner) DO UPDATE SET seen_at = GREATEST(idem_tools.seen_at, excluded.seen_at)",
+    owners_of: "SELECT owner FROM idem_tools WHERE namespace = $1 AND tool = $2 AND seen_at >= $3 ORDER BY owner",
+    all_owners: "SELECT namespace, tool, owner, seen_at FROM idem_tools ORDER BY namespace, tool, owner",
+    forget_owners: "DELETE FROM idem_tools WHERE namespace = $1 AND tool = $2",
     // No index serves it: an operator's occasional scan, not a call's path.
     pending: "SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 0::bigint AS superseded FROM idem_records \
@@ -133,6 +138,13 @@ pub(super) static MIGRATION: Migration = Migration {
         "CREATE TABLE IF NOT EXISTS idem_secrets (
                 version bigint PRIMARY KEY,
                 check_value bytea NOT NULL CHECK (octet_length(check_value) = 32)
+            )",
+        "CREATE TABLE IF NOT EXISTS idem_tools (
+                namespace text NOT NULL,
+                tool text NOT NULL,
+                owner text NOT NULL,
+                seen_at bigint NOT NULL,
+                PRIMARY KEY (namespace, tool, owner)
             )",
         "CREATE TABLE IF NOT EXISTS idem_records (
                 tenant bigint NOT NULL,

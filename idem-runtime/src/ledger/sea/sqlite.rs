@@ -100,6 +100,11 @@ pub(super) static STATEMENTS: Statements = Statements {
     label_of: "SELECT label FROM idem_records WHERE key = ?",
     keep_check: "INSERT OR IGNORE INTO idem_secrets (version, check_value) VALUES (?, ?)",
     check_of: "SELECT check_value FROM idem_secrets WHERE version = ?",
+    keep_owner: "INSERT INTO idem_tools (namespace, tool, owner, seen_at) VALUES (?, ?, ?, ?) \
+                 ON CONFLICT (namespace, tool, owner) DO UPDATE SET seen_at = MAX(seen_at, excluded.seen_at)",
+    owners_of: "SELECT owner FROM idem_tools WHERE namespace = ? AND tool = ? AND seen_at >= ? ORDER BY owner",
+    all_owners: "SELECT namespace, tool, owner, seen_at FROM idem_tools ORDER BY namespace, tool, owner",
+    forget_owners: "DELETE FROM idem_tools WHERE namespace = ? AND tool = ?",
     // No index serves it: an operator's occasional scan, not a call's path.
     pending: "SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 0 AS superseded FROM idem_records \
@@ -117,6 +122,13 @@ pub(super) static MIGRATION: Migration = Migration {
                 version INTEGER PRIMARY KEY NOT NULL,
                 check_value BLOB NOT NULL
             )",
+        "CREATE TABLE IF NOT EXISTS idem_tools (
+                namespace TEXT NOT NULL,
+                tool TEXT NOT NULL,
+                owner TEXT NOT NULL,
+                seen_at INTEGER NOT NULL,
+                PRIMARY KEY (namespace, tool, owner)
+            ) WITHOUT ROWID",
         "CREATE TABLE IF NOT EXISTS idem_records (
                 key BLOB PRIMARY KEY NOT NULL,
                 tenant INTEGER NOT NULL,

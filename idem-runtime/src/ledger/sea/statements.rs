@@ -79,6 +79,14 @@ pub struct Statements {
     pub keep_check: &'static str,
     /// The check value kept for a secret version: version.
     pub check_of: &'static str,
+    /// Records a tool's owner as seen, keeping the later time: namespace, tool, owner, now.
+    pub keep_owner: &'static str,
+    /// A tool's owners seen since a time, in order: namespace, tool, since.
+    pub owners_of: &'static str,
+    /// Every tool's owners, for an operator (`idem tools`).
+    pub all_owners: &'static str,
+    /// Forgets a tool's owners (`idem tools forget`): namespace, tool.
+    pub forget_owners: &'static str,
     /// The unsettled records an operator looks at (`idem pending`), current and superseded,
     /// oldest first, with a flag saying which table each came from. For each table in turn:
     /// two states, now, whether every tenant (1) or only the two tenant tags that follow, the

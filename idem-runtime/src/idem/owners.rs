@@ -1,0 +1,191 @@
+//! Who serves a tool: two different handlers given one tool name in one namespace would derive
+//! the same keys and replay each other's results, so each call first makes sure its handler is
+//! the only one seen for its tool — on this ledger, by every process.
+//!
+//! A handler is named by its path (`billing::Invoices::create`; `#[idempotent]` names it), or
+//! by its tool name when pinned with `name = "..."` or built by hand without
+//! [`Recipe::owner`]. The ledger records each owner seen per (namespace, tool) with the time
+//! ([`Ledger::tool_owners`]); this process keeps the owners it has seen per ledger too, so a
+//! second handler on another handle of the same ledger is seen at once, with no round trip. The
+//! ledger is asked at a handler's first call and again at most every [`RECHECK`], which also
+//! keeps its record fresh. An owner not seen for longer than the tool's records live no longer
+//! counts: nothing of it can be replayed.
+//!
+//! Once two are seen, both are refused — whichever came first — with
+//! [`Rejection::DuplicateTool`].
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use crate::ledger::Ledger;
+use crate::recipe::Recipe;
+use crate::rejection::Rejection;
+
+use super::Idem;
+
+/// How long a handler's ownership, once confirmed by the ledger, is trusted before the ledger
+/// is asked again (which also records the handler as seen then).
+pub(crate) const RECHECK: Duration = Duration::from_secs(60);
+
+/// The longest owner name kept: a longer one is cut and ends in a digest of the whole.
+const MAX_OWNER: usize = 200;
+
+/// What this process knows of one tool's owners on one ledger.
+struct Seen {
+    ledger: Weak<dyn Ledger>,
+    namespace: String,
+    tool: String,
+    /// The handlers of this process that called the tool.
+    here: BTreeSet<String>,
+    /// The owners the ledger returned last, and when.
+    recorded: Vec<String>,
+    checked: Option<Instant>,
+    /// Held while one call asks the ledger, so a cold burst asks once.
+    asking: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Seen {
+    fn is(&self, ledger: &Arc<dyn Ledger>, namespace: &str, tool: &str) -> bool {
+        self.namespace == namespace && self.tool == tool && std::ptr::addr_eq(self.ledger.as_ptr(), Arc::as_ptr(ledger))
+    }
+
+    /// Another owner than `owner`, if any is known.
+    fn other(&self, owner: &str) -> Option<String> {
+        let others: BTreeSet<&str> =
+            self.here.iter().chain(&self.recorded).map(String::as_str).filter(|other| *other != owner).collect();
+        (!others.is_empty()).then(|| others.into_iter().collect::<Vec<_>>().join("`, `"))
+    }
+}
+
+/// Every tool's owners this process has seen, per ledger (a dropped ledger's entries go).
+static SEEN: RwLock<Vec<Seen>> = RwLock::new(Vec::new());
+
+impl Idem {
+    /// Makes sure `owner` is the only handler seen serving `recipe`'s tool in its namespace on
+    /// this ledger; refuses it otherwise.
+    pub(super) async fn own(&self, recipe: &Recipe, owner: Option<&str>) -> Result<(), Rejection> {
+        let namespace = self.namespace(recipe);
+        let tool = recipe.tool();
+        let owner = owner_name(owner.or(recipe.owned_by()), tool);
+        let ledger = &self.inner.untimed;
+        let refuse = |other: String| {
+            let rejection = Rejection::DuplicateTool {
+                namespace: namespace.to_owned(),
+                tool: tool.to_owned(),
+                first: other,
+                second: owner.clone(),
+            };
+            tracing::error!(%rejection, "two handlers serve one tool; handler not run");
+            rejection
+        };
+        {
+            let seen = SEEN.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(entry) = seen.iter().find(|entry| entry.is(ledger, namespace, tool))
+                && entry.here.contains(&owner)
+            {
+                if let Some(other) = entry.other(&owner) {
+                    return Err(refuse(other));
+                }
+                if entry.checked.is_some_and(|checked| checked.elapsed() < RECHECK) {
+                    return Ok(());
+                }
+            }
+        }
+        let asking = {
+            let mut seen = SEEN.write().unwrap_or_else(PoisonError::into_inner);
+            seen.retain(|entry| entry.ledger.strong_count() > 0);
+            let index = match seen.iter().position(|entry| entry.is(ledger, namespace, tool)) {
+                Some(index) => index,
+                None => {
+                    seen.push(Seen {
+                        ledger: Arc::downgrade(ledger),
+                        namespace: namespace.to_owned(),
+                        tool: tool.to_owned(),
+                        here: BTreeSet::new(),
+                        recorded: Vec::new(),
+                        checked: None,
+                        asking: Arc::default(),
+                    });
+                    seen.len() - 1
+                }
+            };
+            seen[index].here.insert(owner.clone());
+            if let Some(other) = seen[index].other(&owner) {
+                return Err(refuse(other));
+            }
+            Arc::clone(&seen[index].asking)
+        };
+        // One call asks; the calls that queued meanwhile take its answer — or, if it has not
+        // answered within two ledger timeouts (its caller stopped polling it), ask themselves.
+        let patience = self.inner.ledger_timeout.saturating_mul(2);
+        let _asking = tokio::time::timeout(patience, asking.lock()).await.ok();
+        {
+            let seen = SEEN.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(entry) = seen.iter().find(|entry| entry.is(ledger, namespace, tool))
+                && entry.checked.is_some_and(|checked| checked.elapsed() < RECHECK)
+            {
+                return entry.other(&owner).map_or(Ok(()), |other| Err(refuse(other)));
+            }
+        }
+        // The ledger's time as last measured (no read of its own: an owner's horizon is hours,
+        // and the call's claim reads the clock when it must).
+        let now = self.ledger_now();
+        let since = now.saturating_sub(millis(self.owner_horizon(recipe)));
+        let recorded = self.inner.ledger.tool_owners(namespace, tool, &owner, now, since).await.map_err(|error| {
+            tracing::error!(tool, %error, "the ledger could not say who serves this tool; handler not run");
+            Rejection::ledger_unavailable(&error)
+        })?;
+        let mut seen = SEEN.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = seen.iter_mut().find(|entry| entry.is(ledger, namespace, tool)) {
+            entry.recorded = recorded;
+            entry.checked = Some(Instant::now());
+            if let Some(other) = entry.other(&owner) {
+                return Err(refuse(other));
+            }
+        }
+        Ok(())
+    }
+
+    /// How long after it was last seen an owner's operations of `recipe`'s tool can still be
+    /// replayed: the longest a record of it lives, plus the time between two checks.
+    fn owner_horizon(&self, recipe: &Recipe) -> Duration {
+        let inner = &self.inner;
+        let life = recipe.window_duration().unwrap_or(inner.retention).max(inner.retention);
+        life.saturating_add(inner.grace).saturating_add(inner.lease).saturating_add(RECHECK)
+    }
+}
+
+/// The owner's name as recorded: the handler's, else the tool's own (a pinned or hand-built
+/// recipe), cut to [`MAX_OWNER`] bytes with a digest of the whole.
+fn owner_name(owner: Option<&str>, tool: &str) -> String {
+    let owner = owner.map_or_else(|| format!("name = \"{tool}\""), str::to_owned);
+    if owner.len() <= MAX_OWNER {
+        return owner;
+    }
+    let digest = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(owner.as_bytes()));
+    let mut cut = MAX_OWNER - 17;
+    while !owner.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let hex: String = digest.iter().take(8).map(|byte| format!("{byte:02x}")).collect();
+    format!("{}…{hex}", &owner[..cut])
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_owner_is_cut_with_a_digest() {
+        let long = "a::".repeat(100) + "create";
+        let name = owner_name(Some(&long), "create");
+        assert!(name.len() <= MAX_OWNER + 2, "{}", name.len());
+        assert_ne!(name, owner_name(Some(&("b::".repeat(100) + "create")), "create"));
+        assert_eq!(owner_name(None, "create"), "name = \"create\"");
+    }
+}
