@@ -5,9 +5,7 @@
 //! PostgreSQL (`IDEM_TEST_POSTGRES_URL`, default the local `test` database; skipped loudly when
 //! unreachable, a failure under `CI=true`).
 //!
-//! Runs under `cargo test --workspace` because the `idem-tests` package turns the `cli`
-//! feature on (features unify across the workspace); alone: `cargo test -p idem-runtime
-//! --features cli --test cli`.
+//! Alone: `cargo test -p idem-cli`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -304,9 +302,6 @@ async fn postgres_session() {
         assert!(!ci, "cli::postgres_session: {why} (CI=true, so a missing server is a failure)");
         eprintln!("SKIPPED cli::postgres_session: {why}");
     };
-    if !cfg!(feature = "postgres") {
-        return skip("idem-runtime is built without the postgres feature".to_owned());
-    }
     let url = std::env::var("IDEM_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let ledger = match SeaOrmLedger::connect(&url).await {
