@@ -190,14 +190,13 @@ fn set_bool(
 
 /// Sets `task = true|false` (the tool may run as an MCP task). Before, `task = "arg"` narrowed
 /// the key's scope to an argument; that is `within` now, and the old spelling says so.
+const TASK_TAKES_A_BOOL: &str = "`task` takes `true` or `false`: `task = true` lets the tool run as an MCP task \
+                                 (to key within a conversation or task id argument, write `within = \"...\"`)";
+
 fn set_task(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut Attr<LitBool>) -> syn::Result<()> {
     let literal = |lit| match lit {
         syn::Lit::Bool(lit) => Ok(lit),
-        syn::Lit::Str(lit) => Err(format!(
-            "`task` now means MCP tasks; to narrow the scope to an argument write `within = {:?}`",
-            lit.value()
-        )),
-        _ => Err("`task` takes `true` or `false`: `task = true` lets the tool run as an MCP task".to_owned()),
+        _ => Err(TASK_TAKES_A_BOOL.to_owned()),
     };
     let mut value = meta.value()?.parse::<Expr>()?;
     while let Expr::Group(group) = value {
@@ -209,10 +208,7 @@ fn set_task(cx: &mut Ctxt, meta: &ParseNestedMeta<'_>, span: Span, attr: &mut At
             let at = syn::spanned::Spanned::span(&lit);
             literal(lit).map_err(|message| (at, message))
         }
-        other => Err((
-            syn::spanned::Spanned::span(&other),
-            "`task` takes `true` or `false`: `task = true` lets the tool run as an MCP task".to_owned(),
-        )),
+        other => Err((syn::spanned::Spanned::span(&other), TASK_TAKES_A_BOOL.to_owned())),
     };
     match accepted {
         Ok(value) => {

@@ -20,18 +20,14 @@ pub enum ScopeRule {
     /// (`#[idempotent(within = "conversation_id")]`). MCP has no sessions and request ids are
     /// reused, so a narrower scope must be an argument.
     Within(&'static str),
-    /// The old name of [`ScopeRule::Within`], which it means exactly (the same keys).
-    #[deprecated(note = "renamed `ScopeRule::Within` (`task` now means MCP tasks: `Recipe::task`)")]
-    Task(&'static str),
 }
 
 impl ScopeRule {
     /// The argument path that narrows the scope, for [`ScopeRule::Within`].
     #[must_use]
-    #[allow(deprecated)]
     pub const fn within(self) -> Option<&'static str> {
         match self {
-            Self::Within(path) | Self::Task(path) => Some(path),
+            Self::Within(path) => Some(path),
             Self::Caller | Self::Tenant => None,
         }
     }

@@ -93,9 +93,8 @@ async fn a_replay_ends_with_a_line_the_model_reads() {
     assert_eq!(first["structuredContent"], json!({ "id": 1 }), "rmcp's `Json<T>` is structured: {first}");
     assert_eq!(again["structuredContent"], first["structuredContent"], "the stored `T`, replayed: {again}");
 
-    // The old key, deprecated, carries the same object for one release.
-    assert_eq!(first["_meta"]["idem"], first["_meta"]["dev.idem/outcome"], "{first}");
-    assert_eq!(again["_meta"]["idem"], again["_meta"]["dev.idem/outcome"], "{again}");
+    // Only the prefixed key: the unprefixed `idem` of earlier drafts is gone.
+    assert_eq!(first["_meta"].get("idem"), None, "{first}");
     let reference = again["_meta"]["dev.idem/outcome"]["ref"].as_str().expect("a ref").to_owned();
     let (first, again) = (content(&first), content(&again));
     assert_eq!(first.len(), 1, "a fresh answer has no note: {first:?}");

@@ -471,6 +471,25 @@ impl Ledger for Faulty {
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
         self.fault().unwrap_or_else(|| self.inner.secret_check(version, check))
     }
+    fn inspect<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        window_end: Option<u64>,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.inspect(tenant, reference, window_end, now))
+    }
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<idem_runtime::LedgerStats, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.stats(now))
+    }
+    fn pending<'a>(
+        &'a self,
+        query: &'a idem_runtime::ledger::PendingQuery,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Vec<idem_runtime::ledger::PendingRecord>, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.pending(query, now))
+    }
     fn tool_owners<'a>(
         &'a self,
         namespace: &'a str,

@@ -76,7 +76,6 @@ on_every_backend!(
     statements_per_call,
     a_replica_whose_clock_runs_ahead_does_not_take_over,
     a_blocking_handler_keeps_its_lease,
-    a_table_without_labels_is_upgraded,
     a_storm_of_identical_calls_costs_the_ledger_one_claim,
     repeats_on_another_replica_share_its_in_flight_answer,
     a_cold_handles_first_burst_reads_the_clock_once,
@@ -430,123 +429,6 @@ async fn a_replica_whose_clock_runs_ahead_does_not_take_over(backend: &str) {
     let skew = fast.ledger_now().abs_diff(SystemClock.now_ms());
     assert!(skew < 2_000, "{backend}: the fast replica states times on the database's clock ({skew} ms off)");
 }
-
-/// A table made by the first schema (no `attempt`, no `window_end`) is brought up to date by
-/// `migrate`, and its records keep their meaning: the old `expires_at` was the window end.
-#[tokio::test]
-async fn a_first_schema_table_is_upgraded_by_migrate() {
-    let Some(url) = url("sqlite", "a_first_schema_table_is_upgraded_by_migrate").await else { return };
-    let db = Database::connect(&url).await.unwrap();
-    db.execute_unprepared(
-        "CREATE TABLE idem_records (key BLOB PRIMARY KEY NOT NULL, tenant INTEGER NOT NULL, state INTEGER NOT NULL,
-            token INTEGER NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
-            lease_until INTEGER NOT NULL, fingerprint BLOB NOT NULL, arg_tags BLOB NOT NULL, result BLOB)
-            WITHOUT ROWID",
-    )
-    .await
-    .unwrap();
-    let now = SystemClock.now_ms();
-    let args = json!({ "order_id": "kept" });
-    // A completed record written by the first schema: claim and complete through a throwaway
-    // ledger is not possible on the old table, so write the row the old code wrote.
-    // Keyed as the handle below keys it (the key does not depend on the ledger).
-    let key = idem_tests::idem(idem_runtime::MemoryLedger::new()).key_of(&PLACE, &alice(), &args).unwrap();
-    let secret = idem_tests::test_secret();
-    let fingerprint = idem_runtime::Fingerprint::of(&secret, args.as_object().unwrap(), &[]).unwrap();
-    let insert = Statement::from_sql_and_values(
-        DbBackend::Sqlite,
-        "INSERT INTO idem_records VALUES (?, ?, 2, 1, ?, ?, 0, ?, ?, ?)",
-        vec![
-            key.as_bytes().to_vec().into(),
-            i64::from_be_bytes(*idem_runtime::TenantTag::of(&secret, "acme").as_bytes()).into(),
-            i64::try_from(now).unwrap().into(),
-            i64::try_from(now + 3_600_000).unwrap().into(),
-            fingerprint.digest().to_vec().into(),
-            fingerprint.tags().concat().into(),
-            br#"{"ok":"from the first schema"}"#.to_vec().into(),
-        ],
-    );
-    db.execute_raw(insert).await.unwrap();
-    let ledger = SeaOrmLedger::connect(&url).await.expect("migrate upgrades the table");
-    SeaOrmLedger::connect(&url).await.expect("and a second migrate finds nothing to do");
-    let idem = idem_tests::idem(ledger);
-    let served = idem.call(&PLACE, Some(&alice()), &args, || async { Ok::<_, Error>("ran".to_owned()) }).await;
-    let served = served.unwrap();
-    assert_eq!((served.value.as_str(), served.replayed), ("from the first schema", true));
-    let status = idem.status(&alice(), &served.reference.to_string()).await.unwrap().unwrap();
-    assert_eq!(status.window_end, now + 3_600_000, "the old expires_at is the window end");
-}
-
-/// A table made before records kept a label (the version before issue 17) is brought up to date
-/// by `connect`: the `label` column is added to both tables, and an unsettled operation made
-/// afterwards is listed by `Idem::pending` with its tool and caller.
-async fn a_table_without_labels_is_upgraded(backend: &str) {
-    let test = format!("ledger_durable::a_table_without_labels_is_upgraded::{backend}");
-    let url = match backend {
-        "sqlite" => url(backend, &test).await,
-        "postgres" => {
-            let default = "postgres://postgres@127.0.0.1:5432/test";
-            idem_tests::own_database(&test, "IDEM_TEST_POSTGRES_URL", default, "upgrade_label").await
-        }
-        _ => {
-            let default = "mysql://root@127.0.0.1:3306/test";
-            idem_tests::own_database(&test, "IDEM_TEST_MYSQL_URL", default, "upgrade_label").await
-        }
-    };
-    let Some(url) = url else { return };
-    SeaOrmLedger::connect(&url).await.unwrap();
-    let db = Database::connect(SeaOrmLedger::connect_options(&url)).await.unwrap();
-    for table in ["idem_records", "idem_superseded"] {
-        db.execute_unprepared(&format!("ALTER TABLE {table} DROP COLUMN label")).await.unwrap();
-    }
-    assert!(db.execute_unprepared("SELECT label FROM idem_records").await.is_err(), "the old table has no label");
-    let idem = idem_tests::idem(SeaOrmLedger::connect(&url).await.expect("connect upgrades the table"));
-    SeaOrmLedger::connect(&url).await.expect("and a second connect finds nothing to do");
-    for table in ["idem_records", "idem_superseded"] {
-        db.execute_unprepared(&format!("SELECT label FROM {table}")).await.expect("the label column is there");
-    }
-    let args = json!({ "order_id": unique("upgraded") });
-    let unsettled = idem
-        .call(&HELD, Some(&alice()), &args, || async { Err::<String, _>(Unsure) })
-        .await
-        .expect_err("the handler's outcome is unknown");
-    assert_eq!(unsettled, Unsure);
-    let page = idem.pending(&idem_runtime::PendingFilter::new(10).tenant("acme")).await.unwrap();
-    let listed =
-        page.operations.iter().find(|operation| operation.label.as_ref().is_some_and(|l| l.tool == "hold_order"));
-    let label = listed.and_then(|operation| operation.label.clone()).unwrap_or_else(|| panic!("{page:#?}"));
-    assert_eq!((label.tenant.as_str(), label.subject.as_deref()), ("acme", Some("alice")));
-    assert_eq!(listed.map(|operation| operation.state), Some(idem_runtime::State::Unknown));
-
-    // A completed operation's row keeps no label: it is only for operations still unsettled.
-    let done = json!({ "order_id": unique("done") });
-    idem.call(&PLACE, Some(&alice()), &done, || async { Ok::<_, Error>("placed".to_owned()) }).await.unwrap();
-    let count = |sql: &'static str| {
-        let db = &db;
-        async move {
-            let row = db.query_one_raw(Statement::from_string(db.get_database_backend(), sql)).await.unwrap().unwrap();
-            row.try_get_by_index::<i64>(0).unwrap()
-        }
-    };
-    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 2").await, 1);
-    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 2 AND LENGTH(label) > 0").await, 0);
-    assert_eq!(count("SELECT COUNT(*) FROM idem_records WHERE state = 4 AND LENGTH(label) > 0").await, 1);
-}
-
-/// An error whose outcome nobody knows (a downstream timeout).
-#[derive(Debug, PartialEq, Serialize, Deserialize)]
-struct Unsure;
-
-impl IdempotentError for Unsure {
-    fn classify(&self) -> ErrorClass {
-        ErrorClass::Unknown
-    }
-    fn from_rejection(_: Rejection) -> Self {
-        Self
-    }
-}
-
-static HELD: Recipe = Recipe::new("hold_order", &["order_id"]);
 
 /// Issue 10.5: a handler that blocks its thread for 2.4 s under a 600 ms lease keeps its claim
 /// (the lease is renewed by a task of its own): a repeat 1.4 s in is answered "in flight" at

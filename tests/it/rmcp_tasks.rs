@@ -168,8 +168,12 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
     let plain = alice.call("deploy", &deploy, false).await;
     let plain = alice.answer(plain).await;
     assert_eq!(plain.pointer("/result/isError"), Some(&json!(true)), "{plain}");
-    assert_eq!(plain.pointer("/result/_meta/idem/code"), Some(&json!("in_flight")), "{plain}");
-    assert_eq!(plain.pointer("/result/_meta/idem/ref"), Some(&json!(task_id)), "the task id is the ref: {plain}");
+    assert_eq!(plain.pointer("/result/_meta/dev.idem~1outcome/code"), Some(&json!("in_flight")), "{plain}");
+    assert_eq!(
+        plain.pointer("/result/_meta/dev.idem~1outcome/ref"),
+        Some(&json!(task_id)),
+        "the task id is the ref: {plain}"
+    );
 
     let working = alice.get_task(&task_id).await;
     assert_eq!(working.pointer("/result/taskId"), Some(&json!(task_id)), "{working}");
@@ -190,7 +194,7 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
     downstream.gate.add_permits(1_000);
     let first = alice.answer(first).await;
     let first = first.get("result").cloned().unwrap_or_else(|| panic!("a result: {first}"));
-    assert_eq!(first["_meta"]["idem"], json!({ "ref": task_id, "replayed": false }), "{first}");
+    assert_eq!(first["_meta"]["dev.idem/outcome"], json!({ "ref": task_id, "replayed": false }), "{first}");
 
     let completed = alice.get_task(&task_id).await;
     assert_eq!(completed.pointer("/result/status"), Some(&json!("completed")), "{completed}");
@@ -198,7 +202,7 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
     assert_eq!(result["structuredContent"], first["structuredContent"], "the first caller's result: {completed}");
     let replay = alice.call("deploy", &deploy, true).await;
     let replay = alice.answer(replay).await["result"].clone();
-    assert_eq!(replay["_meta"]["idem"], json!({ "ref": task_id, "replayed": true }), "{replay}");
+    assert_eq!(replay["_meta"]["dev.idem/outcome"], json!({ "ref": task_id, "replayed": true }), "{replay}");
     assert_eq!(shown(&result), shown(&replay), "tasks/get gives what a replay gives");
 
     if let Some(reopened) = reopened {
@@ -209,7 +213,7 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
         assert_eq!(shown(&after["result"]["result"]), shown(&replay), "{after}");
         let again = restarted.call("deploy", &deploy, true).await;
         let again = restarted.answer(again).await["result"].clone();
-        assert_eq!(again["_meta"]["idem"], json!({ "ref": task_id, "replayed": true }), "{again}");
+        assert_eq!(again["_meta"]["dev.idem/outcome"], json!({ "ref": task_id, "replayed": true }), "{again}");
     }
 
     let effects = downstream.effects.lock().unwrap();
@@ -253,8 +257,8 @@ async fn a_server_without_the_extension_answers_in_flight() {
     downstream.started.notified().await;
     let repeat = wire.call("deploy", &deploy, true).await;
     let repeat = wire.answer(repeat).await;
-    assert_eq!(repeat.pointer("/result/_meta/idem/code"), Some(&json!("in_flight")), "{repeat}");
+    assert_eq!(repeat.pointer("/result/_meta/dev.idem~1outcome/code"), Some(&json!("in_flight")), "{repeat}");
     downstream.gate.add_permits(1);
     let first = wire.answer(first).await;
-    assert_eq!(first.pointer("/result/_meta/idem/replayed"), Some(&json!(false)), "{first}");
+    assert_eq!(first.pointer("/result/_meta/dev.idem~1outcome/replayed"), Some(&json!(false)), "{first}");
 }

@@ -281,9 +281,9 @@ fn a_tool_lists_the_recipe_that_backs_its_hint() {
         serde_json::to_value(&tool.meta).unwrap()
     };
     let recipe = json!({ "key": ["order_id"], "windowMs": 900_000, "stale": "hold", "scope": "caller" });
-    assert_eq!(meta("place_order"), json!({ "dev.idem/recipe": recipe, "idem": { "key": ["order_id"] } }));
+    assert_eq!(meta("place_order"), json!({ "dev.idem/recipe": recipe }));
     let inherent = json!({ "inherent": true });
-    assert_eq!(meta("set_status"), json!({ "dev.idem/recipe": inherent, "idem": inherent }));
+    assert_eq!(meta("set_status"), json!({ "dev.idem/recipe": inherent }));
     assert_eq!(meta("send_message"), Value::Null);
 }
 

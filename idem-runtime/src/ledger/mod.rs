@@ -769,40 +769,25 @@ pub trait Ledger: Send + Sync + 'static {
     /// `window_end`, the operation at that [`Address`] (current or superseded) or none; without,
     /// the current record of its key if it is not expired at `now`, or else the newest
     /// superseded one.
-    ///
-    /// The default refuses (a ledger written before this method existed).
     fn inspect<'a>(
         &'a self,
         tenant: TenantTag,
         reference: Ref,
         window_end: Option<u64>,
         now: u64,
-    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        let _ = (tenant, reference, window_end, now);
-        Box::pin(async { Err(LedgerError::unavailable("this ledger does not implement Ledger::inspect")) })
-    }
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>>;
 
     /// How many records the ledger holds, by state, as of `now`: see [`LedgerStats`]. Counts
     /// every record, expired or not (the sweep has not deleted them yet).
-    ///
-    /// The default refuses (a ledger written before this method existed).
-    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
-        let _ = now;
-        Box::pin(async { Err(LedgerError::unavailable("this ledger does not implement Ledger::stats")) })
-    }
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>>;
 
     /// The unsettled records `query` asks for, as of `now`: oldest first (by `created_at`,
     /// then key), at most `query.limit`. What `idem pending` lists.
-    ///
-    /// The default refuses (a ledger written before this method existed).
     fn pending<'a>(
         &'a self,
         query: &'a PendingQuery,
         now: u64,
-    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
-        let _ = (query, now);
-        Box::pin(async { Err(LedgerError::unavailable("this ledger does not implement Ledger::pending")) })
-    }
+    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>>;
 
     /// Whether the ledger keeps the sealed [`Label`] a claim carries, so a handle seals one
     /// per claim only for a ledger that keeps it. The durable ledgers do; the default (and the

@@ -9,7 +9,7 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{JsonObject, MetaObject, Tool};
 use serde_json::{Value, json};
 
-use super::meta::{LEGACY_META_KEY, RECIPE_META_KEY, insert};
+use super::meta::{RECIPE_META_KEY, insert};
 use super::status::status_tool;
 use crate::idem::HasIdem;
 
@@ -46,9 +46,8 @@ pub enum Backing {
 }
 
 /// The `_meta` of a tool's definition: the user's own (`#[tool(meta = ...)]`), plus
-/// `{"key": [...]}` or `{"inherent": true}` under [`RECIPE_META_KEY`] — and, for this release,
-/// under the deprecated `idem` key too. `#[idempotent]` gives a naturally idempotent tool this
-/// one, and a keyed tool [`recipe_meta`](super::recipe_meta) (its whole recipe).
+/// `{"key": [...]}` or `{"inherent": true}` under [`RECIPE_META_KEY`]. `#[idempotent]` gives a
+/// naturally idempotent tool this one, and a keyed tool [`recipe_meta`](super::recipe_meta) (its whole recipe).
 #[must_use]
 pub fn backed_meta(meta: Option<MetaObject>, backing: Backing) -> MetaObject {
     let backing = match backing {
@@ -60,13 +59,12 @@ pub fn backed_meta(meta: Option<MetaObject>, backing: Backing) -> MetaObject {
     meta.unwrap_or_else(|| MetaObject(JsonObject::new()))
 }
 
-/// Whether a tool's `_meta` says a recipe backs it (see [`backed_meta`]); the deprecated `idem`
-/// key still counts for this release.
+/// Whether a tool's `_meta` says a recipe backs it (see [`backed_meta`]).
 fn backed_by_recipe(tool: &Tool) -> bool {
     let backs =
         |recipe: &Value| recipe.get("key").is_some_and(Value::is_array) || recipe.get("inherent") == Some(&json!(true));
     let meta = tool.meta.as_ref().map(|meta| &meta.0);
-    [RECIPE_META_KEY, LEGACY_META_KEY].iter().any(|key| meta.and_then(|meta| meta.get(*key)).is_some_and(backs))
+    meta.and_then(|meta| meta.get(RECIPE_META_KEY)).is_some_and(backs)
 }
 
 /// The startup audit: every tool `router` lists with `idempotentHint: true` must be backed by a

@@ -200,8 +200,6 @@ pub fn server_tasks(site: &'static AtomicBool, tool: &str, advertises: Option<bo
 pub trait TaskResult {}
 impl<T> TaskResult for Result<rmcp::Json<T>, super::ToolError> {}
 impl TaskResult for Result<String, super::ToolError> {}
-#[allow(deprecated)]
-impl<T> TaskResult for Result<super::Json<T>, super::ToolError> {}
 
 /// Checks (at compile time) that a `task = true` tool's result is a [`TaskResult`].
 pub const fn task_result<R: TaskResult>() {}

@@ -22,16 +22,9 @@ pub const OUTCOME_META_KEY: &str = "dev.idem/outcome";
 /// or `{"inherent": true}` for a naturally idempotent tool.
 pub const RECIPE_META_KEY: &str = "dev.idem/recipe";
 
-/// The key idem used before [`OUTCOME_META_KEY`] and [`RECIPE_META_KEY`]; still written beside
-/// them with the same object. **Deprecated**: read the prefixed keys; this one goes in the next
-/// release.
-pub const LEGACY_META_KEY: &str = "idem";
-
-/// Puts `value` under `key` and, for this release, under [`LEGACY_META_KEY`] too.
+/// Puts `value` under `key`.
 pub(crate) fn insert(meta: &mut Option<MetaObject>, key: &str, value: Value) {
-    let meta = &mut meta.get_or_insert_with(|| MetaObject(JsonObject::new())).0;
-    meta.insert(LEGACY_META_KEY.to_owned(), value.clone());
-    meta.insert(key.to_owned(), value);
+    meta.get_or_insert_with(|| MetaObject(JsonObject::new())).0.insert(key.to_owned(), value);
 }
 
 /// The object a tool's definition advertises under [`RECIPE_META_KEY`]:
@@ -63,8 +56,7 @@ pub fn recipe_json(recipe: &Recipe) -> Value {
     let scope = match recipe.scope_rule() {
         ScopeRule::Tenant => "tenant",
         ScopeRule::Caller => "caller",
-        #[allow(deprecated)]
-        ScopeRule::Within(path) | ScopeRule::Task(path) => {
+        ScopeRule::Within(path) => {
             object.insert("within".to_owned(), json!(path));
             "caller"
         }
@@ -86,13 +78,12 @@ pub fn recipe_json(recipe: &Recipe) -> Value {
 }
 
 /// The `_meta` `#[idempotent]` gives a keyed tool's definition: the user's own
-/// (`#[tool(meta = ...)]`), plus the recipe under [`RECIPE_META_KEY`] ([`recipe_json`]) — and,
-/// for this release, `idem: {"key": [...]}` as before. A tool registered by hand and protected
+/// (`#[tool(meta = ...)]`), plus the recipe under [`RECIPE_META_KEY`] ([`recipe_json`]). A tool
+/// registered by hand and protected
 /// with [`Idem::call`](crate::Idem::call) can advertise its recipe the same way.
 #[must_use]
 pub fn recipe_meta(meta: Option<MetaObject>, recipe: &Recipe) -> MetaObject {
     let mut meta = meta.unwrap_or_else(|| MetaObject(JsonObject::new()));
     meta.0.insert(RECIPE_META_KEY.to_owned(), recipe_json(recipe));
-    meta.0.insert(LEGACY_META_KEY.to_owned(), json!({ "key": recipe.key_paths() }));
     meta
 }

@@ -15,9 +15,6 @@
 //! - the tool's definition in `tools/list` advertises its recipe under
 //!   `_meta["dev.idem/recipe"]` ([`RECIPE_META_KEY`], [`recipe_json`]).
 //!
-//! The same objects are also written under the old key `idem` for this release (deprecated;
-//! [`LEGACY_META_KEY`]).
-//!
 //! A tool that may ask the client for input before it acts (a multi-round-trip request) returns
 //! a [`Step`] ([`confirm`] and [`confirmed`] for the common confirmation): its input request
 //! never completes the operation, the continuation runs it once, and the `requestState` it
@@ -58,10 +55,8 @@ pub use context::ToolContext;
 pub use error::ToolError;
 #[cfg(feature = "mcp-http")]
 pub use http::require_bearer;
-pub use meta::{LEGACY_META_KEY, OUTCOME_META_KEY, RECIPE_META_KEY, recipe_json, recipe_meta};
+pub use meta::{OUTCOME_META_KEY, RECIPE_META_KEY, recipe_json, recipe_meta};
 pub use mrtr::{Step, confirm, confirmed};
-#[allow(deprecated)]
-pub use outcome::Json;
 pub use outcome::{ToolOutcome, output_schema, refusal, replay_note};
 pub use status::{StatusNotServed, check_status_served, status_tool};
 pub use task::{CANNOT_CANCEL, NOTHING_RAN, OUTCOME_UNKNOWN, POLL_INTERVAL_MS, cancel_task, get_task};

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::IntoCallToolResult;
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, CreateTaskResult, JsonObject};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::meta::{self, OUTCOME_META_KEY};
@@ -196,24 +195,6 @@ pub fn refusal(rejection: &Rejection) -> CallToolResult {
     idem.insert("retry".to_owned(), Value::String(if rejection.retry_is_safe() { "safe" } else { "no" }.to_owned()));
     meta::insert(&mut result.meta, OUTCOME_META_KEY, Value::Object(idem));
     result
-}
-
-/// Structured output that idem can store and replay: like rmcp's `Json<T>` (the value goes to
-/// `structuredContent` and a text block), and `Serialize + Deserialize` itself.
-///
-/// Deprecated: return rmcp's own `rmcp::Json<T>`; `#[idempotent]` stores and replays its inner
-/// `T`. Both store the same JSON (this one is transparent), so switching keeps the records
-/// already in a ledger readable.
-#[deprecated(note = "return `rmcp::Json<T>`: `#[idempotent]` stores and replays its inner `T` (the same stored JSON)")]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Json<T>(pub T);
-
-#[allow(deprecated)]
-impl<T: Serialize + schemars::JsonSchema + 'static> IntoCallToolResult for Json<T> {
-    fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
-        rmcp::Json(self.0).into_call_tool_result()
-    }
 }
 
 /// The `outputSchema` rmcp would infer for a `Json<T>` result; `#[idempotent]` states it for

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use idem_runtime::ledger::{BoxFuture, Claim, ClaimRequest, Outcome, Resolution, Token};
-use idem_runtime::{Clock, Key, Ledger, LedgerError, Ref, StatusReport, SubjectTag, TenantTag};
+use idem_runtime::ledger::{BoxFuture, Claim, ClaimRequest, Outcome, PendingQuery, PendingRecord, Resolution, Token};
+use idem_runtime::{Clock, Key, Ledger, LedgerError, LedgerStats, Ref, StatusReport, SubjectTag, TenantTag};
 
 use super::world::{Fault, Kind, Sim};
 
@@ -203,6 +203,37 @@ impl Ledger for SimLedger {
             .sim
             .store()
             .run(self.sim.now(), move |l| Box::pin(async move { l.secret_check(version, check.as_ref()).await }));
+        Box::pin(async move { answer })
+    }
+
+    /// The operator's reads, outside the fault plan: the simulation is of calls.
+    fn inspect<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        window_end: Option<u64>,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        let answer = self
+            .sim
+            .store()
+            .run(self.sim.now(), move |l| Box::pin(async move { l.inspect(tenant, reference, window_end, now).await }));
+        Box::pin(async move { answer })
+    }
+
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
+        let answer = self.sim.store().run(self.sim.now(), move |l| Box::pin(async move { l.stats(now).await }));
+        Box::pin(async move { answer })
+    }
+
+    fn pending<'a>(
+        &'a self,
+        query: &'a PendingQuery,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
+        let query = query.clone();
+        let answer =
+            self.sim.store().run(self.sim.now(), move |l| Box::pin(async move { l.pending(&query, now).await }));
         Box::pin(async move { answer })
     }
 

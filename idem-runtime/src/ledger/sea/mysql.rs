@@ -5,7 +5,7 @@
 //! quotes the column. A plain `INSERT` claims an absent key (the primary key refuses a second);
 //! on a duplicate, the record is read apart.
 
-use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
+use super::statements::{Complete, Migration, Statements, Tables, Visible};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (`key`, tenant, state, token, attempt, created_at, window_end,
@@ -162,42 +162,4 @@ pub(super) static MIGRATION: Migration = Migration {
                 INDEX idem_superseded_expires_at (expires_at)
             ) ENGINE=InnoDB",
     ],
-    probe_upgrade: "SELECT attempt, window_end FROM idem_records WHERE 1 = 0",
-    add_columns: &["ALTER TABLE idem_records ADD COLUMN attempt SMALLINT NOT NULL DEFAULT 0, \
-                    ADD COLUMN window_end BIGINT NOT NULL DEFAULT 0, MODIFY arg_tags LONGBLOB NOT NULL"],
-    carry: "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
-            THEN expires_at + ? ELSE expires_at END WHERE window_end = 0",
-    add_subject: Tables {
-        records: AddColumn {
-            probe: "SELECT subject FROM idem_records WHERE 1 = 0",
-            add: "ALTER TABLE idem_records ADD COLUMN subject BIGINT NOT NULL DEFAULT 0",
-        },
-        superseded: AddColumn {
-            probe: "SELECT subject FROM idem_superseded WHERE 1 = 0",
-            add: "ALTER TABLE idem_superseded ADD COLUMN subject BIGINT NOT NULL DEFAULT 0",
-        },
-    },
-    add_label: Tables {
-        records: AddColumn {
-            probe: "SELECT label FROM idem_records WHERE 1 = 0",
-            add: "ALTER TABLE idem_records ADD COLUMN label BLOB NULL",
-        },
-        superseded: AddColumn {
-            probe: "SELECT label FROM idem_superseded WHERE 1 = 0",
-            add: "ALTER TABLE idem_superseded ADD COLUMN label BLOB NULL",
-        },
-    },
 };
-
-/// How many indexes of `idem_records` have the name given (MySQL cannot say `CREATE INDEX IF
-/// NOT EXISTS`).
-pub(super) const INDEX_COUNT: &str = "SELECT COUNT(*) FROM information_schema.statistics \
-     WHERE table_schema = DATABASE() AND table_name = 'idem_records' AND index_name = ?";
-
-/// The sweep's index moved from `expires_at` to `window_end` (so completions do not touch an
-/// indexed column): each index by name, whether a table of this version has it, and the change
-/// that makes it so.
-pub(super) const INDEX_CHANGES: [(&str, bool, &str); 2] = [
-    ("idem_records_window_end", true, "ALTER TABLE idem_records ADD INDEX idem_records_window_end (window_end)"),
-    ("idem_records_expires_at", false, "ALTER TABLE idem_records DROP INDEX idem_records_expires_at"),
-];

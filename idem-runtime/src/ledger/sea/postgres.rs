@@ -6,7 +6,7 @@
 //! an advisory lock: replicas starting together would race `CREATE TABLE IF NOT EXISTS`, which
 //! PostgreSQL can fail with a duplicate type name.
 
-use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
+use super::statements::{Complete, Migration, Statements, Tables, Visible};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "WITH claimed AS (
@@ -163,7 +163,6 @@ pub(super) static MIGRATION: Migration = Migration {
                 subject bigint NOT NULL DEFAULT 0
             )",
         "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
-        "DROP INDEX IF EXISTS idem_records_expires_at",
         "CREATE TABLE IF NOT EXISTS idem_superseded (
                 tenant bigint NOT NULL,
                 token bigint NOT NULL,
@@ -183,31 +182,4 @@ pub(super) static MIGRATION: Migration = Migration {
             )",
         "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
     ],
-    probe_upgrade: "SELECT attempt, window_end FROM idem_records WHERE 1 = 0",
-    add_columns: &[
-        "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 0",
-        "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS window_end bigint NOT NULL DEFAULT 0",
-    ],
-    carry: "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
-            THEN expires_at + $1 ELSE expires_at END WHERE window_end = 0",
-    add_subject: Tables {
-        records: AddColumn {
-            probe: "SELECT subject FROM idem_records WHERE 1 = 0",
-            add: "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS subject bigint NOT NULL DEFAULT 0",
-        },
-        superseded: AddColumn {
-            probe: "SELECT subject FROM idem_superseded WHERE 1 = 0",
-            add: "ALTER TABLE idem_superseded ADD COLUMN IF NOT EXISTS subject bigint NOT NULL DEFAULT 0",
-        },
-    },
-    add_label: Tables {
-        records: AddColumn {
-            probe: "SELECT label FROM idem_records WHERE 1 = 0",
-            add: "ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS label bytea",
-        },
-        superseded: AddColumn {
-            probe: "SELECT label FROM idem_superseded WHERE 1 = 0",
-            add: "ALTER TABLE idem_superseded ADD COLUMN IF NOT EXISTS label bytea",
-        },
-    },
 };

@@ -5,7 +5,7 @@
 //! PostgreSQL claim's. `INSERT … ON CONFLICT DO NOTHING RETURNING` claims an absent key in one
 //! statement (SQLite 3.35+); when it does not claim, the record in the way is read apart.
 
-use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
+use super::statements::{Complete, Migration, Statements, Tables, Visible};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end,
@@ -146,7 +146,6 @@ pub(super) static MIGRATION: Migration = Migration {
                 subject INTEGER NOT NULL DEFAULT 0
             ) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS idem_records_window_end ON idem_records (window_end)",
-        "DROP INDEX IF EXISTS idem_records_expires_at",
         "CREATE TABLE IF NOT EXISTS idem_superseded (
                 key BLOB NOT NULL,
                 window_end INTEGER NOT NULL,
@@ -166,33 +165,6 @@ pub(super) static MIGRATION: Migration = Migration {
             ) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
     ],
-    probe_upgrade: "SELECT attempt, window_end FROM idem_records WHERE 1 = 0",
-    add_columns: &[
-        "ALTER TABLE idem_records ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE idem_records ADD COLUMN window_end INTEGER NOT NULL DEFAULT 0",
-    ],
-    carry: "UPDATE idem_records SET window_end = expires_at, expires_at = CASE WHEN state IN (1, 4) \
-            THEN expires_at + ? ELSE expires_at END WHERE window_end = 0",
-    add_subject: Tables {
-        records: AddColumn {
-            probe: "SELECT subject FROM idem_records WHERE 1 = 0",
-            add: "ALTER TABLE idem_records ADD COLUMN subject INTEGER NOT NULL DEFAULT 0",
-        },
-        superseded: AddColumn {
-            probe: "SELECT subject FROM idem_superseded WHERE 1 = 0",
-            add: "ALTER TABLE idem_superseded ADD COLUMN subject INTEGER NOT NULL DEFAULT 0",
-        },
-    },
-    add_label: Tables {
-        records: AddColumn {
-            probe: "SELECT label FROM idem_records WHERE 1 = 0",
-            add: "ALTER TABLE idem_records ADD COLUMN label BLOB",
-        },
-        superseded: AddColumn {
-            probe: "SELECT label FROM idem_superseded WHERE 1 = 0",
-            add: "ALTER TABLE idem_superseded ADD COLUMN label BLOB",
-        },
-    },
 };
 
 /// Whether `url` names an in-memory database rather than a file.

@@ -147,26 +147,6 @@ pub(crate) struct Migration {
     pub(crate) lock: Option<&'static str>,
     /// The tables and their indexes, as of this version.
     pub(crate) schema: &'static [&'static str],
-    /// Fails on a table made by idem 0.1's first schema (no `attempt`, no `window_end`).
-    pub(crate) probe_upgrade: &'static str,
-    /// Adds what that first schema lacks.
-    pub(crate) add_columns: &'static [&'static str],
-    /// Moves the old `expires_at` (the window end) to `window_end` and gives unsettled records
-    /// the unsettled retention (the parameter, in milliseconds) on top of it.
-    pub(crate) carry: &'static str,
-    /// Adds the `subject` column (issue 11): 0 (tenant-wide) for existing records.
-    pub(crate) add_subject: Tables<AddColumn>,
-    /// Adds the `label` column (issue 17): none for existing records.
-    pub(crate) add_label: Tables<AddColumn>,
-}
-
-/// Adding a column to one table.
-#[derive(Debug)]
-pub(crate) struct AddColumn {
-    /// Fails when the column is missing.
-    pub(crate) probe: &'static str,
-    /// Adds it.
-    pub(crate) add: &'static str,
 }
 
 impl Migration {
@@ -182,11 +162,11 @@ impl Migration {
 
 #[cfg(test)]
 mod tests {
-    use super::{DbBackend, Migration, Statements};
+    use super::{DbBackend, Statements};
 
     /// The statements every backend words alike but for its parameters and quoting, by name.
     fn alike(backend: DbBackend) -> Vec<(&'static str, &'static str)> {
-        let (s, m) = (Statements::of(backend), Migration::of(backend));
+        let s = Statements::of(backend);
         vec![
             ("read", s.read),
             ("take_fresh", s.take_fresh),
@@ -213,8 +193,6 @@ mod tests {
             ("stats.superseded", s.stats.superseded),
             ("label_of", s.label_of),
             ("check_of", s.check_of),
-            ("probe_upgrade", m.probe_upgrade),
-            ("carry", m.carry),
         ]
     }
 
