@@ -1,9 +1,5 @@
-//! A tickets MCP server: open a ticket (safe to repeat), close one, list them.
-//!
-//! ```text
-//! cargo run --example tickets                                           # stdio, for one local user
-//! TICKETS_TOKEN=change-me cargo run --example tickets -- --http 127.0.0.1:8932   # streamable HTTP at /mcp
-//! ```
+//! A tickets MCP server over stdio: open a ticket (safe to repeat), list them.
+//! `cargo run --example tickets`; `examples/mcp_server.rs` also serves streamable HTTP.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -24,11 +20,6 @@ struct Open {
     title: String,
     /// Not in the key: the same project and title with another body is a conflict, not a second ticket.
     body: String,
-}
-
-#[derive(Debug, Serialize, Deserialize, JsonSchema)]
-struct Close {
-    id: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -82,17 +73,6 @@ impl TicketServer {
         Ok(Json(ticket))
     }
 
-    #[idempotent(key = "id")]
-    #[tool(description = "Close a ticket by its id.")]
-    async fn close_ticket(&self, Parameters(close): Parameters<Close>) -> Result<Json<Ticket>, ToolError> {
-        let mut tickets = self.tickets();
-        let Some(ticket) = tickets.iter_mut().find(|ticket| ticket.id == close.id) else {
-            return Err(ToolError::invalid(format!("there is no ticket {}", close.id)));
-        };
-        ticket.open = false;
-        Ok(Json(ticket.clone()))
-    }
-
     #[tool(description = "List the tickets.", annotations(read_only_hint = true))]
     async fn list_tickets(&self) -> Json<Tickets> {
         Json(Tickets { tickets: self.tickets().clone() })
@@ -117,49 +97,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     // The tickets live in memory, so the ledger does too: a durable ledger would replay
     // "ticket 1 opened" after a restart, for a ticket that no longer exists.
-    let idem = Idem::new(MemoryLedger::new());
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.as_slice() {
-        [] => serve_stdio(idem).await,
-        [flag, address] if flag == "--http" => serve_http(idem, address).await,
-        _ => Err("usage: tickets [--http ADDRESS]".into()),
-    }
-}
-
-async fn serve_stdio(idem: Idem) -> Result<(), Box<dyn std::error::Error>> {
     // Nothing authenticates a request over stdio: the server acts for one local user.
-    let idem = idem.with_local_caller(Caller::new("local", "user"));
+    let idem = Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("local", "user"));
     mcp::check_stdio(&idem)?;
     let server = TicketServer::new(idem)?;
     mcp::check_status_served(&server)?;
     server.serve(rmcp::transport::stdio()).await?.waiting().await?;
     Ok(())
-}
-
-/// Streamable HTTP: an auth layer puts each request's `Caller` where idem reads it; a request
-/// without one is refused, never run unprotected.
-async fn serve_http(idem: Idem, address: &str) -> Result<(), Box<dyn std::error::Error>> {
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-    let server = TicketServer::new(idem)?;
-    mcp::check_status_served(&server)?;
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
-    );
-    let app = axum::Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(validator(), mcp::require_bearer));
-    axum::serve(tokio::net::TcpListener::bind(address).await?, app).await?;
-    Ok(())
-}
-
-/// A placeholder: the one token in `TICKETS_TOKEN` is one caller. Replace it with real
-/// validation (a JWT check, a session lookup) that maps each token to its tenant and subject.
-fn validator() -> mcp::Validator {
-    let expected = std::env::var("TICKETS_TOKEN").ok().filter(|token| !token.is_empty());
-    Arc::new(move |token: &str| (expected.as_deref() == Some(token)).then(|| Caller::new("acme", "alice")))
 }
 
 #[cfg(test)]

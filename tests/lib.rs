@@ -5,6 +5,24 @@
 //! factory then prints that the test was skipped, and fails instead when `CI=true`.
 
 pub mod conformance;
+
+/// The guide's chapters (`docs/src/`): their Rust snippets compile and run as this crate's
+/// doctests, so the guide cannot drift from the code.
+#[allow(clippy::doc_lazy_continuation, reason = "markdown written for mdBook, whose list items continue unindented")]
+pub mod guide {
+    #[doc = include_str!("../docs/src/attribute.md")]
+    pub mod attribute {}
+    #[doc = include_str!("../docs/src/mcp.md")]
+    pub mod mcp {}
+    #[doc = include_str!("../docs/src/recipes.md")]
+    pub mod recipes {}
+    #[doc = include_str!("../docs/src/guarantees.md")]
+    pub mod guarantees {}
+    #[doc = include_str!("../docs/src/production.md")]
+    pub mod production {}
+    #[doc = include_str!("../docs/src/operations.md")]
+    pub mod operations {}
+}
 pub mod owners;
 pub mod tap;
 
