@@ -11,6 +11,7 @@
 
 use std::fmt;
 
+use crate::bytes::{hex_value, write_hex};
 use crate::canonical::{self, CanonicalError, Members};
 use crate::scope::Scope;
 use crate::secret::Secret;
@@ -444,17 +445,4 @@ fn write_object<'a>(
     }
     out.push(b'}');
     Ok(())
-}
-
-fn write_hex(bytes: &[u8], f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    bytes.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
-}
-
-fn hex_value(digit: u8) -> Option<u8> {
-    match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        b'A'..=b'F' => Some(digit - b'A' + 10),
-        _ => None,
-    }
 }

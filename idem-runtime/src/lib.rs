@@ -78,6 +78,7 @@
 // On docs.rs (nightly, `--cfg docsrs`): a badge on every item that needs a feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod bytes;
 pub mod canonical;
 mod clock;
 mod idem;

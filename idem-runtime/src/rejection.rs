@@ -234,7 +234,7 @@ impl std::error::Error for Rejection {}
 /// Logs `detail` (a backend's words: hosts, users, relations) at error level under a new random
 /// ref, and returns the ref — what a caller is shown instead.
 pub(crate) fn incident(detail: &str) -> Ref {
-    let incident = Ref::from_bytes(crate::ledger::Token::random().get().to_be_bytes());
+    let incident = Ref::from_bytes(crate::bytes::random());
     tracing::error!(%incident, %detail, "the idempotency ledger is unavailable; nothing was done");
     incident
 }

@@ -19,6 +19,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use sha2::{Digest, Sha256};
 
+use crate::bytes::{hex, hex_value};
+
 /// The environment variable holding the current secret: `<version>:<hex>`.
 pub const SECRET_ENV: &str = "IDEM_SECRET";
 /// The environment variable holding secrets still honoured for operations recorded under them,
@@ -191,9 +193,7 @@ impl Secret {
     /// If the operating system has no randomness to give.
     #[must_use]
     pub fn generate(version: u32) -> (Self, String) {
-        let mut bytes = [0u8; MIN_SECRET_BYTES];
-        #[allow(clippy::expect_used)]
-        getrandom::fill(&mut bytes).expect("the OS random number generator failed");
+        let bytes: [u8; MIN_SECRET_BYTES] = crate::bytes::random();
         let text = format!("{}:{}", version.max(1), hex(&bytes));
         (Self { version: version.max(1), hmac: Hmac::new(&bytes), remembered: Arc::default() }, text)
     }
@@ -320,7 +320,7 @@ impl Secret {
             Err(_) => {}
         }
         let (_, text) = Self::generate(1);
-        let temporary = path.with_extension(format!("tmp{}", crate::ledger::Token::random().get()));
+        let temporary = path.with_extension(format!("tmp{}", hex(&crate::bytes::random::<8>())));
         write_private(&temporary, &format!("{text}\n")).map_err(io)?;
         let linked = std::fs::hard_link(&temporary, path);
         let _ = std::fs::remove_file(&temporary);
@@ -514,19 +514,6 @@ pub(crate) fn short_check(check: &[u8; 32]) -> String {
     hex(&check[..4])
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn hex_value(digit: u8) -> Option<u8> {
-    match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        b'A'..=b'F' => Some(digit - b'A' + 10),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -665,7 +652,7 @@ mod tests {
     #[test]
     fn a_generated_secret_file_is_owner_only_and_reused() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("idem-secret-{}", crate::ledger::Token::random().get()));
+        let dir = std::env::temp_dir().join(format!("idem-secret-{}", hex(&crate::bytes::random::<8>())));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ledger.sqlite3.secret");
         let first = Secret::load_or_create(&path).unwrap();

@@ -206,28 +206,17 @@ impl Idem {
 
 const FOREIGN: &str = "it was not issued by this server for this caller, tool and arguments, or it was altered";
 
-/// 128 bits that never repeat within a process and collide across processes with negligible
-/// probability ([`Token::random`] twice).
+/// 128 random bits from the operating system: no two `requestState`s share one.
 fn nonce() -> [u8; 16] {
-    let mut nonce = [0u8; 16];
-    nonce[..8].copy_from_slice(&Token::random().get().to_be_bytes());
-    nonce[8..].copy_from_slice(&Token::random().get().to_be_bytes());
-    nonce
+    crate::bytes::random()
 }
 
 fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    crate::bytes::hex(bytes)
 }
 
 fn hex<const N: usize>(text: &str) -> Option<[u8; N]> {
-    if text.len() != 2 * N {
-        return None;
-    }
-    let mut bytes = [0u8; N];
-    for (byte, pair) in bytes.iter_mut().zip(text.as_bytes().chunks(2)) {
-        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some(bytes)
+    crate::bytes::unhex(text)
 }
 
 #[cfg(test)]

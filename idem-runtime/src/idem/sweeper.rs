@@ -248,10 +248,6 @@ fn random_below(bound: Duration) -> Duration {
     if nanos == 0 {
         return Duration::ZERO;
     }
-    let mut bytes = [0u8; 8];
     // No randomness: no jitter, which only costs the spread.
-    if getrandom::fill(&mut bytes).is_err() {
-        return Duration::ZERO;
-    }
-    Duration::from_nanos(u64::from_le_bytes(bytes) % nanos)
+    crate::bytes::try_random().map_or(Duration::ZERO, |bytes| Duration::from_nanos(u64::from_le_bytes(bytes) % nanos))
 }

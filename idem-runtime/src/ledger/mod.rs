@@ -83,12 +83,7 @@ impl Token {
         use std::sync::atomic::{AtomicU64, Ordering};
         static SEED: OnceLock<u64> = OnceLock::new();
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let seed = *SEED.get_or_init(|| {
-            let mut bytes = [0u8; 8];
-            #[allow(clippy::expect_used)]
-            getrandom::fill(&mut bytes).expect("the OS random number generator failed");
-            u64::from_le_bytes(bytes)
-        });
+        let seed = *SEED.get_or_init(|| u64::from_le_bytes(crate::bytes::random()));
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let mut z = seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

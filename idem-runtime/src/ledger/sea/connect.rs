@@ -201,7 +201,8 @@ mod tests {
 
     /// A fresh directory under the system's temporary one.
     fn scratch() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("idem-connect-{}", crate::ledger::Token::random().0));
+        let dir =
+            std::env::temp_dir().join(format!("idem-connect-{}", crate::bytes::hex(&crate::bytes::random::<8>())));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
