@@ -56,6 +56,7 @@ pub use pending::{CursorError, PendingCursor, PendingFilter, PendingOperation, P
 #[cfg(feature = "rmcp")]
 pub(crate) use request_state::EchoedState;
 pub use stored::ResultSeal;
+pub(crate) use stored::StoredValue;
 pub use sweeper::{Sweeper, SweeperStats};
 
 /// Gives `#[idempotent]` methods their [`Idem`] handle: implement it for your server type.

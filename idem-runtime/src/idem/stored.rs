@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::key::Ref;
-use crate::ledger::Outcome;
+use crate::ledger::{Outcome, Resolution};
 use crate::rejection::{IdempotentError, Rejection, Restored, StorableError, Storing};
 
 use super::Idem;
@@ -21,6 +21,37 @@ use super::Idem;
 enum Stored<T, E> {
     Ok(T),
     Err(E),
+}
+
+/// A stored result read as JSON, whatever the handler's types: what the status tool and an
+/// MCP task show.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum StoredValue {
+    /// `{"ok": value}`: the handler's `Ok` value (or an operator's "completed" verdict).
+    Ok(serde_json::Value),
+    /// `{"err": error}`: a final error.
+    Err(serde_json::Value),
+}
+
+impl StoredValue {
+    /// Reads an opened stored result; `None` if its bytes are not one.
+    pub(crate) fn parse(bytes: &[u8]) -> Option<Self> {
+        match serde_json::from_slice::<Stored<serde_json::Value, serde_json::Value>>(bytes).ok()? {
+            Stored::Ok(value) => Some(Self::Ok(value)),
+            Stored::Err(error) => Some(Self::Err(error)),
+        }
+    }
+}
+
+impl Resolution {
+    /// "It happened, and this is its result": `value` encoded as the operation's handler would
+    /// have stored it, so repeats replay it as the handler's `Ok` value.
+    ///
+    /// # Errors
+    /// `value` cannot be serialised.
+    pub fn completed<T: Serialize>(value: &T) -> Result<Self, serde_json::Error> {
+        serde_json::to_vec(&Stored::<_, ()>::Ok(serde_json::to_value(value)?)).map(Self::Completed)
+    }
 }
 
 /// What happens to a result between the handler and the ledger: [`seal`](ResultSeal::seal)ed

@@ -306,19 +306,6 @@ pub enum Resolution {
     NothingHappened,
 }
 
-impl Resolution {
-    /// "It happened, and this is its result": `value` encoded as the operation's handler would
-    /// have stored it, so repeats replay it as the handler's `Ok` value.
-    ///
-    /// # Errors
-    /// `value` cannot be serialised.
-    pub fn completed<T: serde::Serialize>(value: &T) -> Result<Self, serde_json::Error> {
-        let mut stored = serde_json::Map::new();
-        stored.insert("ok".to_owned(), serde_json::to_value(value)?);
-        serde_json::to_vec(&stored).map(Self::Completed)
-    }
-}
-
 /// What a status lookup reports.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct StatusReport {

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use super::caller::{Context, is_remote, no_caller, request_caller};
 use super::meta::{self, OUTCOME_META_KEY};
 use super::outcome::refusal;
+use crate::idem::StoredValue;
 use crate::idem::{HasIdem, Idem};
 use crate::rejection::STATUS_TOOL;
 
@@ -106,10 +107,10 @@ async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObjec
     match idem.status(&caller, &args.reference).await {
         Ok(Some(report)) => {
             // The stored result is `{"ok": value}` or `{"err": error}`: show it as such.
-            let stored = report.result.as_deref().and_then(|bytes| serde_json::from_slice::<Value>(bytes).ok());
-            let (result, error) = match stored {
-                Some(Value::Object(mut stored)) => (stored.remove("ok"), stored.remove("err")),
-                _ => (None, None),
+            let (result, error) = match report.result.as_deref().and_then(StoredValue::parse) {
+                Some(StoredValue::Ok(value)) => (Some(value), None),
+                Some(StoredValue::Err(error)) => (None, Some(error)),
+                None => (None, None),
             };
             let advice = match report.state {
                 crate::State::InProgress | crate::State::Unknown if report.superseded => {

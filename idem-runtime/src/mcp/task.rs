@@ -23,6 +23,7 @@ use super::meta::OUTCOME_META_KEY;
 use super::outcome::mark_served;
 use crate::StatusError;
 use crate::idem::Idem;
+use crate::idem::StoredValue;
 use crate::key::Ref;
 use crate::ledger::{State, StatusReport};
 use crate::recipe::Recipe;
@@ -237,11 +238,10 @@ fn failed(code: i32, message: String, reference: Ref, idem_code: &str, retry: &s
 /// a string as one text block (as rmcp sends a `String`), any other value as structured content
 /// with its JSON as text (as rmcp sends `Json<T>`); an error through [`ToolError`]'s words.
 fn replayed_result(stored: &[u8], reference: Ref) -> Result<JsonObject, ()> {
-    let Ok(Value::Object(mut stored)) = serde_json::from_slice::<Value>(stored) else { return Err(()) };
-    let mut result = match (stored.remove("ok"), stored.remove("err")) {
-        (Some(Value::String(text)), None) => CallToolResult::success(vec![ContentBlock::text(text)]),
-        (Some(value), None) => CallToolResult::structured(value),
-        (None, Some(error)) => {
+    let mut result = match StoredValue::parse(stored).ok_or(())? {
+        StoredValue::Ok(Value::String(text)) => CallToolResult::success(vec![ContentBlock::text(text)]),
+        StoredValue::Ok(value) => CallToolResult::structured(value),
+        StoredValue::Err(error) => {
             let contents = match serde_json::from_value::<ToolError>(error.clone()) {
                 Ok(error) => error.into_contents(),
                 Err(_) => vec![ContentBlock::text(match error {
@@ -251,7 +251,6 @@ fn replayed_result(stored: &[u8], reference: Ref) -> Result<JsonObject, ()> {
             };
             CallToolResult::error(contents)
         }
-        _ => return Err(()),
     };
     mark_served(&mut result, reference, true, true);
     match serde_json::to_value(result) {
