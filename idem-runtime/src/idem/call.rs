@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::key::{Fingerprint, Key, Ref};
-use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won, seal_label};
+use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won, seal_label, superseded};
 use crate::recipe::Recipe;
 use crate::rejection::{ErrorClass, IdempotentError, Rejection};
 use crate::scope::Caller;
@@ -457,13 +457,13 @@ impl<'a> Attempt<'a> {
                     return Err(unavailable(&error));
                 }
             };
-            // Live as `RecordView::judge` sees it: an unsettled record is over only once its
-            // holder's lease has lapsed, its window has ended, and this clock can be trusted.
+            // Live as a claim sees it (`ledger::superseded`, the rule `RecordView::judge` applies).
             let live = found.is_some_and(|report| match report.state {
                 State::Completed => true,
-                State::InProgress => !report.lease_expired || report.window_end > at.now || !at.clock_trusted,
-                State::Unknown => report.window_end > at.now || !at.clock_trusted,
-                _ => false,
+                State::InProgress | State::Unknown => {
+                    !superseded(report.state, !report.lease_expired, report.window_end, at.now, at.clock_trusted)
+                }
+                State::Failed => false,
             });
             if !live {
                 continue;

@@ -20,7 +20,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::key::Key;
-use crate::ledger::{Claim, ClaimRequest, LedgerError, State, Token};
+use crate::ledger::{Claim, ClaimRequest, LedgerError, State, Token, held};
 
 use super::Idem;
 use super::time::clamp;
@@ -209,7 +209,7 @@ impl Idem {
         };
         match found {
             Some(report) if report.state == State::InProgress => {
-                let nobody_holds = report.lease_expired && trusted && !self.inner.waiting.held_here(&request.key);
+                let nobody_holds = !held(!report.lease_expired, trusted) && !self.inner.waiting.held_here(&request.key);
                 nobody_holds.then_some(Waited::ClaimAgain)
             }
             None => Some(Waited::ClaimAgain),

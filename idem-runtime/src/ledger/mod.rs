@@ -499,8 +499,7 @@ impl RecordView<'_> {
             return Verdict::Answer(Claim::Won { attempt: self.attempt, window_end: self.window_end });
         }
         let live = self.state == State::InProgress && self.lease_until > now;
-        let unsettled = matches!(self.state, State::InProgress | State::Unknown);
-        if unsettled && !live && trusted && self.window_end <= now {
+        if superseded(self.state, live, self.window_end, now, trusted) {
             return Verdict::Supersede;
         }
         if self.fingerprint != request.fingerprint {
@@ -508,11 +507,28 @@ impl RecordView<'_> {
         }
         match self.state {
             State::Completed => Verdict::Answer(Claim::Replay { result: self.result.unwrap_or_default().to_vec() }),
-            State::InProgress if live || !trusted => Verdict::Answer(Claim::InFlight { lease_until: self.lease_until }),
+            State::InProgress if held(live, trusted) => {
+                Verdict::Answer(Claim::InFlight { lease_until: self.lease_until })
+            }
             State::InProgress => Verdict::Stale(request.stale),
             State::Unknown | State::Failed => Verdict::Answer(Claim::Unknown),
         }
     }
+}
+
+/// Whether an operation in progress is still held by its holder: its lease is live, or this
+/// clock cannot be trusted to say it lapsed. The one rule a claim ([`RecordView::judge`]: "in
+/// flight") and a waiter (it waits while the operation is held) apply.
+pub(crate) const fn held(lease_live: bool, clock_trusted: bool) -> bool {
+    lease_live || !clock_trusted
+}
+
+/// Whether an unsettled operation (in progress or unknown) is over at `now`, so a new claim of
+/// its key supersedes it: nobody holds it, its window has ended, and this clock can be trusted.
+/// The one rule a claim ([`RecordView::judge`]) and the look-up under a previous secret apply.
+pub(crate) fn superseded(state: State, lease_live: bool, window_end: u64, now: u64, clock_trusted: bool) -> bool {
+    let unsettled = matches!(state, State::InProgress | State::Unknown);
+    unsettled && !(state == State::InProgress && lease_live) && clock_trusted && window_end <= now
 }
 
 /// How a stale lease taken by `policy` is reported to the new holder.
