@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use super::encode::write_string;
+use super::string::write_string;
 
 /// Why a value has no canonical form.
 ///

@@ -67,6 +67,7 @@ mod error;
 mod parse;
 mod serialize;
 mod stream;
+mod string;
 
 pub(crate) use encode::write_canonical_integer;
 pub use encode::{to_canonical_vec, utf16_cmp, write_canonical, write_canonical_str};

@@ -21,9 +21,10 @@ use std::fmt;
 use serde::ser::{self, Impossible, Serialize};
 use serde_json::{Map, Value};
 
-use super::encode::{fits_double, utf16_cmp, write_canonical, write_double, write_finite, write_integer, write_string};
+use super::encode::{fits_double, utf16_cmp, write_canonical, write_double, write_finite, write_integer};
 use super::enter;
 use super::error::{CanonicalError, Path};
+use super::string::write_string;
 
 /// Named canonical values in RFC 8785 member order: the members of one JSON object, each
 /// written once as canonical bytes, to be hashed by name (a call's arguments for its

@@ -616,6 +616,31 @@ impl SeaOrmLedger {
     }
 }
 
+// Which backend's statements: here, above the three backends and the shapes they fill in, so
+// `statements.rs` names no backend and no backend names another.
+impl Statements {
+    /// The statements of `backend`.
+    #[must_use]
+    pub fn of(backend: DbBackend) -> &'static Self {
+        match backend {
+            DbBackend::Postgres => &postgres::STATEMENTS,
+            DbBackend::MySql => &mysql::STATEMENTS,
+            _ => &sqlite::STATEMENTS,
+        }
+    }
+}
+
+impl statements::Migration {
+    /// The migration of `backend`.
+    pub(crate) fn of(backend: DbBackend) -> &'static Self {
+        match backend {
+            DbBackend::Postgres => &postgres::MIGRATION,
+            DbBackend::MySql => &mysql::MIGRATION,
+            _ => &sqlite::MIGRATION,
+        }
+    }
+}
+
 /// A handler recorded as serving a tool ([`SeaOrmLedger::tool_owners_all`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolOwner {

@@ -6,8 +6,6 @@
 //! Parameters: PostgreSQL numbers them (`$1`), MySQL and SQLite take them in order (`?`); every
 //! backend's statement takes the same values in the same order, as each field says.
 
-use sea_orm::DbBackend;
-
 /// Every statement a SQL ledger sends once its tables exist, on one backend.
 #[derive(Debug)]
 pub struct Statements {
@@ -95,18 +93,6 @@ pub struct Statements {
     pub pending: &'static str,
 }
 
-impl Statements {
-    /// The statements of `backend`.
-    #[must_use]
-    pub fn of(backend: DbBackend) -> &'static Self {
-        match backend {
-            DbBackend::Postgres => &super::postgres::STATEMENTS,
-            DbBackend::MySql => &super::mysql::STATEMENTS,
-            _ => &super::sqlite::STATEMENTS,
-        }
-    }
-}
-
 /// One statement for each of the two tables.
 #[derive(Debug)]
 pub struct Tables<T> {
@@ -149,20 +135,11 @@ pub(crate) struct Migration {
     pub(crate) schema: &'static [&'static str],
 }
 
-impl Migration {
-    /// The migration of `backend`.
-    pub(crate) fn of(backend: DbBackend) -> &'static Self {
-        match backend {
-            DbBackend::Postgres => &super::postgres::MIGRATION,
-            DbBackend::MySql => &super::mysql::MIGRATION,
-            _ => &super::sqlite::MIGRATION,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{DbBackend, Statements};
+    use sea_orm::DbBackend;
+
+    use super::Statements;
 
     /// The statements every backend words alike but for its parameters and quoting, by name.
     fn alike(backend: DbBackend) -> Vec<(&'static str, &'static str)> {
