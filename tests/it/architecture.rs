@@ -68,3 +68,142 @@ fn the_map_names_every_cli_module() {
 fn the_map_names_every_macro_module() {
     check("idem-macros");
 }
+
+/// The module a source file is, as a path (`ledger::sea::statements`; `lib.rs` is the root, ``).
+fn module_of(file: &str) -> String {
+    let path = file.strip_suffix(".rs").unwrap_or(file);
+    let path = path.strip_suffix("/mod").unwrap_or(path);
+    if path == "lib" { String::new() } else { path.replace('/', "::") }
+}
+
+/// The modules the code of `module` names through `crate::`, `super::` or `self::` paths,
+/// outside comments and its test module, each resolved to the longest module it starts with.
+/// A module naming an ancestor of its own (what declares it) does not count.
+fn imports(module: &str, source: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let code = source.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+    let code: Vec<&str> = code.lines().map(|line| line.split("//").next().unwrap_or_default()).collect();
+    let code = code.join("\n");
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut found = BTreeSet::new();
+    let mut rest = code.as_str();
+    while let Some(at) = ["crate::", "super::", "self::"].iter().filter_map(|head| rest.find(head)).min() {
+        let before = rest[..at].chars().next_back();
+        let path: String = rest[at..].chars().take_while(|&c| is_ident(c) || c == ':').collect();
+        rest = &rest[at + path.len().max(1)..];
+        if before.is_some_and(is_ident) {
+            continue;
+        }
+        let parts: Vec<&str> = path.split("::").filter(|part| !part.is_empty()).collect();
+        let mut base: Vec<&str> = module.split("::").filter(|part| !part.is_empty()).collect();
+        let names: Vec<&str> = match parts.first() {
+            Some(&"crate") => {
+                base.clear();
+                parts[1..].to_vec()
+            }
+            Some(&"self") => parts[1..].to_vec(),
+            _ => {
+                let ups = parts.iter().take_while(|part| **part == "super").count();
+                base.truncate(base.len().saturating_sub(ups));
+                parts[ups..].to_vec()
+            }
+        };
+        let target = (0..=names.len())
+            .rev()
+            .map(|k| base.iter().chain(&names[..k]).copied().collect::<Vec<_>>().join("::"))
+            .find(|candidate| modules.contains(candidate));
+        if let Some(target) = target
+            && !target.is_empty()
+            && target != module
+            && !module.starts_with(&format!("{target}::"))
+        {
+            found.insert(target);
+        }
+    }
+    found
+}
+
+/// The runtime's modules import one another one way: no module reaches, through the modules
+/// it imports, back to itself (the ledger imports nothing of the orchestration, the secrets
+/// nothing of the ledger, no backend another).
+#[test]
+fn the_runtime_modules_have_no_import_cycles() {
+    let root = workspace().join("idem-runtime").join("src");
+    // Modules declared `#[cfg(test)] mod name;` are tests, not the runtime.
+    let tests: BTreeSet<String> = sources(&root)
+        .iter()
+        .flat_map(|file| {
+            let source = std::fs::read_to_string(root.join(file)).expect("read a source file");
+            let parent = module_of(file);
+            let declared: Vec<String> = source
+                .split("#[cfg(test)]\nmod ")
+                .skip(1)
+                .filter_map(|rest| rest.split_once(';').map(|(name, _)| name.trim().to_owned()))
+                .filter(|name| !name.contains(char::is_whitespace))
+                .map(|name| if parent.is_empty() { name } else { format!("{parent}::{name}") })
+                .collect();
+            declared
+        })
+        .collect();
+    let files: Vec<String> = sources(&root).into_iter().filter(|file| !tests.contains(&module_of(file))).collect();
+    let modules: BTreeSet<String> = files.iter().map(|file| module_of(file)).collect();
+    let graph: std::collections::BTreeMap<String, BTreeSet<String>> = files
+        .iter()
+        .map(|file| {
+            let source = std::fs::read_to_string(root.join(file)).expect("read a source file");
+            let module = module_of(file);
+            let imported = imports(&module, &source, &modules);
+            (module, imported)
+        })
+        .collect();
+    // Each import is an edge between two siblings: the children of the deepest module both
+    // sit under (`ledger::sea::migrate -> idem` is `ledger -> idem` at the root). A parent's
+    // use of its own child is no edge.
+    let mut levels: std::collections::BTreeMap<String, std::collections::BTreeMap<String, BTreeSet<String>>> =
+        std::collections::BTreeMap::new();
+    for (from, targets) in &graph {
+        for to in targets {
+            let (a, b): (Vec<&str>, Vec<&str>) = (from.split("::").collect(), to.split("::").collect());
+            let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            if let (Some(x), Some(y)) = (a.get(common), b.get(common)) {
+                let parent = a[..common].join("::");
+                levels.entry(parent).or_default().entry((*x).to_owned()).or_default().insert((*y).to_owned());
+            }
+        }
+    }
+    // A path from a sibling's imports back to it is a cycle.
+    let mut cycles = Vec::new();
+    for (parent, siblings) in &levels {
+        for start in siblings.keys() {
+            let mut seen = BTreeSet::new();
+            let mut stack: Vec<Vec<String>> =
+                siblings[start].iter().map(|next| vec![start.clone(), next.clone()]).collect();
+            while let Some(path) = stack.pop() {
+                let last = path.last().cloned().unwrap_or_default();
+                if last == *start {
+                    cycles.push(format!("in `{parent}`: {}", path.join(" -> ")));
+                    break;
+                }
+                if seen.insert(last.clone()) {
+                    for next in siblings.get(&last).into_iter().flatten() {
+                        let mut longer = path.clone();
+                        longer.push(next.clone());
+                        stack.push(longer);
+                    }
+                }
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "import cycles between the runtime's modules: {cycles:#?}");
+}
+
+/// The check sees a cycle: two modules that import each other.
+#[test]
+fn the_cycle_check_sees_a_cycle() {
+    let modules: BTreeSet<String> = ["ledger", "idem", "ledger::sea"].map(str::to_owned).into();
+    assert_eq!(imports("ledger::sea", "use crate::idem::DEFAULT;\n", &modules), ["idem".to_owned()].into());
+    assert_eq!(
+        imports("idem", "use crate::ledger::Ledger; // crate::nothing\n", &modules),
+        ["ledger".to_owned()].into()
+    );
+    assert_eq!(imports("ledger::sea", "use super::Ledger;\n", &modules), BTreeSet::new(), "its own parent");
+}
