@@ -56,6 +56,7 @@ pub use pending::{CursorError, PendingCursor, PendingFilter, PendingOperation, P
 #[cfg(feature = "rmcp")]
 pub(crate) use request_state::EchoedState;
 pub use stored::ResultSeal;
+#[cfg(feature = "rmcp")]
 pub(crate) use stored::StoredValue;
 pub use sweeper::{Sweeper, SweeperStats};
 

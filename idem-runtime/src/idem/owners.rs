@@ -52,6 +52,10 @@ impl Seen {
 
     /// Another owner than `owner`, if any is known.
     fn other(&self, owner: &str) -> Option<String> {
+        // Every call asks: the usual answer (none) allocates nothing.
+        if self.here.iter().chain(&self.recorded).all(|other| other == owner) {
+            return None;
+        }
         let others: BTreeSet<&str> =
             self.here.iter().chain(&self.recorded).map(String::as_str).filter(|other| *other != owner).collect();
         (!others.is_empty()).then(|| others.into_iter().collect::<Vec<_>>().join("`, `"))

@@ -25,6 +25,7 @@ enum Stored<T, E> {
 
 /// A stored result read as JSON, whatever the handler's types: what the status tool and an
 /// MCP task show.
+#[cfg(feature = "rmcp")]
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum StoredValue {
     /// `{"ok": value}`: the handler's `Ok` value (or an operator's "completed" verdict).
@@ -33,6 +34,7 @@ pub(crate) enum StoredValue {
     Err(serde_json::Value),
 }
 
+#[cfg(feature = "rmcp")]
 impl StoredValue {
     /// Reads an opened stored result; `None` if its bytes are not one.
     pub(crate) fn parse(bytes: &[u8]) -> Option<Self> {
