@@ -126,7 +126,6 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler, audited: bool) 
     item.into_token_stream()
 }
 
-/// The span of the first `name` among `tokens`, at any depth.
 /// The return type as written, if it plainly cannot be a `Result` (a tuple, a reference, an
 /// array, or a standard type that is not one); a path that may name an alias of `Result` is
 /// left to the type checker.
@@ -171,6 +170,7 @@ fn plainly_not_result(ty: &Type) -> Option<String> {
     plain.then(|| ty.to_token_stream().to_string().replace(" < ", "<").replace(" >", ">").replace(" ,", ","))
 }
 
+/// The span of the first `name` among `tokens`, at any depth.
 fn find_ident(tokens: TokenStream, name: &str) -> Option<Span> {
     tokens.into_iter().find_map(|token| match token {
         proc_macro2::TokenTree::Ident(ident) if ident == name => Some(ident.span()),
