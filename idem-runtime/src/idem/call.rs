@@ -25,6 +25,7 @@ use super::coalesce::Begin;
 use super::hooks::{Completion, Seen, Timer, Watch};
 use super::keyring::{Check, Keyring, no_secret};
 use super::operation::{LeaseState, Operation, acting_for, current_caller, running_as};
+use super::owners::{self, Ownership};
 use super::request_state::Binding;
 use super::time::{clamp, millis};
 use super::wait::Waited;
@@ -135,7 +136,19 @@ impl Idem {
         let tool = recipe.tool();
         self.register(recipe)?;
         let arguments = arguments?;
-        self.own(recipe, arguments.owner.as_deref()).await?;
+        let inner = &self.inner;
+        Ownership {
+            ledger: &inner.untimed,
+            timed: &*inner.ledger,
+            namespace: self.namespace(recipe),
+            recipe,
+            owner: arguments.owner.as_deref(),
+            now: self.ledger_now(),
+            horizon: owners::horizon(recipe.window_duration(), inner.retention, inner.grace, inner.lease),
+            patience: inner.ledger_timeout.saturating_mul(2),
+        }
+        .check()
+        .await?;
         let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
         let caller = self.caller(caller, fallback)?;
         let watch = self.watch(recipe, &caller);

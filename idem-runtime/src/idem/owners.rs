@@ -22,8 +22,6 @@ use crate::ledger::Ledger;
 use crate::recipe::Recipe;
 use crate::rejection::Rejection;
 
-use super::Idem;
-
 /// How long a handler's ownership, once confirmed by the ledger, is trusted before the ledger
 /// is asked again (which also records the handler as seen then).
 pub(crate) const RECHECK: Duration = Duration::from_secs(60);
@@ -65,14 +63,32 @@ impl Seen {
 /// Every tool's owners this process has seen, per ledger (a dropped ledger's entries go).
 static SEEN: RwLock<Vec<Seen>> = RwLock::new(Vec::new());
 
-impl Idem {
-    /// Makes sure `owner` is the only handler seen serving `recipe`'s tool in its namespace on
+/// One call's check of who serves its tool ([`Ownership::check`]): what it needs of the handle,
+/// gathered where the call starts, so the rule lives here and the handle gains no method.
+pub(super) struct Ownership<'a> {
+    /// The ledger as given: this process's record of owners is kept per ledger.
+    pub(super) ledger: &'a Arc<dyn Ledger>,
+    /// The same ledger under the handle's timeout: what is asked.
+    pub(super) timed: &'a dyn Ledger,
+    pub(super) namespace: &'a str,
+    pub(super) recipe: &'a Recipe,
+    /// The handler as the call names it (`#[idempotent]`), else the recipe's owner.
+    pub(super) owner: Option<&'a str>,
+    /// The ledger's time as last measured (an owner's horizon is hours: no read of its own).
+    pub(super) now: u64,
+    /// How long after it was last seen an owner stops counting ([`horizon`]).
+    pub(super) horizon: Duration,
+    /// How long a call waits for another one asking the ledger before asking itself.
+    pub(super) patience: Duration,
+}
+
+impl Ownership<'_> {
+    /// Makes sure the call's handler is the only one seen serving its tool in its namespace on
     /// this ledger; refuses it otherwise.
-    pub(super) async fn own(&self, recipe: &Recipe, owner: Option<&str>) -> Result<(), Rejection> {
-        let namespace = self.namespace(recipe);
+    pub(super) async fn check(self) -> Result<(), Rejection> {
+        let Self { ledger, timed, namespace, recipe, owner, now, horizon, patience } = self;
         let tool = recipe.tool();
         let owner = owner_name(owner.or(recipe.owned_by()), tool);
-        let ledger = &self.inner.untimed;
         let refuse = |other: String| {
             let rejection = Rejection::DuplicateTool {
                 namespace: namespace.to_owned(),
@@ -121,8 +137,7 @@ impl Idem {
             Arc::clone(&seen[index].asking)
         };
         // One call asks; the calls that queued meanwhile take its answer — or, if it has not
-        // answered within two ledger timeouts (its caller stopped polling it), ask themselves.
-        let patience = self.inner.ledger_timeout.saturating_mul(2);
+        // answered within the patience (its caller stopped polling it), ask themselves.
         let _asking = tokio::time::timeout(patience, asking.lock()).await.ok();
         {
             let seen = SEEN.read().unwrap_or_else(PoisonError::into_inner);
@@ -132,11 +147,8 @@ impl Idem {
                 return entry.other(&owner).map_or(Ok(()), |other| Err(refuse(other)));
             }
         }
-        // The ledger's time as last measured (no read of its own: an owner's horizon is hours,
-        // and the call's claim reads the clock when it must).
-        let now = self.ledger_now();
-        let since = now.saturating_sub(millis(self.owner_horizon(recipe)));
-        let recorded = self.inner.ledger.tool_owners(namespace, tool, &owner, now, since).await.map_err(|error| {
+        let since = now.saturating_sub(millis(horizon));
+        let recorded = timed.tool_owners(namespace, tool, &owner, now, since).await.map_err(|error| {
             tracing::error!(tool, %error, "the ledger could not say who serves this tool; handler not run");
             Rejection::ledger_unavailable(&error)
         })?;
@@ -150,14 +162,14 @@ impl Idem {
         }
         Ok(())
     }
+}
 
-    /// How long after it was last seen an owner's operations of `recipe`'s tool can still be
-    /// replayed: the longest a record of it lives, plus the time between two checks.
-    fn owner_horizon(&self, recipe: &Recipe) -> Duration {
-        let inner = &self.inner;
-        let life = recipe.window_duration().unwrap_or(inner.retention).max(inner.retention);
-        life.saturating_add(inner.grace).saturating_add(inner.lease).saturating_add(RECHECK)
-    }
+/// How long after it was last seen an owner's operations of a tool can still be replayed: the
+/// longest a record of it lives (its window, or the retention if longer), its grace and lease,
+/// plus the time between two checks.
+pub(super) fn horizon(window: Option<Duration>, retention: Duration, grace: Duration, lease: Duration) -> Duration {
+    let life = window.map_or(retention, |window| window.max(retention));
+    life.saturating_add(grace).saturating_add(lease).saturating_add(RECHECK)
 }
 
 /// The owner's name as recorded: the handler's, else the tool's own (a pinned or hand-built
