@@ -136,6 +136,9 @@ impl Idem {
         let tool = recipe.tool();
         self.register(recipe)?;
         let arguments = arguments?;
+        let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
+        let caller = self.caller(caller, fallback)?;
+        let watch = self.watch(recipe, &caller);
         let inner = &self.inner;
         Ownership {
             ledger: &inner.untimed,
@@ -148,10 +151,12 @@ impl Idem {
             patience: inner.ledger_timeout.saturating_mul(2),
         }
         .check()
-        .await?;
-        let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
-        let caller = self.caller(caller, fallback)?;
-        let watch = self.watch(recipe, &caller);
+        .await
+        .inspect_err(|rejection| {
+            if matches!(rejection, Rejection::LedgerUnavailable { .. }) {
+                watch.unavailable();
+            }
+        })?;
         let scope = scope_of(recipe, &caller, &arguments)?;
         // With `wait`, a repeat that finds the operation in flight waits for it to settle, and
         // claims again if it ended without effect.
