@@ -343,13 +343,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (tenant, subject) = local.split_once(':').ok_or("IDEM_LOCAL_CALLER must be `tenant:subject`")?;
     // Keys are keyed with IDEM_SECRET, or on the SQLite default with a secret kept beside the
     // ledger file; on PostgreSQL or MySQL without IDEM_SECRET this stops here and says how.
-    let idem = Idem::new(ledger);
-    idem.check_secret().await?;
+    let idem = Idem::builder(ledger);
     let delay = options.processor_delay;
     match options.http {
         None => {
             // Nothing authenticates a request over stdio: the server acts for this caller.
-            let idem = idem.with_local_caller(Caller::try_new(tenant, subject)?);
+            let idem = idem.local_caller(Caller::try_new(tenant, subject)?).build()?;
+            idem.check_secret().await?;
             mcp::check_stdio(&idem)?;
             let server = Payments::new(idem, delay)?;
             // The router this server serves has `idem_status`, which idem's answers name.
@@ -370,6 +370,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .into());
             }
             use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+            let idem = idem.build()?;
+            idem.check_secret().await?;
             // One server value for every request: the fake downstream is shared, as a real one would be.
             let server = Payments::new(idem, delay)?;
             mcp::check_status_served(&server)?;
@@ -401,7 +403,7 @@ mod tests {
     use super::*;
 
     fn server() -> Payments {
-        let idem = Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"));
+        let idem = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap();
         Payments::new(idem, Duration::ZERO).expect("every hinted tool has a recipe")
     }
 

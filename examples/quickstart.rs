@@ -103,7 +103,7 @@ async fn main() {
         }
     };
     let alice = Caller::new("acme", "alice");
-    let idem = Idem::new(ledger).with_local_caller(alice);
+    let idem = Idem::builder(ledger).local_caller(alice).build().expect("the default lease and timeouts work together");
     if let Err(error) = idem.check_secret().await {
         eprintln!("cannot key operations: {error}");
         std::process::exit(1);

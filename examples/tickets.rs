@@ -98,7 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The tickets live in memory, so the ledger does too: a durable ledger would replay
     // "ticket 1 opened" after a restart, for a ticket that no longer exists.
     // Nothing authenticates a request over stdio: the server acts for one local user.
-    let idem = Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("local", "user"));
+    let idem = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("local", "user")).build()?;
     mcp::check_stdio(&idem)?;
     let server = TicketServer::new(idem)?;
     mcp::check_status_served(&server)?;
@@ -114,7 +114,7 @@ mod tests {
 
     #[tokio::test]
     async fn opening_the_same_ticket_twice_opens_one() {
-        let idem = Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"));
+        let idem = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap();
         let server = TicketServer::new(idem).expect("every hinted tool has a recipe");
         let open = || {
             let (project, title, body) = ("billing".to_owned(), "Refunds fail".to_owned(), "500 on /refund".to_owned());

@@ -134,13 +134,18 @@ pub fn test_secret() -> idem_runtime::Secret {
 /// A handle on `ledger` keyed with [`test_secret`] (PostgreSQL and MariaDB have no default).
 #[must_use]
 pub fn idem(ledger: impl idem_runtime::Ledger) -> idem_runtime::Idem {
-    idem_runtime::Idem::new(ledger).with_secret(test_secret())
+    builder(ledger).build().unwrap()
+}
+
+/// The settings of a handle on `ledger` (a ledger, or a shared one) keyed with [`test_secret`].
+pub fn builder(ledger: impl idem_runtime::Ledger) -> idem_runtime::Builder {
+    idem_runtime::Idem::builder(ledger).secret(test_secret())
 }
 
 /// A handle on a shared ledger keyed with [`test_secret`].
 #[must_use]
 pub fn idem_shared(ledger: std::sync::Arc<dyn idem_runtime::Ledger>) -> idem_runtime::Idem {
-    idem_runtime::Idem::from_shared(ledger).with_secret(test_secret())
+    builder(ledger).build().unwrap()
 }
 
 /// A database of a test's own, `idem_<name>`, on the server the URL in `env` (or `default`)

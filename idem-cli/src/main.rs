@@ -18,8 +18,8 @@ use comfy_table::{Table, presets};
 use idem_runtime::ledger::sea::{DATABASE_URL_ENV, SeaOrmLedger, ToolOwner};
 use idem_runtime::secret::{self, SECRET_ENV, Secret};
 use idem_runtime::{
-    DEFAULT_LEASE, Idem, Ledger, LedgerError, LedgerStats, PendingCursor, PendingFilter, PendingOperation, PendingPage,
-    Resolution, State, StatusError, StatusReport, parse_window,
+    Builder, DEFAULT_LEASE, Idem, Ledger, LedgerError, LedgerStats, PendingCursor, PendingFilter, PendingOperation,
+    PendingPage, Resolution, State, StatusError, StatusReport, parse_window,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
@@ -104,7 +104,7 @@ enum ToolsAction {
     /// new path is not refused as a second handler). Servers still running record theirs again
     /// at their next call.
     Forget {
-        /// The namespace (the server's package name, or its `Idem::with_namespace`).
+        /// The namespace (the server's package name, or its `Idem::builder(…).namespace(…)`).
         namespace: String,
         /// The tool's name.
         tool: String,
@@ -189,12 +189,12 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
     // lease: the lease is set to fit).
     let operator = |ledger: SeaOrmLedger| {
         let timeout = cli.timeout.max(Duration::from_millis(1));
-        Idem::new(ledger).with_lease((timeout * 2).max(DEFAULT_LEASE)).with_ledger_timeout(timeout)
+        Idem::builder(ledger).lease((timeout * 2).max(DEFAULT_LEASE)).ledger_timeout(timeout)
     };
     match &cli.command {
         Command::Stats => {
-            let idem = operator(ledger);
-            let stats = idem.stats().await.map_err(ledger_failure)?;
+            let idem = built(operator(ledger))?;
+            let stats = idem.admin().stats().await.map_err(ledger_failure)?;
             Ok(if cli.json { stats_json(&stats).to_string() } else { stats_text(&stats, now) })
         }
         Command::Pending { state, tenant, older_than, limit, after } => {
@@ -215,11 +215,11 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             if let Some(cursor) = after {
                 filter = filter.after(*cursor);
             }
-            let page = idem.pending(&filter).await.map_err(status_failure)?;
+            let page = idem.admin().pending(&filter).await.map_err(status_failure)?;
             Ok(if cli.json { pending_json(&page).to_string() } else { pending_text(&page) })
         }
         Command::Sweep { batch } => {
-            let idem = operator(ledger);
+            let idem = built(operator(ledger))?;
             // A bar on a terminal only: a script's stderr stays clean.
             let bar = if std::io::stderr().is_terminal() && !cli.json {
                 let bar = ProgressBar::new_spinner();
@@ -232,7 +232,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             } else {
                 ProgressBar::hidden()
             };
-            let swept = idem.sweep_with(*batch, |total| bar.set_position(total as u64)).await;
+            let swept = idem.admin().sweep_with(*batch, |total| bar.set_position(total as u64)).await;
             bar.finish_and_clear();
             let swept = swept.map_err(ledger_failure)?;
             Ok(if cli.json { json!({ "swept": swept }).to_string() } else { format!("swept {swept} expired records") })
@@ -251,7 +251,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         }
         Command::Show(target) => {
             let idem = with_secret(operator(ledger), file.as_deref())?;
-            let report = idem.inspect(&target.tenant, &target.reference).await.map_err(status_failure)?;
+            let report = idem.admin().inspect(&target.tenant, &target.reference).await.map_err(status_failure)?;
             let report = report.ok_or_else(|| not_found(target))?;
             Ok(if cli.json {
                 report_json(&report, &target.tenant).to_string()
@@ -273,7 +273,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
                 (None, _) => Resolution::NothingHappened,
             };
             let idem = with_secret(operator(ledger), file.as_deref())?;
-            idem.resolve_in(&target.tenant, &target.reference, resolution).await.map_err(|error| match error {
+            idem.admin().resolve(&target.tenant, &target.reference, resolution).await.map_err(|error| match error {
                 StatusError::Ledger(LedgerError::NotFound) => not_found(target),
                 StatusError::Ledger(LedgerError::NotResolvable { state }) => Failure {
                     message: format!(
@@ -378,7 +378,7 @@ fn sqlite_file(url: &str) -> Result<Option<PathBuf>, Failure> {
 
 /// The handle keyed as the servers are: `IDEM_SECRET` (and the previous secrets still honoured),
 /// or else the SQLite ledger's own secret file — which must exist: a new secret finds nothing.
-fn with_secret(idem: Idem, file: Option<&std::path::Path>) -> Result<Idem, Failure> {
+fn with_secret(idem: Builder, file: Option<&std::path::Path>) -> Result<Idem, Failure> {
     let (current, previous) = match secret::from_env() {
         Err(error) => return Err(Failure::new(format!("{error}: set {SECRET_ENV} to the servers' secret"))),
         Ok(Some(configured)) => configured,
@@ -401,7 +401,12 @@ fn with_secret(idem: Idem, file: Option<&std::path::Path>) -> Result<Idem, Failu
             (secret, Vec::new())
         }
     };
-    Ok(previous.into_iter().fold(idem.with_secret(current), Idem::with_previous_secret))
+    built(previous.into_iter().fold(idem.secret(current), Builder::previous_secret))
+}
+
+/// The operator's handle, or what to change (a `--timeout` the lease cannot hold).
+fn built(idem: Builder) -> Result<Idem, Failure> {
+    idem.build().map_err(|error| Failure::new(error.to_string()))
 }
 
 fn not_found(target: &Target) -> Failure {

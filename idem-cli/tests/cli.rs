@@ -312,7 +312,7 @@ async fn postgres_session() {
     // it, and other tests key version 1 with other bytes.
     let version = u32::try_from(idem_runtime::ledger::Token::random().get() % 1_000_000_000).unwrap() + 1_000;
     let (secret, text) = Secret::generate(version);
-    let idem_handle = Idem::new(ledger).with_secret(secret);
+    let idem_handle = Idem::builder(ledger).secret(secret).build().unwrap();
     let tenant = format!("tenant-{}", idem_runtime::ledger::Token::random().get());
     let (done, unknown) = operations(&idem_handle, &tenant).await;
     let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", text.as_str())];

@@ -191,8 +191,8 @@ fn into_mcp_tool(recipe: &Recipe, item: &mut Handler, ret: &Type) {
     let context = Ident::new("idem_context", Span::mixed_site());
     let position = usize::from(item.sig.receiver().is_some());
     let written = item.sig.inputs.len();
-    item.sig.inputs.insert(position, syn::parse_quote!(#context: #krate::mcp::ToolContext));
-    item.sig.output = syn::parse_quote!(-> #krate::mcp::ToolOutcome<#ret>);
+    item.sig.inputs.insert(position, syn::parse_quote!(#context: #krate::__private::ToolContext));
+    item.sig.output = syn::parse_quote!(-> #krate::__private::ToolOutcome<#ret>);
     // The context parameter is ours: clippy should not count it against the user's signature.
     if written == CLIPPY_MAX_ARGUMENTS {
         item.attrs.push(syn::parse_quote!(#[allow(clippy::too_many_arguments)]));
@@ -262,17 +262,17 @@ fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut Handler) -> (Str
         && let Some(inner) = json_output(ret)
     {
         let krate = &recipe.krate;
-        tool.push(syn::parse_quote!(output_schema = #krate::mcp::output_schema::<#inner>()));
+        tool.push(syn::parse_quote!(output_schema = #krate::__private::output_schema::<#inner>()));
     }
     // The tool's `_meta` advertises the recipe that backs its hint (`dev.idem/recipe`), for
     // hosts and gateways, and so the startup audit (`mcp::checked_router`) sees every audited
     // impl's tools in whatever router holds them.
     let krate = &recipe.krate;
     let (function, backing) = if recipe.inherent.is_some() {
-        (quote!(#krate::mcp::backed_meta), quote!(#krate::mcp::Backing::Inherent))
+        (quote!(#krate::__private::backed_meta), quote!(#krate::__private::Backing::Inherent))
     } else {
         let recipe = recipe_expr(recipe, &name);
-        (quote!(#krate::mcp::recipe_meta), quote!(&#recipe))
+        (quote!(#krate::__private::recipe_meta), quote!(&#recipe))
     };
     tool.stamp_meta(|user| match user {
         Some(user) => quote!(#function(::core::option::Option::Some(#user), #backing)),
@@ -660,7 +660,7 @@ fn wrap_body(
         (None, true) => {
             // Spanned at the receiver, so "does not give methods an `Idem` handle" points at `&self`.
             let span = item.sig.receiver().map_or_else(Span::call_site, |receiver| receiver.self_token.span);
-            let has_idem = respan(quote!(#krate::HasIdem::idem), span);
+            let has_idem = respan(quote!(#krate::__private::HasIdem::idem), span);
             let receiver = receiver_ref(item);
             quote_spanned!(span=> ::core::option::Option::Some(#private::handle(#has_idem(#receiver))))
         }
@@ -767,13 +767,13 @@ fn wrap_body(
         quote_spanned!(span=> #check();)
     });
     quote! {
-        static __IDEM_RECIPE: #krate::Recipe = #recipe_tokens;
+        static __IDEM_RECIPE: #krate::__private::Recipe = #recipe_tokens;
         #task_check
         #status_check
         let mut #idem_args = #private::Arguments::new();
         #owner
         #(#statements)*
-        let #handle: ::core::option::Option<#krate::Idem> = #handle_expr;
+        let #handle: ::core::option::Option<#krate::__private::Idem> = #handle_expr;
         #run
     }
 }
@@ -797,8 +797,7 @@ fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
     let krate = &recipe.krate;
     let keys = recipe.keys.iter().map(|key| &key.text);
     // The namespace defaults to the declaring package's name: stable across module moves.
-    let mut expr =
-        quote!(#krate::Recipe::new(#tool_name, &[#(#keys),*]).package(::core::option_env!("CARGO_PKG_NAME")));
+    let mut expr = quote!(#krate::__private::Recipe::new(#tool_name, &[#(#keys),*]).package(::core::option_env!("CARGO_PKG_NAME")));
     if let Some(secs) = recipe.window_secs {
         expr.extend(quote!(.window(::core::time::Duration::from_secs(#secs))));
     }
@@ -807,11 +806,11 @@ fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
         expr.extend(quote!(.ignore(&[#(#ignore),*])));
     }
     if recipe.tenant_scope {
-        expr.extend(quote!(.scope(#krate::ScopeRule::Tenant)));
+        expr.extend(quote!(.scope(#krate::__private::ScopeRule::Tenant)));
     }
     if let Some(within) = &recipe.within {
         let text = &within.text;
-        expr.extend(quote!(.scope(#krate::ScopeRule::Within(#text))));
+        expr.extend(quote!(.scope(#krate::__private::ScopeRule::Within(#text))));
     }
     if recipe.task.0 {
         expr.extend(quote!(.task(true)));
@@ -825,8 +824,8 @@ fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
     }
     match recipe.stale {
         Stale::Hold => {}
-        Stale::Takeover => expr.extend(quote!(.stale(#krate::StalePolicy::Takeover))),
-        Stale::Reconcile(_) => expr.extend(quote!(.stale(#krate::StalePolicy::Reconcile))),
+        Stale::Takeover => expr.extend(quote!(.stale(#krate::__private::StalePolicy::Takeover))),
+        Stale::Reconcile(_) => expr.extend(quote!(.stale(#krate::__private::StalePolicy::Reconcile))),
     }
     if let Some(secs) = recipe.wait_secs {
         expr.extend(quote!(.wait(::core::time::Duration::from_secs(#secs))));

@@ -4,8 +4,9 @@
 //!
 //! - this file: where a handler finds its handle ([`HasIdem`] for methods, [`Idem::install`] for
 //!   free functions).
-//! - `handle`: the handle itself — its ledger, clock, limits and defaults, and the builders that
-//!   set them; a tool's namespace and the registry that keeps two recipes from sharing keys.
+//! - `settings`: what a handle is built with — [`Builder`], checked once by [`Builder::build`].
+//! - `handle`: the handle itself — its ledger, settings and runtime state, each in its own type;
+//!   a tool's namespace and the registry that keeps two recipes from sharing keys.
 //! - `keyring`: the secrets a handle keys with, checked against the ledger's check values and
 //!   kept once they check out (a failure is tried again later, never kept).
 //! - `arguments`: a call's arguments as its recipe selects them, and the scope they are keyed in.
@@ -20,14 +21,16 @@
 //! - `hooks`: watching a call's lifecycle — [`Hooks`] for audit logs, and the one set of call
 //!   points that also feeds the metrics.
 //! - `metrics` (feature `metrics`): the counters, histograms and gauge of every call.
-//! - `admin`: the operator's paths: [`Idem::status`], [`Idem::resolve`], [`Idem::sweep`].
-//! - `sweeper`: [`Idem::sweep`] in the background, on a jittered schedule ([`Idem::spawn_sweeper`]).
+//! - `admin`: an operation's status for its caller ([`Idem::status`]) and the operator's verbs
+//!   ([`Admin`]: inspect, resolve, stats, sweep); `pending` lists what is unsettled.
+//! - `sweeper`: [`Admin::sweep`] in the background, on a jittered schedule ([`Admin::spawn_sweeper`]).
 
 mod admin;
 mod arguments;
 mod background;
 mod call;
 mod coalesce;
+mod ending;
 mod handle;
 mod hooks;
 mod keyring;
@@ -38,23 +41,25 @@ mod owners;
 mod pending;
 #[cfg_attr(not(feature = "rmcp"), expect(dead_code, reason = "only rmcp tools ask for input"))]
 mod request_state;
+mod settings;
 mod stored;
 mod sweeper;
 mod time;
 mod wait;
 
-pub use admin::StatusError;
+pub use admin::{Admin, StatusError};
 pub(crate) use arguments::CallArguments;
 pub use call::{Reconciled, Served};
-pub use handle::{
-    DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
-    DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, Idem,
-};
+pub use handle::Idem;
 pub use hooks::{CallEvent, Completion, Hooks};
 pub use operation::{Operation, current_caller, current_operation, run_as};
 pub use pending::{CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage};
 #[cfg(feature = "rmcp")]
 pub(crate) use request_state::EchoedState;
+pub use settings::{
+    BuildError, Builder, DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION,
+    DEFAULT_SETTLE_GRACE, DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION,
+};
 pub use stored::ResultSeal;
 #[cfg(feature = "rmcp")]
 pub(crate) use stored::StoredValue;

@@ -13,11 +13,11 @@
 //!   change a key.
 //! - [`Key`], [`Ref`], [`Fingerprint`]: what a call is, derived from a [`Recipe`] and a [`Scope`].
 //! - [`Ledger`]: the atomic claim and the record's state machine; [`MemoryLedger`] for tests.
-//! - [`Idem`]: the handle that runs a handler under a recipe ([`Idem::call`]), and the
-//!   operator's paths ([`Idem::status`], [`Idem::resolve`] with a [`Resolution`], [`Idem::sweep`],
-//!   and [`Idem::spawn_sweeper`], which sweeps in the background on every replica).
-//!
-//! - [`Hooks`]: an observer of each call's lifecycle for audit logs ([`Idem::with_hooks`]): its
+//! - [`Idem`]: the handle that runs a handler under a recipe ([`Idem::call`]), built once with
+//!   [`Idem::builder`]; an operation's status for its caller ([`Idem::status`]); and the
+//!   operator's verbs on [`Admin`] ([`Idem::admin`]: inspect, resolve with a [`Resolution`],
+//!   stats, pending, sweep, and a sweeper that sweeps in the background on every replica).
+//! - [`Hooks`]: an observer of each call's lifecycle for audit logs ([`Builder::hooks`]): its
 //!   claim, replay, in-flight, conflict or unknown answer, and the outcome it recorded
 //!   ([`Completion`]), with the ref, tool, namespace and caller of a [`CallEvent`] — never an
 //!   argument or a result.
@@ -96,13 +96,13 @@ mod window;
 pub use clock::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "metrics")]
 pub use idem::metrics;
+pub use idem::{
+    Admin, BuildError, Builder, DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION,
+    DEFAULT_SETTLE_GRACE, DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled,
+    ResultSeal, Served, StatusError, Sweeper, SweeperStats, current_caller, current_operation, run_as,
+};
 pub use idem::{CallEvent, Completion, Hooks};
 pub use idem::{CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage};
-pub use idem::{
-    DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION, DEFAULT_SETTLE_GRACE,
-    DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled, ResultSeal, Served,
-    StatusError, Sweeper, SweeperStats, current_caller, current_operation, run_as,
-};
 pub use key::{Address, AddressError, Fingerprint, Key, Ref, RefError};
 pub use ledger::memory::MemoryLedger;
 pub use ledger::{
@@ -154,7 +154,7 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let payments = Payments {
-///     idem: Idem::new(MemoryLedger::new()).with_local_caller(idem_runtime::Caller::new("acme", "alice")),
+///     idem: Idem::builder(MemoryLedger::new()).local_caller(idem_runtime::Caller::new("acme", "alice")).build().unwrap(),
 /// };
 /// let charge = || Charge { card: "tok_visa".into(), amount_cents: 1250, note: None };
 /// let first = payments.charge_card(charge()).await.unwrap();
@@ -168,21 +168,21 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 /// | option | meaning | default |
 /// |---|---|---|
 /// | `key = "order_id, customer.id"` | the arguments that make two calls the same operation: parameter names, or fields of the single arguments struct (rmcp's `Parameters<T>` included); dotted paths reach into nested structs. A business key states the uniqueness rule directly — prefer one. `key = "()"`: the call itself is the operation, once per caller (scope) and window — for a tool without arguments; arguments still count in the fingerprint | required, unless `inherent` |
-/// | `window = "15m"` | how long after the **first claim** a repeat is the same operation (`s`, `m`, `h`, `d`; sliding, not a clock bucket) | the ledger retention (24 h, [`Idem::with_retention`]) |
+/// | `window = "15m"` | how long after the **first claim** a repeat is the same operation (`s`, `m`, `h`, `d`; sliding, not a clock bucket) | the ledger retention (24 h, [`Builder::retention`](crate::Builder::retention)) |
 /// | `ignore = "note, trace_id"` | top-level arguments left out of the conflict fingerprint (and not serialised at all for plain parameters) | none |
-/// | `stale = "takeover"` | a dead holder's lease: run again under a new fencing token; safe when the downstream dedupes by the forwarded key | `"hold"`: report "outcome unknown" until [`Idem::resolve`] |
+/// | `stale = "takeover"` | a dead holder's lease: run again under a new fencing token; safe when the downstream dedupes by the forwarded key | `"hold"`: report "outcome unknown" until [`Admin::resolve`] |
 /// | `reconcile = Self::check` | `stale = "reconcile"`: `async fn(&self, Operation) -> Reconciled<T, E>` (free functions: `async fn(Operation)`) asks the downstream what happened | — |
 /// | `scope = "tenant"` | widen the key from the caller (tenant + subject) to the whole tenant | `"caller"` |
 /// | `within = "conversation_id"` | narrow the key to a task or conversation id argument (MCP has no sessions; request ids are reused) | — |
 /// | `task = true` | on an rmcp tool: it may run as an MCP task (the `io.modelcontextprotocol/tasks` extension). For a client that declared the extension, a repeat that finds the operation in progress gets the operation's task (`taskId` = its ref) instead of the in-flight answer, and `tasks/get` is answered from the ledger (`mcp::get_task`, feature `rmcp`). The result must be `rmcp::Json<T>` or `String`, the error `mcp::ToolError`, so that any replica can rebuild the answer from the stored JSON | `false` |
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
-/// | `name = "charge"` | the tool name in the key, with the namespace ([`Idem::with_namespace`], else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. Two different handlers under one tool name in one namespace on one ledger — one handle, two handles, two processes or binaries — are both refused (`duplicate_tool`), see [Who serves a tool](#who-serves-a-tool) | `#[tool(name = ...)]`, else the function's name |
+/// | `name = "charge"` | the tool name in the key, with the namespace ([`Builder::namespace`](crate::Builder::namespace), else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. Two different handlers under one tool name in one namespace on one ledger — one handle, two handles, two processes or binaries — are both refused (`duplicate_tool`), see [Who serves a tool](#who-serves-a-tool) | `#[tool(name = ...)]`, else the function's name |
 /// | `wait = "5s"` | a repeat that finds the operation in progress waits up to this long (`s` or `m`, 1 s to [`MAX_WAIT`]) for it to settle: completed, it gets the stored result as a replay; failed with nothing done, it claims again and may run the handler; unknown, "outcome unknown"; still running, "in flight". No connection or lock is held while it waits (see [`Recipe::wait`]) | none: "in flight" at once |
 /// | `replay_note = false` | on an rmcp tool, leave out the line of text a replayed answer ends with ("this is the stored result of an earlier identical call … nothing was executed again"); `_meta["dev.idem/outcome"].replayed` still says it | `true`: hosts that drop `_meta` still show the model it was a replay |
 /// | `input_key = "pick.content.amount"` | on an rmcp tool that may ask for input (`mcp::Step`, feature `rmcp`): input-response paths (the input request's id, then fields of the client's response) whose values join the key, under names no argument can have (`$input.pick.content.amount`). Input responses are no part of the key otherwise: a confirmation does not change what is done. With one, the first round (without the response) and each continuation with another value are different operations | none |
 /// | `single_use_state = true` | on an rmcp tool that may ask for input: a continuation's `requestState` is accepted once, enforced through the ledger on every replica (a second continuation after a "nothing happened" failure is refused: `request_state_used`); a repeat of a completed continuation is still a replay | `false` |
 /// | `idem = self.payments_idem` | the [`Idem`] handle to use | [`HasIdem`] for methods, [`Idem::install`] for free functions |
-/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Idem::with_local_caller`]; none: refused |
+/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Builder::local_caller`](crate::Builder::local_caller); none: refused |
 /// | `crate = my_reexport::idem_runtime` | the path to this crate, for re-exporters | `::idem_runtime` |
 ///
 /// # Parameters and what a key may name
@@ -264,4 +264,7 @@ pub mod __private {
     pub use crate::macro_support::*;
     #[cfg(feature = "rmcp")]
     pub use crate::mcp::macro_support::*;
+    #[cfg(feature = "rmcp")]
+    pub use crate::mcp::{Backing, ToolContext, ToolOutcome, backed_meta, output_schema, recipe_meta};
+    pub use crate::{HasIdem, Idem, Recipe, ScopeRule, StalePolicy};
 }

@@ -125,7 +125,7 @@ impl Recipe {
     }
 
     /// The namespace the tool's keys are derived in, unless the handle sets one for all its
-    /// tools ([`Idem::with_namespace`](crate::Idem::with_namespace)). `#[idempotent]` sets the
+    /// tools ([`Builder::namespace`](crate::Builder::namespace)). `#[idempotent]` sets the
     /// name of the package that declares the handler; a hand-built recipe without one uses
     /// `"default"`. Renaming a namespace re-keys its tools.
     #[must_use]

@@ -52,7 +52,7 @@ pub enum Rejection {
     /// again helps only once the client authenticates.
     NoCaller,
     /// A local request (stdio) on a server started without a local caller
-    /// ([`Idem::with_local_caller`](crate::Idem::with_local_caller)): nothing authenticates such
+    /// ([`Builder::local_caller`](crate::Builder::local_caller)): nothing authenticates such
     /// requests, so no key can be scoped and the handler did not run. Only the server's operator
     /// can fix it; retrying cannot.
     NoLocalCaller,
@@ -195,7 +195,7 @@ impl fmt::Display for Rejection {
             Self::NoLocalCaller => f.write_str(
                 "nothing was executed: this server was started without a caller for local requests, so none of \
                  its calls can be made safe to repeat. Retrying will not help: the server's operator must \
-                 configure one (`Idem::with_local_caller`) and restart it",
+                 configure one (`Idem::builder(…).local_caller(…)`) and restart it",
             ),
             Self::InvalidArguments { error } => write!(f, "nothing was executed: {error}"),
             Self::DuplicateTool { namespace, tool, first, second } => write!(
@@ -203,7 +203,7 @@ impl fmt::Display for Rejection {
                 "nothing was executed: two different handlers serve tool `{tool}` in namespace `{namespace}` on \
                  this ledger (`{second}` and `{first}`), so they would share keys and replay each other's \
                  results; both are refused. Give one its own tool name with `#[idempotent(name = \"...\")]`, or \
-                 serve them in different namespaces (`Idem::with_namespace`). If one is the other moved or \
+                 serve them in different namespaces (`Idem::builder(…).namespace(…)`). If one is the other moved or \
                  renamed in code, pin the tool with `#[idempotent(name = \"{tool}\")]` so that moves never \
                  change it again, and forget the old handler: `idem tools forget {namespace} {tool}`"
             ),

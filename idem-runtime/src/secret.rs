@@ -8,7 +8,7 @@
 //! `IDEM_SECRET=1:$(openssl rand -hex 32)`.
 //!
 //! Rotation: configure the new secret as the current one and keep the old one as a previous
-//! secret (`IDEM_SECRET_PREVIOUS`, [`Idem::with_previous_secret`](crate::Idem::with_previous_secret))
+//! secret (`IDEM_SECRET_PREVIOUS`, [`Builder::previous_secret`](crate::Builder::previous_secret))
 //! until the longest window has run. A call whose operation was recorded under a previous
 //! secret is answered from that record (replayed, in flight, unknown), never run a second time.
 
@@ -445,7 +445,7 @@ impl fmt::Display for SecretError {
                 "no idem secret is configured, and {ledger} is shared by replicas, which must all use the same \
                  one: set {SECRET_ENV}=1:<hex> with at least {MIN_SECRET_BYTES} random bytes (e.g. \
                  `1:$(openssl rand -hex 32)`), the same on every replica, or pass it in code with \
-                 `Idem::with_secret`"
+                 `Idem::builder(…).secret(…)`"
             ),
             Self::TooShort { bytes } => write!(
                 f,

@@ -327,7 +327,10 @@ impl HasIdem for Shop {
 #[idem_runtime::audit_idempotent]
 impl Shop {
     fn new() -> Self {
-        Shop { idem: Idem::new(MemoryLedger::new()).with_local_caller(alice()), downstream: Downstream::default() }
+        Shop {
+            idem: Idem::builder(MemoryLedger::new()).local_caller(alice()).build().unwrap(),
+            downstream: Downstream::default(),
+        }
     }
 
     /// `coupon` is a key field of type `Option`: `None` is a legitimate value there.

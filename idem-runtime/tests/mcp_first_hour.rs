@@ -70,7 +70,7 @@ impl Desk {
 impl ServerHandler for Desk {}
 
 fn local_idem() -> Idem {
-    Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"))
+    Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap()
 }
 
 #[path = "support/wire.rs"]

@@ -1,6 +1,6 @@
 //! A call that no caller can be found for, as the agent and the operator see it: over HTTP the
 //! client must authenticate (`no_caller`); over stdio on a server started without
-//! `Idem::with_local_caller`, only the operator can help (`no_local_caller`, logged at WARN) —
+//! `Builder::local_caller`, only the operator can help (`no_local_caller`, logged at WARN) —
 //! and `mcp::check_stdio` catches that before serving.
 
 use std::sync::{Arc, Mutex};
@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 const NO_LOCAL_CALLER: &str = "nothing was executed: this server was started without a caller for local requests, so \
      none of its calls can be made safe to repeat. Retrying will not help: the server's operator must configure one \
-     (`Idem::with_local_caller`) and restart it";
+     (`Idem::builder(…).local_caller(…)`) and restart it";
 
 const NO_CALLER: &str = "nothing was executed: the call came without an authenticated caller, so it cannot be made \
      safe to repeat. Repeating it unchanged will not help: the client must authenticate (send its credentials with \
@@ -127,9 +127,10 @@ fn a_stdio_server_without_a_local_caller_is_caught_before_it_serves() {
         error.to_string(),
         "refusing to serve on stdio: this server's idem handle has no local caller, and a request over stdio carries \
          no authenticated one, so every idempotent tool call would be refused. Configure the caller this server acts \
-         for: `Idem::new(ledger).with_local_caller(Caller::try_new(tenant, subject)?)`"
+         for: `Idem::builder(ledger).local_caller(Caller::try_new(tenant, subject)?).build()?`"
     );
-    assert_eq!(mcp::check_stdio(&idem.with_local_caller(Caller::new("local", "user"))), Ok(()));
+    let local = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("local", "user")).build().unwrap();
+    assert_eq!(mcp::check_stdio(&local), Ok(()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,7 +161,7 @@ async fn a_call_without_a_caller_says_whose_move_it_is() {
         logged.lines().any(|line| line.contains(" WARN ")
             && line.ends_with(
                 "idem_runtime::mcp::caller: refused a call over stdio: this server's idem handle has no local caller, \
-             so every idempotent tool call on stdio is refused. Configure one with `Idem::with_local_caller` (and \
+             so every idempotent tool call on stdio is refused. Configure one with `Idem::builder(…).local_caller(…)` (and \
              check it at startup with `idem_runtime::mcp::check_stdio`)"
             )),
         "the operator is told in the log: {logged}"

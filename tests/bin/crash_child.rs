@@ -85,7 +85,7 @@ fn main() {
 async fn run(url: &str, dir: &str, tenant: &str, order: &str, point: &str, lease: Duration) -> Result<String, String> {
     let downstream = downstream::FileDownstream::open(dir).map_err(|e| format!("downstream: {e}"))?;
     let ledger = SeaOrmLedger::connect(url).await.map_err(|e| format!("ledger: {e}"))?;
-    let idem = idem_tests::idem(ledger).with_lease(lease);
+    let idem = idem_tests::builder(ledger).lease(lease).build().unwrap();
     let caller = Caller::new(tenant, "crash-child");
     let arguments = serde_json::json!({ "order_id": order, "amount_cents": 1250 });
     let served = idem

@@ -22,9 +22,11 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let line = runtime.block_on(async {
         let ledger = SeaOrmLedger::connect(url).await.map_err(|error| format!("ledger: {error}"))?;
-        let idem = idem_tests::idem(ledger)
-            .with_namespace(namespace.clone())
-            .with_local_caller(idem_runtime::Caller::new("owners", "child"));
+        let idem = idem_tests::builder(ledger)
+            .namespace(namespace.clone())
+            .local_caller(idem_runtime::Caller::new("owners", "child"))
+            .build()
+            .unwrap();
         let (answer, ran) = match service.as_str() {
             "orders" => {
                 let orders = Orders { idem, ran: AtomicUsize::new(0) };

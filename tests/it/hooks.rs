@@ -1,4 +1,4 @@
-//! Hooks (`Idem::with_hooks`): the sequence of events a recording hook sees for a fresh call, a
+//! Hooks (`Builder::hooks`): the sequence of events a recording hook sees for a fresh call, a
 //! replay, a conflict, an in-flight repeat (two calls at once), an unknown outcome and a failure,
 //! on the memory ledger and SQLite (a file); that no event carries an argument's value or a
 //! result; and that a panicking hook breaks no call.
@@ -117,7 +117,7 @@ async fn ledger(backend: &str) -> Arc<dyn Ledger> {
 /// A handle with a recording hook on `backend`'s ledger.
 async fn recorded(backend: &str) -> (Idem, Arc<Recording>) {
     let recording = Arc::new(Recording::default());
-    let idem = idem_tests::idem_shared(ledger(backend).await).with_hooks(recording.clone());
+    let idem = idem_tests::builder(ledger(backend).await).hooks(recording.clone()).build().unwrap();
     (idem, recording)
 }
 
@@ -260,7 +260,7 @@ async fn a_panicking_hook_breaks_no_call(backend: &str) {
         }
     }
     let hooks = Arc::new(Panicking::default());
-    let idem = idem_tests::idem_shared(ledger(backend).await).with_hooks(hooks.clone());
+    let idem = idem_tests::builder(ledger(backend).await).hooks(hooks.clone()).build().unwrap();
     let args = charge(&unique("o"), 100);
     let effects = AtomicUsize::new(0);
     let run = || async {
@@ -281,8 +281,8 @@ async fn a_dead_holders_lease_is_taken_over(backend: &str) {
     let shared = ledger(backend).await;
     let recording = Arc::new(Recording::default());
     let lease = std::time::Duration::from_millis(90);
-    let holder = idem_tests::idem_shared(Arc::clone(&shared)).with_lease(lease).with_hooks(recording.clone());
-    let repeats = idem_tests::idem_shared(shared).with_lease(lease).with_hooks(recording.clone());
+    let holder = idem_tests::builder(Arc::clone(&shared)).lease(lease).hooks(recording.clone()).build().unwrap();
+    let repeats = idem_tests::builder(shared).lease(lease).hooks(recording.clone()).build().unwrap();
     let args = charge(&unique("o"), 100);
     let (started, caller) = (Notify::new(), alice());
     let dying = holder.call(&CHARGE_TAKEOVER, Some(&caller), &args, || async {

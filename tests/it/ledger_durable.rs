@@ -410,10 +410,12 @@ async fn a_replica_whose_clock_runs_ahead_does_not_take_over(backend: &str) {
     let Some(url) = url(backend, "a_replica_whose_clock_runs_ahead_does_not_take_over").await else { return };
     static TAKEOVER: Recipe = Recipe::new("skewed_charge", &["order_id"]).stale(StalePolicy::Takeover);
     let lease = std::time::Duration::from_secs(20);
-    let holder = idem_tests::idem(SeaOrmLedger::connect(&url).await.unwrap()).with_lease(lease);
-    let fast = idem_tests::idem(SeaOrmLedger::connect(&url).await.unwrap())
-        .with_lease(lease)
-        .with_clock(Fast { ahead: 25_000 });
+    let holder = idem_tests::builder(SeaOrmLedger::connect(&url).await.unwrap()).lease(lease).build().unwrap();
+    let fast = idem_tests::builder(SeaOrmLedger::connect(&url).await.unwrap())
+        .lease(lease)
+        .clock(Fast { ahead: 25_000 })
+        .build()
+        .unwrap();
     let args = json!({ "order_id": unique("o") });
     let Held { running, runs, release } = held(holder, &TAKEOVER, &args, "first").await;
     let repeat = fast
@@ -438,8 +440,10 @@ async fn a_replica_whose_clock_runs_ahead_does_not_take_over(backend: &str) {
 async fn a_blocking_handler_keeps_its_lease(backend: &str) {
     let Some(url) = url(backend, "a_blocking_handler_keeps_its_lease").await else { return };
     static TAKEOVER: Recipe = Recipe::new("blocking_charge", &["order_id"]).stale(StalePolicy::Takeover);
-    let idem =
-        idem_tests::idem(SeaOrmLedger::connect(&url).await.unwrap()).with_lease(std::time::Duration::from_millis(600));
+    let idem = idem_tests::builder(SeaOrmLedger::connect(&url).await.unwrap())
+        .lease(std::time::Duration::from_millis(600))
+        .build()
+        .unwrap();
     // The test's own task can be starved behind the blocked worker on a loaded machine, and
     // then asks only after the handler finished: that run shows nothing, so set it up again.
     for _ in 0..5 {

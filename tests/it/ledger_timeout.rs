@@ -49,9 +49,11 @@ async fn answered<T>(what: &str, backend: &str, call: impl Future<Output = T>) -
 async fn a_hanging_ledger_is_unavailable_within_the_timeout_on_every_path() {
     for (backend, ledger) in idem_tests::every_ledger("a_hanging_ledger_is_unavailable").await {
         let tapped = Tapped::new(ledger, Hanging { hanging: AtomicBool::new(false) });
-        let idem = idem_tests::idem_shared(Arc::clone(&tapped) as Arc<dyn Ledger>)
-            .with_lease(Duration::from_secs(1))
-            .with_ledger_timeout(TIMEOUT);
+        let idem = idem_tests::builder(Arc::clone(&tapped) as Arc<dyn Ledger>)
+            .lease(Duration::from_secs(1))
+            .ledger_timeout(TIMEOUT)
+            .build()
+            .unwrap();
         let alice = Caller::new("acme", "alice");
         // One call while the ledger answers: the clock is measured and the secret checked.
         let served = idem
@@ -64,18 +66,20 @@ async fn a_hanging_ledger_is_unavailable_within_the_timeout_on_every_path() {
 
         let status = answered("status", backend, idem.status(&alice, &reference)).await;
         assert!(status.is_err(), "{backend}: status of a hanging ledger: {status:?}");
-        let inspect = answered("inspect", backend, idem.inspect("acme", &reference)).await;
+        let inspect = answered("inspect", backend, idem.admin().inspect("acme", &reference)).await;
         assert!(inspect.is_err(), "{backend}: inspect: {inspect:?}");
-        let resolve = answered("resolve", backend, idem.resolve(&alice, &address, Resolution::NothingHappened)).await;
+        let resolve =
+            answered("resolve", backend, idem.admin().resolve(alice.tenant(), &address, Resolution::NothingHappened))
+                .await;
         assert!(
             matches!(resolve, Err(idem_runtime::StatusError::Ledger(ref error)) if error.is_ambiguous()),
             "{backend}: resolve: {resolve:?}"
         );
-        let stats = answered("stats", backend, idem.stats()).await;
+        let stats = answered("stats", backend, idem.admin().stats()).await;
         assert!(stats.is_err(), "{backend}: stats: {stats:?}");
-        let pending = answered("pending", backend, idem.pending(&PendingFilter::new(10))).await;
+        let pending = answered("pending", backend, idem.admin().pending(&PendingFilter::new(10))).await;
         assert!(pending.is_err(), "{backend}: pending: {pending:?}");
-        let sweep = answered("sweep", backend, idem.sweep(10)).await;
+        let sweep = answered("sweep", backend, idem.admin().sweep(10)).await;
         assert!(sweep.is_err(), "{backend}: sweep: {sweep:?}");
         let runs = std::sync::atomic::AtomicUsize::new(0);
         let call = answered(
@@ -101,10 +105,12 @@ async fn a_hanging_ledger_is_unavailable_within_the_timeout_on_every_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_timeout_set_last_is_the_one_every_path_keeps() {
     let tapped = Tapped::new(Arc::new(idem_runtime::MemoryLedger::new()), Hanging { hanging: AtomicBool::new(true) });
-    let idem: Idem = idem_tests::idem_shared(tapped as Arc<dyn Ledger>)
-        .with_ledger_timeout(TIMEOUT)
-        .with_retention(Duration::from_secs(60))
-        .with_lease(Duration::from_secs(2));
-    let stats = answered("stats", "memory", idem.stats()).await;
+    let idem: Idem = idem_tests::builder(tapped as Arc<dyn Ledger>)
+        .ledger_timeout(TIMEOUT)
+        .retention(Duration::from_secs(60))
+        .lease(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let stats = answered("stats", "memory", idem.admin().stats()).await;
     assert!(stats.is_err(), "stats of a hanging ledger: {stats:?}");
 }

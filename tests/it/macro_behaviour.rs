@@ -73,7 +73,7 @@ impl HasIdem for Shop {
 impl Shop {
     fn new(hold: bool) -> Self {
         Shop {
-            idem: Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")),
+            idem: Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap(),
             placed: AtomicUsize::new(0),
             forwarded: std::sync::Mutex::default(),
             release: tokio::sync::Notify::new(),
@@ -301,7 +301,7 @@ static PLACED_SHAPES: AtomicUsize = AtomicUsize::new(0);
 #[tokio::test]
 async fn a_single_arguments_struct_may_be_destructured_and_keyed_by_its_fields() {
     let _installed = crate::INSTALLED_HANDLE.lock().await;
-    Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")).install();
+    Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap().install();
     let runs = || PLACED_SHAPES.load(Ordering::SeqCst);
     let before = runs();
     let first = place_destructured(order("s-1", 100, "n")).await.unwrap();
@@ -338,7 +338,7 @@ async fn send_daily_summary() -> Result<usize, ShopError> {
 #[tokio::test]
 async fn a_tool_without_arguments_runs_once_per_caller_and_window() {
     let _installed = crate::INSTALLED_HANDLE.lock().await;
-    Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")).install();
+    Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap().install();
     let before = SUMMARIES.load(Ordering::SeqCst);
     let first = send_daily_summary().await.unwrap();
     assert_eq!(send_daily_summary().await.unwrap(), first, "the same caller's repeat is a replay");

@@ -171,7 +171,7 @@ struct Order {
 }
 
 fn till(ledger: Arc<dyn Ledger>) -> Till {
-    let idem = idem_tests::idem_shared(ledger).with_local_caller(Caller::new("acme", "alice"));
+    let idem = idem_tests::builder(ledger).local_caller(Caller::new("acme", "alice")).build().unwrap();
     Till { idem, processor: Arc::default() }
 }
 
@@ -458,9 +458,12 @@ async fn a_state_sealed_before_a_rotation_step_is_accepted_after_it(backend: &st
     );
     let alice = Caller::new("acme", "alice");
     let processor = Arc::new(Processor::default());
-    let replica = |idem: Idem| Till { idem: idem.with_local_caller(alice.clone()), processor: Arc::clone(&processor) };
-    let mut before = Client::connect(replica(Idem::from_shared(Arc::clone(&ledger)).with_secret(v1.clone())));
-    let mut after = Client::connect(replica(Idem::from_shared(ledger).with_secret(v2).with_previous_secret(v1)));
+    let replica = |idem: idem_runtime::Builder| Till {
+        idem: idem.local_caller(alice.clone()).build().unwrap(),
+        processor: Arc::clone(&processor),
+    };
+    let mut before = Client::connect(replica(Idem::builder(Arc::clone(&ledger)).secret(v1.clone())));
+    let mut after = Client::connect(replica(Idem::builder(ledger).secret(v2).previous_secret(v1)));
     for tool in ["charge", "charge_once"] {
         let order = order_id();
         let arguments = json!({ "order_id": order, "amount_cents": 1_500 });

@@ -28,9 +28,11 @@ async fn two_handles_over_one_ledger_never_share_an_operation() {
     for (name, ledger) in idem_tests::every_ledger("two_handles_over_one_ledger_never_share_an_operation").await {
         let namespace = fresh_namespace();
         let handle = || {
-            idem_tests::idem_shared(ledger.clone())
-                .with_namespace(namespace.clone())
-                .with_local_caller(Caller::new("owners", "test"))
+            idem_tests::builder(ledger.clone())
+                .namespace(namespace.clone())
+                .local_caller(Caller::new("owners", "test"))
+                .build()
+                .unwrap()
         };
         let orders = Orders { idem: handle(), ran: AtomicUsize::new(0) };
         let invoices = Invoices { idem: handle(), ran: AtomicUsize::new(0) };

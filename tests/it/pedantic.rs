@@ -172,7 +172,7 @@ async fn store<T: Serialize + serde::de::DeserializeOwned + Send>(id: u64, value
 }
 
 fn shop() -> Shop {
-    Shop { idem: Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")) }
+    Shop { idem: Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap() }
 }
 
 #[test]

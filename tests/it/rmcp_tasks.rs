@@ -117,7 +117,7 @@ impl ServerHandler for Deployer {
 }
 
 fn server(ledger: Arc<dyn Ledger>, downstream: &Arc<Downstream>, subject: &str) -> Deployer {
-    let idem = idem_tests::idem_shared(ledger).with_local_caller(Caller::new("acme", subject));
+    let idem = idem_tests::builder(ledger).local_caller(Caller::new("acme", subject)).build().unwrap();
     Deployer::new(idem, Arc::clone(downstream), true)
 }
 
@@ -250,7 +250,7 @@ async fn tasks_on_postgres_survive_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_without_the_extension_answers_in_flight() {
     let downstream = Arc::new(Downstream::default());
-    let idem = idem_tests::idem(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"));
+    let idem = idem_tests::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap();
     let mut wire = Wire::connect(Deployer::new(idem, Arc::clone(&downstream), false)).await;
     let deploy = fresh_deploy();
     let first = wire.call("deploy", &deploy, true).await;

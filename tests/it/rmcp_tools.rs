@@ -97,7 +97,7 @@ impl Shop {
 
 fn shop() -> Shop {
     Shop {
-        idem: Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")),
+        idem: Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap(),
         placed: AtomicUsize::new(0),
     }
 }

@@ -216,9 +216,11 @@ async fn replicas(backend: &str, test: &str) -> Option<Replicas> {
         let ledger: Arc<dyn Ledger> = ledger.clone();
         // A namespace of its own: `rmcp_tasks` serves another `deploy` handler on the same
         // databases, and two handlers under one tool name are refused (`duplicate_tool`).
-        let idem = idem_tests::idem_shared(ledger)
-            .with_namespace("idem-tests-waiting")
-            .with_local_caller(Caller::new("acme", "alice"));
+        let idem = idem_tests::builder(ledger)
+            .namespace("idem-tests-waiting")
+            .local_caller(Caller::new("acme", "alice"))
+            .build()
+            .unwrap();
         Deployer::new(idem, Arc::clone(&downstream))
     };
     let here = Wire::connect(server(&here_ledger)).await;
@@ -373,7 +375,7 @@ async fn a_task_tool_answers_a_waited_repeat_with_its_task_or_in_flight(backend:
 /// `_meta["dev.idem/recipe"]`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_definition_advertises_the_wait() {
-    let idem = idem_tests::idem(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"));
+    let idem = idem_tests::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap();
     let mut wire = Wire::connect(Deployer::new(idem, Arc::new(Downstream::default()))).await;
     let listed = wire.request("tools/list", json!({})).await;
     let tools = listed.pointer("/result/tools").and_then(Value::as_array).expect("the tools");

@@ -89,7 +89,7 @@ async fn a_ledger_reader_without_the_secret_cannot_brute_force_an_amount() {
 async fn with_the_secret_the_same_search_finds_the_amount() {
     let ledger = SeaOrmLedger::connect("sqlite::memory:").await.unwrap();
     let secret = Secret::new(1, &[0x17; 32]).unwrap();
-    let idem = Idem::new(ledger.clone()).with_secret(secret.clone());
+    let idem = Idem::builder(ledger.clone()).secret(secret.clone()).build().unwrap();
     let args = json!({ "card": CARD, "amount_cents": AMOUNT });
     idem.call(&CHARGE, Some(&alice()), &args, || async { Ok::<_, Error>("charged".to_owned()) }).await.unwrap();
     let (fingerprint, tags) = stored_row(&ledger).await;
@@ -139,8 +139,8 @@ async fn charge(idem: &Idem, args: &serde_json::Value, runs: &AtomicUsize, hold:
 async fn a_rotated_secret_still_finds_operations_made_under_the_previous_one() {
     let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
     let (v1, v2) = (secret(1, 0x11), secret(2, 0x22));
-    let before = Idem::from_shared(Arc::clone(&ledger)).with_secret(v1.clone());
-    let after = Idem::from_shared(Arc::clone(&ledger)).with_secret(v2.clone()).with_previous_secret(v1.clone());
+    let before = Idem::builder(Arc::clone(&ledger)).secret(v1.clone()).build().unwrap();
+    let after = Idem::builder(Arc::clone(&ledger)).secret(v2.clone()).previous_secret(v1.clone()).build().unwrap();
     let runs = AtomicUsize::new(0);
     let args = json!({ "card": CARD, "amount_cents": 1250 });
 
@@ -169,7 +169,7 @@ async fn a_rotated_secret_still_finds_operations_made_under_the_previous_one() {
     assert_ne!(after.key_of(&CHARGE, &alice(), &new).unwrap(), before.key_of(&CHARGE, &alice(), &new).unwrap());
 
     // Without the previous secret, the same repeat would have run again: the test can fail.
-    let forgot = Idem::from_shared(Arc::clone(&ledger)).with_secret(v2);
+    let forgot = Idem::builder(Arc::clone(&ledger)).secret(v2).build().unwrap();
     assert_eq!(charge(&forgot, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-4");
 }
 
@@ -179,8 +179,8 @@ async fn a_rotated_secret_still_finds_operations_made_under_the_previous_one() {
 async fn replicas_mid_rotation_never_both_run_one_operation() {
     let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
     let (v1, v2) = (secret(1, 0x11), secret(2, 0x22));
-    let old = Idem::from_shared(Arc::clone(&ledger)).with_secret(v1.clone()).with_previous_secret(v2.clone());
-    let new = Idem::from_shared(Arc::clone(&ledger)).with_secret(v2).with_previous_secret(v1);
+    let old = Idem::builder(Arc::clone(&ledger)).secret(v1.clone()).previous_secret(v2.clone()).build().unwrap();
+    let new = Idem::builder(Arc::clone(&ledger)).secret(v2).previous_secret(v1).build().unwrap();
     for amount in 0..200u64 {
         let runs = Arc::new(AtomicUsize::new(0));
         let args = json!({ "card": CARD, "amount_cents": amount });
@@ -239,7 +239,8 @@ async fn a_shared_database_without_a_secret_refuses_and_says_how_to_set_one() {
         let refused = charge(&idem, &json!({ "card": CARD, "amount_cents": 7 }), &runs, Duration::ZERO).await;
         assert!(matches!(refused, Err(Error::Idem(ref code)) if code == "ledger_unavailable"), "{refused:?}");
         assert_eq!(runs.load(Ordering::SeqCst), 0);
-        idem.with_secret(idem_tests::test_secret()).check_secret().await.expect("configured in code");
+        let keyed = Idem::builder(Arc::clone(idem.ledger())).secret(idem_tests::test_secret()).build().unwrap();
+        keyed.check_secret().await.expect("configured in code");
     }
 }
 
@@ -265,7 +266,7 @@ static SHOP: std::sync::OnceLock<Idem> = std::sync::OnceLock::new();
 
 /// One handle for the module-level handlers below (not `Idem::install`: tests run in parallel).
 fn shop() -> &'static Idem {
-    SHOP.get_or_init(|| Idem::new(MemoryLedger::new()).with_local_caller(alice()))
+    SHOP.get_or_init(|| Idem::builder(MemoryLedger::new()).local_caller(alice()).build().unwrap())
 }
 
 static ORDERS_CANCELLED: AtomicUsize = AtomicUsize::new(0);
@@ -365,7 +366,7 @@ impl Handler for CancelOrderRenamed<'_> {
 #[tokio::test]
 async fn command_handlers_sharing_a_method_name_never_replay_each_other() {
     let commands = Commands {
-        idem: Idem::new(MemoryLedger::new()).with_local_caller(alice()),
+        idem: Idem::builder(MemoryLedger::new()).local_caller(alice()).build().unwrap(),
         placed: AtomicUsize::new(0),
         cancelled: AtomicUsize::new(0),
     };
@@ -386,7 +387,7 @@ static CREATE: Recipe = Recipe::new("create", &["id"]);
 async fn two_servers_on_one_ledger_never_share_keys() {
     let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
     let server = |namespace: &str| {
-        Idem::from_shared(Arc::clone(&ledger)).with_secret(idem_tests::test_secret()).with_namespace(namespace)
+        Idem::builder(Arc::clone(&ledger)).secret(idem_tests::test_secret()).namespace(namespace).build().unwrap()
     };
     let (orders, billing) = (server("orders"), server("billing"));
     let runs = AtomicUsize::new(0);
@@ -429,15 +430,15 @@ impl Keyed {
 }
 
 /// `#[idempotent]` keys a handler in its package's namespace (stable across module moves and
-/// refactors); `Idem::with_namespace` replaces it for every tool of a handle.
+/// refactors); `Builder::namespace` replaces it for every tool of a handle.
 #[tokio::test]
 async fn the_default_namespace_is_the_declaring_package() {
-    let idem = Idem::new(MemoryLedger::new()).with_local_caller(alice());
+    let idem = Idem::builder(MemoryLedger::new()).local_caller(alice()).build().unwrap();
     let key = Keyed(idem.clone()).create("42".into()).await.unwrap();
     let expected =
         idem.key_of(&Recipe::new("create", &["id"]).namespace("idem-tests"), &alice(), &json!({ "id": "42" }));
     assert_eq!(key, expected.unwrap().to_string());
-    let named = idem.with_namespace("shop");
+    let named = Idem::builder(Arc::clone(idem.ledger())).local_caller(alice()).namespace("shop").build().unwrap();
     let key = Keyed(named.clone()).create("42".into()).await.unwrap();
     assert_eq!(key, named.key_of(&CREATE, &alice(), &json!({ "id": "42" })).unwrap().to_string());
 }
@@ -633,7 +634,7 @@ mod over_mcp {
 
     fn warehouse() -> Warehouse {
         // A local identity is configured, as for stdio (the quickstart does the same).
-        Warehouse::new(Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("local", "user")))
+        Warehouse::new(Idem::builder(MemoryLedger::new()).local_caller(Caller::new("local", "user")).build().unwrap())
     }
 
     /// Item 4: an HTTP request without an authenticated caller is refused — by tools and by the
@@ -682,7 +683,7 @@ mod over_mcp {
     async fn raw_database_errors_never_reach_the_agent() {
         let ledger = SeaOrmLedger::connect("sqlite::memory:").await.unwrap();
         ledger.connection().execute_unprepared("DROP TABLE idem_records").await.unwrap();
-        let idem = Idem::new(ledger).with_local_caller(Caller::new("local", "user"));
+        let idem = Idem::builder(ledger).local_caller(Caller::new("local", "user")).build().unwrap();
         let (args, runs) = (json!({ "card": CARD, "amount_cents": 3 }), AtomicUsize::new(0));
         let Err(Error::Idem(refused)) = charge(&idem, &args, &runs, Duration::ZERO).await else {
             panic!("expected a refusal")
@@ -711,7 +712,7 @@ mod over_mcp {
     /// the second to run is refused, not handed the first one's result.
     #[tokio::test]
     async fn a_free_function_and_a_tool_with_one_name_never_replay_each_other() {
-        let idem = Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("local", "user"));
+        let idem = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("local", "user")).build().unwrap();
         let mut wire = Wire::connect(Warehouse::new(idem.clone())).await;
         let tool = wire.call(Arrival::Stdio, "checkout", json!({ "order_id": "o-1", "sku": "s" })).await;
         assert_eq!(text(&tool), "o-1 checked out with reservation-1 of s", "{tool}");
@@ -795,7 +796,7 @@ impl idem_runtime::ResultSeal for Reversed {
 #[tokio::test]
 async fn a_result_seal_keeps_stored_results_from_a_ledger_reader() {
     let ledger = SeaOrmLedger::connect("sqlite::memory:").await.unwrap();
-    let idem = Idem::new(ledger.clone()).with_secret(idem_tests::test_secret()).with_result_seal(Reversed);
+    let idem = Idem::builder(ledger.clone()).secret(idem_tests::test_secret()).result_seal(Reversed).build().unwrap();
     let args = json!({ "card": CARD, "amount_cents": 12 });
     let runs = AtomicUsize::new(0);
     let handler = || async {
@@ -812,7 +813,7 @@ async fn a_result_seal_keeps_stored_results_from_a_ledger_reader() {
     let status = idem.status(&alice(), &first.reference.to_string()).await.unwrap().unwrap();
     assert_eq!(status.result, Some(format!(r#"{{"ok":"charged card {CARD}"}}"#).into_bytes()));
     // A handle without the seal cannot read it, and does not run the handler again either.
-    let unsealed = Idem::new(ledger).with_secret(idem_tests::test_secret());
+    let unsealed = Idem::builder(ledger).secret(idem_tests::test_secret()).build().unwrap();
     let refused = unsealed.call(&CHARGE, Some(&alice()), &args, handler).await;
     assert!(matches!(refused, Err(Error::Idem(ref code)) if code == "unreadable_result"), "{refused:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);

@@ -211,7 +211,8 @@ async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend
     let watcher = replica_url(backend, "three_replicas")
         .map(|url| tokio::spawn(watch_lock_waits(url, Arc::clone(&lock_waits), Arc::clone(&watching))));
     // A short period and small batches, so the three overlap on many batches.
-    let sweepers: Vec<_> = handles.iter().map(|idem| idem.spawn_sweeper(Duration::from_millis(5), 50)).collect();
+    let sweepers: Vec<_> =
+        handles.iter().map(|idem| idem.admin().spawn_sweeper(Duration::from_millis(5), 50)).collect();
     let total = || sweepers.iter().map(|s| s.stats().swept).sum::<u64>();
     until("the sweepers delete every expired record", || {
         total() >= EXPIRED as u64 || sweepers.iter().any(|s| s.stats().errors > 0)
@@ -255,7 +256,7 @@ async fn a_stopped_sweeper_deletes_nothing_more() {
     let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
     let idem = idem_tests::idem_shared(Arc::clone(&ledger));
     seed(&ledger, 100, 0).await;
-    let sweeper = idem.spawn_sweeper(Duration::from_millis(1), 10);
+    let sweeper = idem.admin().spawn_sweeper(Duration::from_millis(1), 10);
     until("the sweeper deletes the first records", || sweeper.stats().swept == 100).await;
     let stats = sweeper.stop().await;
     assert_eq!((stats.swept, stats.errors), (100, 0));
@@ -264,7 +265,7 @@ async fn a_stopped_sweeper_deletes_nothing_more() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(ledger.sweep(now_ms(), 1_000).await.unwrap(), 100, "the stopped sweeper left them");
     // Dropping the guard stops it too.
-    let sweeper = idem.spawn_sweeper(Duration::from_millis(1), 10);
+    let sweeper = idem.admin().spawn_sweeper(Duration::from_millis(1), 10);
     until("the sweeper sweeps", || sweeper.stats().sweeps > 0).await;
     drop(sweeper);
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -279,7 +280,7 @@ async fn a_stopped_sweeper_deletes_nothing_more() {
 async fn a_sweeper_stops_with_its_handle() {
     let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
     let idem = idem_tests::idem_shared(Arc::clone(&ledger));
-    let sweeper = idem.spawn_sweeper(Duration::from_millis(1), 10);
+    let sweeper = idem.admin().spawn_sweeper(Duration::from_millis(1), 10);
     until("the sweeper sweeps", || sweeper.stats().sweeps > 0).await;
     assert!(!sweeper.is_finished());
     drop(idem);
@@ -309,7 +310,7 @@ async fn a_sweeper_survives_a_ledger_error() {
     seed(&memory, 100, 4).await;
     let ledger = Tapped::new(Arc::clone(&memory), Failing { failures: AtomicUsize::new(3) });
     let idem = idem_tests::idem_shared(ledger.clone());
-    let sweeper = idem.spawn_sweeper(Duration::from_millis(1), 10);
+    let sweeper = idem.admin().spawn_sweeper(Duration::from_millis(1), 10);
     until("the sweeper deletes every expired record after the outage", || sweeper.stats().swept == 100).await;
     let stats = sweeper.stop().await;
     assert_eq!((stats.errors, stats.swept), (3, 100), "three failed sweeps, then all of it: {stats:?}");
@@ -368,13 +369,13 @@ async fn postgres_sweep_skips_locked_rows_instead_of_waiting() {
 async fn a_sweep_reports_its_progress_batch_by_batch() {
     let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
     let live = seed(&ledger, 25, 2).await;
-    let idem = Idem::from_shared(Arc::clone(&ledger));
+    let idem = Idem::new(Arc::clone(&ledger));
     let mut seen = Vec::new();
-    let swept = idem.sweep_with(10, |total| seen.push(total)).await.expect("sweep");
+    let swept = idem.admin().sweep_with(10, |total| seen.push(total)).await.expect("sweep");
     assert_eq!(swept, 25);
     assert_eq!(seen, [10, 20, 25], "one report per batch, the running total");
     assert_kept(&*ledger, &live).await;
     let mut again = Vec::new();
-    assert_eq!(idem.sweep_with(10, |total| again.push(total)).await.expect("sweep"), 0);
+    assert_eq!(idem.admin().sweep_with(10, |total| again.push(total)).await.expect("sweep"), 0);
     assert_eq!(again, [0], "a sweep with nothing to delete reports once");
 }

@@ -292,7 +292,7 @@ async fn a_lapsed_holder_is_taken_over_as_a_plain_repeat_would(backend: &str) {
     let Some(shared) = ledger(backend, "a_lapsed_holder_is_taken_over_as_a_plain_repeat_would").await else { return };
     let holder_ledger = Counting::new(Arc::clone(&shared));
     // A short lease, so it lapses during the one-second wait.
-    let holder = idem_tests::idem_shared(holder_ledger.clone()).with_lease(Duration::from_millis(150));
+    let holder = idem_tests::builder(holder_ledger.clone()).lease(Duration::from_millis(150)).build().unwrap();
     let repeats = idem_tests::idem_shared(shared);
     let (downstream, release) = (Downstream::default(), Notify::new());
     let args = json!({ "service": unique("api") });
@@ -329,7 +329,7 @@ async fn a_lapsed_holder_is_taken_over_as_a_plain_repeat_would(backend: &str) {
 async fn a_lapsed_holder_in_this_process_is_waited_for(backend: &str) {
     let Some(shared) = ledger(backend, "a_lapsed_holder_in_this_process_is_waited_for").await else { return };
     let counted = Counting::new(shared);
-    let idem = idem_tests::idem_shared(counted.clone()).with_lease(Duration::from_millis(150));
+    let idem = idem_tests::builder(counted.clone()).lease(Duration::from_millis(150)).build().unwrap();
     let (downstream, release) = (Downstream::default(), Notify::new());
     let args = json!({ "service": unique("api") });
     let first = idem.call(&DEPLOY_TAKEOVER, Some(alice()), &args, || async {
@@ -368,7 +368,7 @@ async fn a_first_call_no_longer_polled_does_not_wedge_the_calls_that_joined_it(b
         return; // A local ledger answers in one poll and is never coalesced: nobody joins a claim.
     }
     let Some(shared) = ledger(backend, test).await else { return };
-    let idem = idem_tests::idem_shared(shared).with_ledger_timeout(Duration::from_millis(100));
+    let idem = idem_tests::builder(shared).ledger_timeout(Duration::from_millis(100)).build().unwrap();
     let warm = json!({ "service": unique("warm-up") });
     idem.call(&DEPLOY, Some(alice()), &warm, || async { Ok::<_, Error>(String::new()) }).await.unwrap();
     let args = json!({ "service": unique("api") });

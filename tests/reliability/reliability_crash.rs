@@ -109,7 +109,7 @@ async fn crash_injection(backend: &str) {
         url,
         dir,
         downstream,
-        idem: idem_tests::idem(ledger).with_lease(Duration::from_millis(LEASE_MS)),
+        idem: idem_tests::builder(ledger).lease(Duration::from_millis(LEASE_MS)).build().unwrap(),
         // The child calls as subject `crash-child` of this tenant; retries come from the same caller.
         caller: Caller::new(unique("rel-crash-tenant"), "crash-child"),
     });
@@ -350,7 +350,10 @@ async fn inject(context: &Context, point: &'static str, policy: StalePolicy) -> 
                 Some(receipt) => Resolution::Completed(stored_ok(&receipt)),
                 None => Resolution::NothingHappened,
             };
-            idem.resolve(caller, &status.address().to_string(), resolution).await.expect("the operator resolves it");
+            idem.admin()
+                .resolve(caller.tenant(), &status.address().to_string(), resolution)
+                .await
+                .expect("the operator resolves it");
             run.resolved_by_operator = true;
             idem.call(&HOLD, Some(caller), &arguments, charge).await.expect("after resolve the repeat completes").value
         }

@@ -221,7 +221,7 @@ async fn late_holder_through_idem(backend: &str) {
     let (mut b_stored, mut a_answers, mut violations) = (0, BTreeMap::new(), Vec::new());
     for round in 0..rounds {
         let paused: Arc<dyn Ledger> = Tapped::new(Arc::clone(&ledger), Paused);
-        let replica_a = idem_tests::idem_shared(paused).with_lease(std::time::Duration::from_millis(300));
+        let replica_a = idem_tests::builder(paused).lease(std::time::Duration::from_millis(300)).build().unwrap();
         let replica_b = idem_tests::idem_shared(Arc::clone(&ledger));
         let caller = Caller::new(unique("rel-fence-tenant"), "agent");
         let arguments = json!({ "order_id": unique("order") });

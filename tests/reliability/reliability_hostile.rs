@@ -724,8 +724,10 @@ async fn non_finite_and_inexact_numbers_are_refused_never_rounded_or_nulled() {
     let inf = Charge { order_id: "o-1".into(), prices: vec![], total: f64::NEG_INFINITY };
     assert_eq!(to_value(&inf), Err(CanonicalError::NonFinite { path: "total".into() }));
     // The same through an `#[idempotent]` handler: refused before anything runs.
-    let shop =
-        Shop { idem: idem_tests::idem(MemoryLedger::new()).with_local_caller(caller()), runs: AtomicUsize::new(0) };
+    let shop = Shop {
+        idem: idem_tests::builder(MemoryLedger::new()).local_caller(caller()).build().unwrap(),
+        runs: AtomicUsize::new(0),
+    };
     for total in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         let error = shop.charge("o-2".into(), total).await.unwrap_err();
         assert_eq!(error.code(), "invalid_arguments", "{error:?}");
@@ -811,7 +813,10 @@ async fn arguments_that_are_not_an_object_and_hostile_refs() {
         "\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}",
     ] {
         assert!(idem.status(&caller, reference).await.is_err(), "{reference:?}");
-        assert!(idem.resolve(&caller, reference, Resolution::NothingHappened).await.is_err(), "{reference:?}");
+        assert!(
+            idem.admin().resolve(caller.tenant(), reference, Resolution::NothingHappened).await.is_err(),
+            "{reference:?}"
+        );
     }
     assert!(Caller::try_new(" ", "x").is_err() && Caller::try_new("x", "\t").is_err());
 }
@@ -896,11 +901,11 @@ async fn multi_megabyte_arguments(backend: &str) {
     }
 }
 
-/// A result above `with_max_result_bytes`: the caller gets it; the record becomes unknown (not
+/// A result above `max_result_bytes`: the caller gets it; the record becomes unknown (not
 /// stuck in progress); repeats are told to check; the operator path settles it.
 async fn result_above_the_size_limit(backend: &str) {
     let Some((idem, _)) = idem_on(backend, "reliability_hostile::result_above_the_size_limit").await else { return };
-    let idem = idem.with_max_result_bytes(1024);
+    let idem = idem_tests::builder(Arc::clone(idem.ledger())).max_result_bytes(1024).build().unwrap();
     let caller = caller();
     let runs = AtomicUsize::new(0);
     let big = "r".repeat(64 * 1024);
@@ -929,7 +934,10 @@ async fn result_above_the_size_limit(backend: &str) {
     }
     // The way out: an operator stores a (small) result; repeats replay it.
     let address = idem.status(&caller, &reference).await.unwrap().expect("the unknown one").address();
-    idem.resolve(&caller, &address.to_string(), Resolution::Completed(stored_ok(&"stored elsewhere"))).await.unwrap();
+    idem.admin()
+        .resolve(caller.tenant(), &address.to_string(), Resolution::Completed(stored_ok(&"stored elsewhere")))
+        .await
+        .unwrap();
     let replay = idem.call(&CHARGE, Some(&caller), &arguments, handler).await.unwrap();
     assert_eq!((replay.value.as_str(), replay.replayed), ("stored elsewhere", true));
     assert_eq!(runs.load(Ordering::SeqCst), 1);

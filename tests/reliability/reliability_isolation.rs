@@ -157,7 +157,7 @@ async fn tenants_never_see_each_other(backend: &str) {
     for reference in &refs_a {
         let address = idem.status(&a, reference).await.unwrap().expect("A's own").address().to_string();
         for resolution in [Resolution::NothingHappened, Resolution::Completed(br#"{"ok":"forged"}"#.to_vec())] {
-            match idem.resolve(&b, &address, resolution).await {
+            match idem.admin().resolve(b.tenant(), &address, resolution).await {
                 Err(StatusError::Ledger(LedgerError::NotFound)) => {}
                 other => {
                     settled += 1;
@@ -167,7 +167,7 @@ async fn tenants_never_see_each_other(backend: &str) {
         }
     }
     let nonexistent = format!("{}@1900000000000", random_ref());
-    let not_found_for_nonexistent = idem.resolve(&b, &nonexistent, Resolution::NothingHappened).await;
+    let not_found_for_nonexistent = idem.admin().resolve(b.tenant(), &nonexistent, Resolution::NothingHappened).await;
     assert_eq!(not_found_for_nonexistent, Err(StatusError::Ledger(LedgerError::NotFound)));
     // Positive controls: B sees its own; A does not see B's.
     for reference in &refs_b {

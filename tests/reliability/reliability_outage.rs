@@ -252,7 +252,7 @@ async fn outage_by_terminated_backends() {
 
 async fn outage(test: &str, url: &str, fault: Fault) {
     let ledger = SeaOrmLedger::connect(url).await.expect("connect through the fault");
-    let idem = idem_tests::idem(ledger).with_lease(LEASE);
+    let idem = idem_tests::builder(ledger).lease(LEASE).build().unwrap();
     let caller = Caller::new(unique("rel-outage-tenant"), "loader");
     let (downstream, tally) = (Arc::new(Downstream::default()), Arc::new(Tally::default()));
     let faults_wanted = scale(3, 25);
@@ -445,7 +445,7 @@ async fn outage(test: &str, url: &str, fault: Fault) {
 /// and the handler's run counter; the lost call's own answer has been checked.
 async fn lose_a_claim_answer(test: &str) -> Option<(Idem, Caller, Value, String, Arc<AtomicUsize>)> {
     let (url, direct) = support::connect("postgres", test).await?;
-    let idem = idem_tests::idem(direct).with_lease(LEASE);
+    let idem = idem_tests::builder(direct).lease(LEASE).build().unwrap();
     // The scenario needs the claim to reach the server whole, which holds only when the pool
     // hands the call its warmed connection (one whose statements are prepared: sqlx waits for
     // the answer to a first `Parse`, which the blackhole swallows). When it hands out another,
@@ -466,7 +466,7 @@ async fn try_to_lose_a_claim_answer(url: &str, idem: &Idem) -> Option<(Idem, Cal
     // skew in the background every third of a lease) would take the warmed connection.
     let db = Database::connect(SeaOrmLedger::connect_options(&proxied)).await.unwrap();
     let ledger = SeaOrmLedger::from_connection(db).with_clock(idem_runtime::SystemClock);
-    let through_proxy = idem_tests::idem(ledger).with_lease(LEASE);
+    let through_proxy = idem_tests::builder(ledger).lease(LEASE).build().unwrap();
     let caller = Caller::new(unique("rel-ack-tenant"), "loader");
     let runs = Arc::new(AtomicUsize::new(0));
     let order = unique("order");
@@ -546,7 +546,7 @@ async fn lost_claim_answer_tells_the_truth_and_has_a_way_out() {
             Err(error) if error.code() == "outcome_unknown" => {
                 path.push("outcome_unknown -> Idem::resolve(NothingHappened)".to_owned());
                 let address = idem.status(&caller, &reference).await.unwrap().expect("the unknown one").address();
-                idem.resolve(&caller, &address.to_string(), Resolution::NothingHappened).await.unwrap();
+                idem.admin().resolve(caller.tenant(), &address.to_string(), Resolution::NothingHappened).await.unwrap();
             }
             Err(error) => panic!("{path:?} then {error:?}"),
         }
@@ -592,7 +592,7 @@ async fn a_silent_ledger_is_answered_within_a_bound() {
     let Some((url, _)) = support::connect("postgres", test).await else { return };
     let proxy = Arc::new(Proxy::start(through(&url, 1).1));
     let (proxied, _) = through(&url, proxy.port);
-    let idem = idem_tests::idem(SeaOrmLedger::connect(&proxied).await.unwrap()).with_lease(LEASE);
+    let idem = idem_tests::builder(SeaOrmLedger::connect(&proxied).await.unwrap()).lease(LEASE).build().unwrap();
     let caller = Caller::new(unique("rel-silent-tenant"), "loader");
     let warm = json!({ "order_id": unique("warm") });
     idem.call(&CHARGE, Some(&caller), &warm, || async { Ok::<_, RelError>(String::new()) }).await.unwrap();

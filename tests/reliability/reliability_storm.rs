@@ -258,7 +258,7 @@ async fn after_a_crash(backend: &str) {
         // A holder that died: claimed with a short lease, never completed, never renewed. (Its
         // clock is the ledger's: a replica whose clock is off is corrected, so a skewed clock no
         // longer fakes a dead holder.)
-        let past = idem_tests::idem_shared(Arc::clone(&ledger)).with_lease(Duration::from_millis(200));
+        let past = idem_tests::builder(Arc::clone(&ledger)).lease(Duration::from_millis(200)).build().unwrap();
         let (claimed_tx, claimed) = tokio::sync::oneshot::channel();
         let dead = {
             let (caller, arguments) = (caller.clone(), Arc::clone(&arguments));

@@ -1,8 +1,8 @@
-//! The operator's paths: an operation's status (scoped to its caller), an operator's verdict on
-//! an operation whose outcome is unknown, and the sweep of expired records. Status and verdicts
-//! look under every secret still honoured, so a rotation hides nothing; verdicts and the sweep
-//! act on time, so only on a settled clock. The sweep in the background, on a schedule, is
-//! [`Idem::spawn_sweeper`] (`sweeper.rs`).
+//! An operation's status for its caller ([`Idem::status`]), and the operator's verbs as one
+//! family on [`Admin`] ([`Idem::admin`]): `inspect`, `resolve` (a verdict on an operation whose
+//! outcome is unknown), `stats`, `pending` (`pending.rs`), `sweep` and `spawn_sweeper`
+//! (`sweeper.rs`). Status, inspection and verdicts look under every secret still honoured, so a
+//! rotation hides nothing; verdicts and the sweep act on time, so only on a settled clock.
 
 use crate::key::{Address, AddressError, Ref, RefError, SubjectTag, TenantTag};
 use crate::ledger::{LedgerError, LedgerStats, Resolution, StatusReport};
@@ -97,61 +97,67 @@ impl Idem {
         Ok(None)
     }
 
-    /// Settles an unknown (or dead-holder) operation of the caller's tenant, named by its
-    /// address (`<ref>@<window end>`, [`StatusReport::address`]): the operator path out of
-    /// "outcome unknown". The verdict lands on that operation only — never on a newer one of the
-    /// same key. It stays readable (and a completed one replayable) for the verdict retention
-    /// at least.
-    ///
-    /// # Errors
-    /// A malformed address (a ref alone included), no operation at that address, or one that
-    /// is not unknown.
-    pub async fn resolve(&self, caller: &Caller, address: &str, resolution: Resolution) -> Result<(), StatusError> {
-        self.resolve_in(caller.tenant(), address, resolution).await
+    /// The operator's verbs on this handle's ledger: see [`Admin`].
+    #[must_use]
+    pub fn admin(&self) -> Admin<'_> {
+        Admin { idem: self }
     }
+}
 
-    /// The operator's view of an operation of `tenant`, whoever its subject (an operator knows
-    /// the tenant, not necessarily the subject): what the `idem show` command prints. Never
-    /// another tenant's. `operation` is its address (`<ref>@<window end>`), or a ref alone for
-    /// the current operation of its key (else the newest superseded one). Unlike
-    /// [`Idem::status`], this is for operators only — do not expose it to callers, who must see
-    /// only their own operations.
+/// The operator's verbs: look at an operation, settle one whose outcome is unknown, count,
+/// list what is unsettled, sweep — what the `idem` command runs. They cross callers (an operator
+/// knows the tenant, not necessarily the subject): never expose them to callers, who see only
+/// their own operations through [`Idem::status`]. Made by [`Idem::admin`].
+#[derive(Clone, Copy, Debug)]
+pub struct Admin<'a> {
+    pub(super) idem: &'a Idem,
+}
+
+impl Admin<'_> {
+    /// The operator's view of an operation of `tenant`, whoever its subject: what the
+    /// `idem show` command prints. Never another tenant's. `operation` is its address
+    /// (`<ref>@<window end>`), or a ref alone for the current operation of its key (else the
+    /// newest superseded one).
     ///
     /// # Errors
     /// A malformed ref or address, no usable secret, or the ledger's failure.
-    pub async fn inspect(&self, tenant: &str, operation: &str) -> Result<Option<StatusReport>, StatusError> {
+    pub async fn inspect(self, tenant: &str, operation: &str) -> Result<Option<StatusReport>, StatusError> {
         let (reference, window_end) = match operation.parse::<Address>() {
             Ok(address) => (address.reference, Some(address.window_end)),
             Err(_) if !operation.contains('@') => (Ref::parse(operation)?, None),
             Err(error) => return Err(error.into()),
         };
-        let keyring = self.keyring(Check::Compare).await?;
-        let (now, _) = self.ledger_time().await?;
+        let keyring = self.idem.keyring(Check::Compare).await?;
+        let (now, _) = self.idem.ledger_time().await?;
         for secret in keyring.all() {
-            let report = self.inner.ledger.inspect(TenantTag::of(secret, tenant), reference, window_end, now).await?;
+            let report =
+                self.idem.inner.ledger.inspect(TenantTag::of(secret, tenant), reference, window_end, now).await?;
             if let Some(mut report) = report {
-                report.result = report.result.and_then(|stored| self.open(stored, report.reference).ok());
+                report.result = report.result.and_then(|stored| self.idem.open(stored, report.reference).ok());
                 return Ok(Some(report));
             }
         }
         Ok(None)
     }
 
-    /// Settles an unknown (or dead-holder) operation of `tenant` at `address`, as
-    /// [`Idem::resolve`] does for a caller of that tenant: what the `idem resolve` command does.
+    /// Settles an unknown (or dead-holder) operation of `tenant`, named by its address
+    /// (`<ref>@<window end>`, [`StatusReport::address`]): the operator's way out of "outcome
+    /// unknown", what the `idem resolve` command does. The verdict lands on that operation only —
+    /// never on a newer one of the same key. It stays readable (and a completed one replayable)
+    /// for the verdict retention at least.
     ///
     /// # Errors
     /// A malformed address (a ref alone included), no operation at that address, or one that
     /// is not unknown.
-    pub async fn resolve_in(&self, tenant: &str, address: &str, resolution: Resolution) -> Result<(), StatusError> {
+    pub async fn resolve(self, tenant: &str, address: &str, resolution: Resolution) -> Result<(), StatusError> {
         let address: Address = address.parse()?;
-        let keyring = self.keyring(Check::Compare).await?;
+        let keyring = self.idem.keyring(Check::Compare).await?;
         // A resolve acts on time (is the holder's lease over?): only on a settled clock.
-        let now = self.trusted_time().await?;
-        let keep_until = clamp(now.saturating_add(millis(self.inner.verdict_retention)));
+        let now = self.idem.trusted_time().await?;
+        let keep_until = clamp(now.saturating_add(millis(self.idem.inner.settings.verdict_retention)));
         let resolution = match resolution {
             Resolution::Completed(plain) => {
-                let sealed = self.seal(plain).map_err(|error| LedgerError::corrupt(error.to_string()))?;
+                let sealed = self.idem.seal(plain).map_err(|error| LedgerError::corrupt(error.to_string()))?;
                 Resolution::Completed(sealed)
             }
             other => other,
@@ -159,7 +165,7 @@ impl Idem {
         let mut answer = Err(LedgerError::NotFound);
         for secret in keyring.all() {
             let tenant = TenantTag::of(secret, tenant);
-            answer = self.inner.ledger.resolve(tenant, address, resolution.clone(), now, keep_until).await;
+            answer = self.idem.inner.ledger.resolve(tenant, address, resolution.clone(), now, keep_until).await;
             if answer != Err(LedgerError::NotFound) {
                 break;
             }
@@ -172,33 +178,33 @@ impl Idem {
     ///
     /// # Errors
     /// The ledger's failure.
-    pub async fn stats(&self) -> Result<LedgerStats, LedgerError> {
-        let (now, _) = self.ledger_time().await?;
-        self.inner.ledger.stats(now).await
+    pub async fn stats(self) -> Result<LedgerStats, LedgerError> {
+        let (now, _) = self.idem.ledger_time().await?;
+        self.idem.inner.ledger.stats(now).await
     }
 
     /// Deletes expired records, `batch` at a time (a `batch` of 0 counts as 1), until none are
     /// left; returns how many. To sweep on a schedule, on every replica, see
-    /// [`Idem::spawn_sweeper`].
+    /// [`Admin::spawn_sweeper`].
     ///
     /// # Errors
     /// The ledger's failure; records deleted before it stay deleted.
-    pub async fn sweep(&self, batch: usize) -> Result<usize, LedgerError> {
+    pub async fn sweep(self, batch: usize) -> Result<usize, LedgerError> {
         self.sweep_with(batch, |_| {}).await
     }
 
-    /// [`Idem::sweep`], calling `progress` with the running total after every batch — for a
+    /// [`Admin::sweep`], calling `progress` with the running total after every batch — for a
     /// progress indicator on a long sweep (`idem sweep` shows one on a terminal).
     ///
     /// # Errors
     /// The ledger's failure; records deleted before it stay deleted.
-    pub async fn sweep_with(&self, batch: usize, mut progress: impl FnMut(usize) + Send) -> Result<usize, LedgerError> {
+    pub async fn sweep_with(self, batch: usize, mut progress: impl FnMut(usize) + Send) -> Result<usize, LedgerError> {
         let batch = batch.max(1);
         let mut total = 0;
         loop {
             // A sweep deletes by time: only on a settled clock.
-            let now = self.trusted_time().await?;
-            let swept = self.inner.ledger.sweep(now, batch).await?;
+            let now = self.idem.trusted_time().await?;
+            let swept = self.idem.inner.ledger.sweep(now, batch).await?;
             total += swept;
             progress(total);
             if swept < batch {

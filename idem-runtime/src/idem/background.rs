@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::key::Key;
-use crate::ledger::{ClaimRequest, LedgerError, Outcome, Token};
+use crate::ledger::{ClaimRequest, LedgerError, Token};
 
 use super::Idem;
+use super::ending::Ending;
 use super::operation::LeaseState;
 use super::time::millis;
 
@@ -51,18 +52,19 @@ impl Idem {
     /// Renews the lease every third of it until stopped, the handler recorded its result itself,
     /// or the ledger refuses (the claim is someone else's now).
     async fn renew(self, key: Key, token: Token, lease: Arc<LeaseState>, recorded: Arc<AtomicBool>) {
-        let every = self.inner.lease / 3;
+        let every = self.inner.settings.lease / 3;
         // The claim may have taken a while to answer: renew as soon as less than two thirds of
         // the lease is left, not a full third of a lease after the handler started.
         let left = lease.until.load(Ordering::SeqCst).saturating_sub(self.ledger_now());
-        let mut pause = Duration::from_millis(left.saturating_sub(millis(self.inner.lease * 2 / 3))).min(every);
+        let mut pause =
+            Duration::from_millis(left.saturating_sub(millis(self.inner.settings.lease * 2 / 3))).min(every);
         loop {
             tokio::time::sleep(pause).await;
             pause = every;
             if recorded.load(Ordering::SeqCst) {
                 return;
             }
-            let until = self.keep_until(self.inner.lease);
+            let until = self.keep_until(self.inner.settings.lease);
             match self.inner.ledger.renew(&key, token, until).await {
                 Ok(()) => lease.until.fetch_max(until, Ordering::SeqCst),
                 Err(LedgerError::Fenced) => {
@@ -95,7 +97,7 @@ impl Idem {
             let _permit = permit;
             // A few tries, spread over about a lease (and at least a few seconds, for a ledger
             // coming back from an outage).
-            let mut pause = (idem.inner.lease / 16).max(Duration::from_millis(20));
+            let mut pause = (idem.inner.settings.lease / 16).max(Duration::from_millis(20));
             for attempt in 1..=RELEASE_TRIES {
                 match idem.inner.ledger.release(&key, token).await {
                     Ok(()) => {
@@ -117,32 +119,24 @@ impl Idem {
         });
     }
 
-    /// Keeps trying to record `outcome` (or with `give_back`, to release the claim) after the
-    /// caller has its answer, with growing pauses, until the lease would have run out twice
+    /// Keeps trying to send `ending` after the caller has its answer, with growing pauses, until the lease would have run out twice
     /// over: a late result is still recorded under `hold` (its record went unknown, not to
     /// someone else), and a recorded result is what every repeat needs.
-    pub(super) fn keep_recording(
-        &self,
-        request: &ClaimRequest,
-        lease: &LeaseState,
-        outcome: Outcome,
-        recorded: bool,
-        give_back: bool,
-    ) {
+    pub(super) fn keep_recording(&self, request: &ClaimRequest, lease: &LeaseState, ending: Ending, recorded: bool) {
         let reference = request.key.reference();
         let Ok(permit) = Arc::clone(&self.inner.background).try_acquire_owned() else {
             tracing::error!(%reference, "could not record the outcome, and too much background work to keep trying");
             return;
         };
         let (idem, request) = (self.clone(), request.clone());
-        let until = lease.until.load(Ordering::SeqCst).saturating_add(millis(self.inner.lease));
+        let until = lease.until.load(Ordering::SeqCst).saturating_add(millis(self.inner.settings.lease));
         tokio::spawn(async move {
             let _permit = permit;
             let mut pause = Duration::from_millis(500);
             while idem.ledger_now() < until {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
-                match idem.complete_once(&request, &outcome, recorded, give_back).await {
+                match idem.send_ending(&request, &ending, recorded).await {
                     Ok(_) => return,
                     Err(LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. }) => {}
                     Err(error) => {

@@ -22,6 +22,7 @@ use crate::secret::Secret;
 use super::Idem;
 use super::arguments::{CallArguments, Derive, scope_of};
 use super::coalesce::Begin;
+use super::ending::{Ending, Sent};
 use super::hooks::{Completion, Seen, Timer, Watch};
 use super::keyring::{Check, Keyring, no_secret};
 use super::operation::{LeaseState, Operation, acting_for, current_caller, running_as};
@@ -147,8 +148,13 @@ impl Idem {
             recipe,
             owner: arguments.owner.as_deref(),
             now: self.ledger_now(),
-            horizon: owners::horizon(recipe.window_duration(), inner.retention, inner.grace, inner.lease),
-            patience: inner.ledger_timeout.saturating_mul(2),
+            horizon: owners::horizon(
+                recipe.window_duration(),
+                inner.settings.retention,
+                inner.settings.grace,
+                inner.settings.lease,
+            ),
+            patience: inner.settings.ledger_timeout.saturating_mul(2),
         }
         .check()
         .await
@@ -168,7 +174,7 @@ impl Idem {
         // and during a rotation a look, a release and a claim per previous secret, each bounded
         // by the ledger timeout.
         let statements = 2 + 3 * u32::try_from(keyring.previous.len()).unwrap_or(u32::MAX / 4);
-        let patience = self.inner.ledger_timeout.saturating_mul(statements);
+        let patience = self.inner.settings.ledger_timeout.saturating_mul(statements);
         let (attempt, won, window_end) = loop {
             let (now, clock_trusted) = self.ledger_time().await.map_err(|error| {
                 tracing::error!(tool, %error, "the ledger's clock could not be read; handler not run");
@@ -318,9 +324,10 @@ impl Idem {
         match caller {
             Some(caller) => Ok(Cow::Borrowed(caller)),
             None if !fallback => Err(Rejection::NoCaller),
-            None => {
-                current_caller().or_else(|| self.inner.local_caller.clone()).map(Cow::Owned).ok_or(Rejection::NoCaller)
-            }
+            None => current_caller()
+                .or_else(|| self.inner.settings.local_caller.clone())
+                .map(Cow::Owned)
+                .ok_or(Rejection::NoCaller),
         }
     }
 }
@@ -351,7 +358,7 @@ impl<'a> Attempt<'a> {
         let recipe = at.recipe;
         let key = at.arguments.key(secret, idem.namespace(recipe), at.scope, recipe.tool())?;
         let fingerprint = at.arguments.fingerprint(secret, recipe.ignored())?;
-        let window = recipe.window_duration().unwrap_or(idem.inner.retention);
+        let window = recipe.window_duration().unwrap_or(idem.inner.settings.retention);
         let now = at.now;
         let window_end = clamp(now.saturating_add(millis(window)));
         let request = ClaimRequest {
@@ -365,8 +372,8 @@ impl<'a> Attempt<'a> {
             token: Token::random(),
             now,
             window_end,
-            expires_at: clamp(window_end.saturating_add(millis(idem.inner.unsettled_retention))),
-            lease_until: clamp(now.saturating_add(millis(idem.inner.lease))),
+            expires_at: clamp(window_end.saturating_add(millis(idem.inner.settings.unsettled_retention))),
+            lease_until: clamp(now.saturating_add(millis(idem.inner.settings.lease))),
             stale: recipe.stale_policy(),
             clock_trusted: at.clock_trusted,
             label: None,
@@ -568,7 +575,7 @@ impl<'a> Attempt<'a> {
                     Ok(Reconciled::Happened(result)) => result,
                     Ok(Reconciled::NothingHappened) => self.run(operation, watch, handler).await,
                     Ok(Reconciled::StillUnknown) => {
-                        self.finish(Outcome::Unknown, false).await;
+                        self.end(Ending::Record(Outcome::Unknown)).await;
                         watch.completed(reference, Completion::Unknown);
                         return Err(Rejection::OutcomeUnknown { reference });
                     }
@@ -603,7 +610,7 @@ impl<'a> Attempt<'a> {
     async fn unwind(&self, panic: Box<dyn std::any::Any + Send>, watch: &Watch<'_>) -> ! {
         let reference = self.reference();
         tracing::error!(%reference, "the handler panicked; recording the outcome as unknown");
-        self.finish(Outcome::Unknown, false).await;
+        self.end(Ending::Record(Outcome::Unknown)).await;
         watch.completed(reference, Completion::Unknown);
         std::panic::resume_unwind(panic)
     }
@@ -615,7 +622,6 @@ impl<'a> Attempt<'a> {
         T: Serialize,
         E: IdempotentError,
     {
-        let recorded = self.recorded.load(Ordering::SeqCst);
         let reference = self.reference();
         let outcome = match &result {
             Ok(value) => self.idem.completion::<T, E>(reference, Ok(value)),
@@ -630,53 +636,45 @@ impl<'a> Attempt<'a> {
         // Give the lease back instead, so the operation stays in progress (same window, same
         // forwarded key) and its stale policy decides again.
         let give_back = outcome == Outcome::Failed && won != Won::Fresh;
-        let completion = match &outcome {
-            _ if give_back => Completion::GivenBack,
-            Outcome::Completed(_) => Completion::Completed,
-            Outcome::Failed => Completion::Failed,
-            Outcome::Unknown => Completion::Unknown,
+        let (completion, ending) = match outcome {
+            _ if give_back => (Completion::GivenBack, Ending::GiveBack),
+            Outcome::Completed(_) => (Completion::Completed, Ending::Record(outcome)),
+            Outcome::Failed => (Completion::Failed, Ending::Record(outcome)),
+            Outcome::Unknown => (Completion::Unknown, Ending::Record(outcome)),
         };
-        let fenced = self.finish_with(outcome, recorded, give_back).await;
+        let fenced = self.end(ending).await;
         (result, if fenced { Completion::Superseded } else { completion })
     }
 
-    /// Completes the claim. A failure here is logged, never hidden behind the caller's result:
-    /// the effect happened. A few quick retries while the caller waits, then more in the
-    /// background until the lease would have run out twice over — a late result is still
-    /// recorded under `hold` (its record went unknown, not to someone else), and a
-    /// recorded result is what every repeat needs.
-    /// Returns whether the claim turned out to be superseded (fenced) — its holder's result was
-    /// not recorded.
-    async fn finish(&self, outcome: Outcome, recorded: bool) -> bool {
-        self.finish_with(outcome, recorded, false).await
-    }
-
-    /// [`Attempt::finish`], or with `give_back` the claim's release instead of its completion.
-    async fn finish_with(&self, outcome: Outcome, recorded: bool, give_back: bool) -> bool {
+    /// Sends the call's ending to the ledger. A failure here is logged, never hidden behind the
+    /// caller's result: the effect happened. A few quick retries while the caller waits, then
+    /// more in the background until the lease would have run out twice over — a late result is
+    /// still recorded under `hold` (its record went unknown, not to someone else), and a
+    /// recorded result is what every repeat needs. Returns whether the claim turned out to be
+    /// superseded (fenced) — its holder's result was not recorded.
+    async fn end(&self, ending: Ending) -> bool {
         let timer = Timer::start();
-        let fenced = self.try_finish(outcome, recorded, give_back).await;
-        timer.completed(self.tool);
-        fenced
-    }
-
-    /// [`Attempt::finish_with`], untimed.
-    async fn try_finish(&self, outcome: Outcome, recorded: bool, give_back: bool) -> bool {
         let reference = self.reference();
-        for pause in [50, 250, 0] {
-            match self.idem.complete_once(&self.request, &outcome, recorded, give_back).await {
-                Ok(fenced) => return fenced,
-                Err(LedgerError::Unavailable { detail, .. } | LedgerError::Ambiguous { detail, .. }) => {
-                    tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-                }
-                Err(error) => {
-                    tracing::error!(%reference, %error, "could not record the outcome");
-                    return false;
+        let recorded = self.recorded.load(Ordering::SeqCst);
+        let superseded = 'sent: {
+            for pause in [50, 250, 0] {
+                match self.idem.send_ending(&self.request, &ending, recorded).await {
+                    Ok(sent) => break 'sent sent == Sent::Superseded,
+                    Err(LedgerError::Unavailable { detail, .. } | LedgerError::Ambiguous { detail, .. }) => {
+                        tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                    }
+                    Err(error) => {
+                        tracing::error!(%reference, %error, "could not record the outcome");
+                        break 'sent false;
+                    }
                 }
             }
-        }
-        self.idem.keep_recording(&self.request, &self.lease, outcome, recorded, give_back);
-        false
+            self.idem.keep_recording(&self.request, &self.lease, ending, recorded);
+            false
+        };
+        timer.completed(self.tool);
+        superseded
     }
 
     /// The stored result of the operation that ends its window at `window_end`, read by its full
@@ -697,38 +695,6 @@ impl<'a> Attempt<'a> {
         let reference = self.reference();
         let value = self.idem.decode::<T, E>(stored, reference)?;
         Ok(Served { value, replayed: true, reference })
-    }
-}
-
-impl Idem {
-    /// One completion: `Ok(true)` if the claim was superseded, `Ok(false)` once recorded. With
-    /// `give_back`, the claim's release instead. (Also what the background retries send.)
-    pub(super) async fn complete_once(
-        &self,
-        request: &ClaimRequest,
-        outcome: &Outcome,
-        recorded: bool,
-        give_back: bool,
-    ) -> Result<bool, LedgerError> {
-        let keep_until = self.keep_until(self.inner.grace);
-        let ending = if give_back {
-            self.inner.ledger.release(&request.key, request.token)
-        } else {
-            self.inner.ledger.complete(&request.key, request.token, outcome.clone(), keep_until)
-        };
-        match ending.await {
-            Ok(()) => Ok(false),
-            Err(LedgerError::Fenced) if recorded => {
-                tracing::debug!(reference = %request.key.reference(), "recorded in the handler's own transaction");
-                Ok(false)
-            }
-            Err(LedgerError::Fenced) => {
-                tracing::warn!(reference = %request.key.reference(),
-                    "the claim was taken over while the handler ran; its result is not recorded");
-                Ok(true)
-            }
-            Err(error) => Err(error),
-        }
     }
 }
 

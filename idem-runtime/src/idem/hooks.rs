@@ -3,7 +3,6 @@
 //! handle's hooks (if set) and the built-in metrics (feature `metrics`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 
 use crate::key::Ref;
 use crate::ledger::Won;
@@ -14,7 +13,7 @@ use crate::scope::Caller;
 use super::Idem;
 
 /// An observer of each call's lifecycle, for audit logs and bookkeeping: set it on the handle
-/// with [`Idem::with_hooks`]. Every method does nothing unless overridden.
+/// with [`Builder::hooks`](super::Builder::hooks). Every method does nothing unless overridden.
 ///
 /// Each call that reaches the ledger meets exactly one of `on_claim`, `on_takeover`,
 /// `on_reconcile` (its claim won: it runs), `on_replay`, `on_in_flight`, `on_conflict` or
@@ -50,8 +49,9 @@ use super::Idem;
 ///     }
 /// }
 ///
-/// let idem = Idem::new(MemoryLedger::new()).with_hooks(Arc::new(AuditLog));
+/// let idem = Idem::builder(MemoryLedger::new()).hooks(Arc::new(AuditLog)).build()?;
 /// # let _ = idem;
+/// # Ok::<(), idem_runtime::BuildError>(())
 /// ```
 pub trait Hooks: Send + Sync + 'static {
     /// A first claim won (no live record): the handler runs now.
@@ -79,7 +79,7 @@ pub trait Hooks: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct CallEvent<'a> {
-    /// The operation's ref (what [`Idem::status`] and [`Idem::resolve`] take).
+    /// The operation's ref (what [`Idem::status`] and [`Admin::inspect`](super::Admin::inspect) take).
     pub reference: Ref,
     /// The tool's name.
     pub tool: &'a str,
@@ -161,16 +161,8 @@ pub(super) struct Watch<'a> {
 impl Idem {
     /// An observer of a call of `recipe` by `caller`, on this handle's hooks.
     pub(super) fn watch<'a>(&'a self, recipe: &'a Recipe, caller: &'a Caller) -> Watch<'a> {
-        let hooks = self.inner.hooks.as_deref();
+        let hooks = self.inner.settings.hooks.as_deref();
         Watch { hooks, tool: recipe.tool(), namespace: self.namespace(recipe), caller }
-    }
-
-    /// Calls `hooks` on every call of this handle, from now on (see [`Hooks`]). Replaces any
-    /// hooks set before; clones made before keep theirs.
-    #[must_use]
-    pub fn with_hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
-        Arc::make_mut(&mut self.inner).hooks = Some(hooks);
-        self
     }
 }
 

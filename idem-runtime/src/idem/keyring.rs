@@ -119,14 +119,14 @@ impl Idem {
     }
 
     fn configured(&self) -> Result<Keyring, SecretError> {
-        let (current, mut previous) = match &self.inner.secret {
+        let (current, mut previous) = match &self.inner.settings.secret {
             Some(secret) => (secret.clone(), Vec::new()),
             None => match crate::secret::from_env()? {
                 Some(configured) => configured,
                 None => (self.inner.ledger.default_secret()?, Vec::new()),
             },
         };
-        previous.extend(self.inner.previous.iter().cloned());
+        previous.extend(self.inner.settings.previous.iter().cloned());
         Ok(Keyring { current, previous })
     }
 

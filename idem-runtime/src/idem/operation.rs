@@ -146,7 +146,7 @@ impl Operation {
         T: serde::Serialize,
     {
         let bytes = self.idem.encode::<T, ()>(Ok(value)).map_err(|error| LedgerError::corrupt(error.to_string()))?;
-        let keep_until = self.idem.keep_until(self.idem.inner.grace);
+        let keep_until = self.idem.keep_until(self.idem.inner.settings.grace);
         let outcome = crate::ledger::Outcome::Completed(bytes);
         crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, outcome, keep_until).await?;
         self.recorded.store(true, Ordering::SeqCst);

@@ -8,14 +8,14 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::key::{Address, Ref, TenantTag};
-use crate::ledger::{Label, PendingQuery, State, open_label};
+use crate::ledger::{Label, PendingQuery, State, lease_lapsed, open_label};
 
-use super::Idem;
+use super::Admin;
 use super::admin::StatusError;
 use super::keyring::Check;
 use super::time::millis;
 
-/// Which unsettled operations [`Idem::pending`] lists.
+/// Which unsettled operations [`Admin::pending`] lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingFilter {
     state: Option<State>,
@@ -62,7 +62,7 @@ impl PendingFilter {
     }
 }
 
-/// Where a page of [`Idem::pending`] ended: `<created_at ms>-<ref>`, to pass back with
+/// Where a page of [`Admin::pending`] ended: `<created_at ms>-<ref>`, to pass back with
 /// [`PendingFilter::after`] (or `idem pending --after`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PendingCursor {
@@ -105,7 +105,7 @@ impl FromStr for PendingCursor {
     }
 }
 
-/// One operation [`Idem::pending`] lists.
+/// One operation [`Admin::pending`] lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PendingOperation {
@@ -138,7 +138,7 @@ impl PendingOperation {
     }
 }
 
-/// A page of [`Idem::pending`].
+/// A page of [`Admin::pending`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PendingPage {
@@ -150,21 +150,21 @@ pub struct PendingPage {
     pub now: u64,
 }
 
-impl Idem {
+impl Admin<'_> {
     /// The unsettled operations an operator should look at — unknown, or in progress (alive,
     /// or under a lapsed lease) — current and superseded, not yet past their retention, oldest
     /// first: what `idem pending` prints. Each names its tool, tenant and subject when its
     /// record keeps a label (durable ledgers do, from this version on).
     ///
-    /// For operators only, like [`Idem::inspect`]: it crosses tenants.
+    /// For operators only, like [`Admin::inspect`]: it crosses tenants.
     ///
     /// A tenant filter looks under the current secret and the newest previous one.
     ///
     /// # Errors
     /// No usable secret (with a tenant filter), or the ledger's failure.
-    pub async fn pending(&self, filter: &PendingFilter) -> Result<PendingPage, StatusError> {
-        let keyring = self.keyring(Check::Compare).await?;
-        let (now, _) = self.ledger_time().await?;
+    pub async fn pending(self, filter: &PendingFilter) -> Result<PendingPage, StatusError> {
+        let keyring = self.idem.keyring(Check::Compare).await?;
+        let (now, _) = self.idem.ledger_time().await?;
         let mut query = PendingQuery::new(filter.limit);
         query.state = filter.state;
         if let Some(tenant) = &filter.tenant {
@@ -174,7 +174,7 @@ impl Idem {
             query.claimed_by = now.saturating_sub(millis(age));
         }
         query.after = filter.after.map(|cursor| (cursor.created_at, cursor.reference));
-        let records = self.inner.ledger.pending(&query, now).await?;
+        let records = self.idem.inner.ledger.pending(&query, now).await?;
         let next = (records.len() >= filter.limit)
             .then(|| {
                 records.last().map(|last| PendingCursor { created_at: last.created_at, reference: last.reference })
@@ -189,7 +189,7 @@ impl Idem {
                 window_end: record.window_end,
                 expires_at: record.expires_at,
                 lease_until: record.lease_until,
-                lease_expired: record.state == State::InProgress && record.lease_until <= now,
+                lease_expired: lease_lapsed(record.state, record.lease_until, now),
                 superseded: record.superseded,
                 label: record.label.as_deref().and_then(|sealed| open_label(keyring.all(), sealed)),
             })

@@ -169,8 +169,8 @@ impl Idem {
             token: Token::random(),
             now,
             window_end,
-            expires_at: clamp(window_end.saturating_add(super::time::millis(self.inner.unsettled_retention))),
-            lease_until: clamp(now.saturating_add(super::time::millis(self.inner.lease))),
+            expires_at: clamp(window_end.saturating_add(super::time::millis(self.inner.settings.unsettled_retention))),
+            lease_until: clamp(now.saturating_add(super::time::millis(self.inner.settings.lease))),
             stale: StalePolicy::Hold,
             clock_trusted,
             label: None,
@@ -187,7 +187,7 @@ impl Idem {
         match claim {
             Ok(Claim::Won { .. }) => {
                 let used = self.encode::<(), ()>(Ok(&())).map_or(Outcome::Unknown, Outcome::Completed);
-                let keep_until = self.keep_until(self.inner.grace).max(window_end);
+                let keep_until = self.keep_until(self.inner.settings.grace).max(window_end);
                 if let Err(error) = self.inner.ledger.complete(&key, request.token, used, keep_until).await {
                     // Still in progress under our lease, so a second use is refused all the same.
                     tracing::warn!(%error, "could not record a request state as used; it stays claimed");
@@ -236,7 +236,7 @@ mod tests {
     #[tokio::test]
     async fn a_state_opens_for_its_operation_until_it_expires_and_is_consumed_once() {
         let clock = ManualClock::new(1_000_000);
-        let idem = Idem::new(MemoryLedger::with_clock(clock.clone())).with_clock(clock.clone());
+        let idem = Idem::builder(MemoryLedger::with_clock(clock.clone())).clock(clock.clone()).build().unwrap();
         let sealed = idem.seal_state(&binding(9), Some("mine"), Duration::from_secs(600));
         let echoed = EchoedState::parse(&sealed);
         assert_eq!(echoed.inner(), Some("mine"));

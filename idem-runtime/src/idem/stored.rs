@@ -110,7 +110,7 @@ impl Idem {
             Err(error) => Stored::Err(Storing(error)),
         };
         let bytes = serde_json::to_vec(&stored).map_err(Unstorable::Unserializable)?;
-        let max = self.inner.max_result_bytes;
+        let max = self.inner.settings.max_result_bytes;
         if bytes.len() > max {
             return Err(Unstorable::TooLarge { size: bytes.len(), max });
         }
@@ -139,7 +139,7 @@ impl Idem {
 
     /// `plain` (a result's JSON) as it is stored.
     pub(super) fn seal(&self, plain: Vec<u8>) -> Result<Vec<u8>, Unstorable> {
-        match &self.inner.seal {
+        match &self.inner.settings.seal {
             Some(seal) => seal.seal(&plain).map_err(Unstorable::Unsealable),
             None => Ok(plain),
         }
@@ -147,7 +147,7 @@ impl Idem {
 
     /// Stored bytes as the result's JSON.
     pub(super) fn open(&self, stored: Vec<u8>, reference: Ref) -> Result<Vec<u8>, Rejection> {
-        match &self.inner.seal {
+        match &self.inner.settings.seal {
             Some(seal) => seal.open(&stored).map_err(|error| {
                 tracing::error!(%reference, %error, "a stored result cannot be opened");
                 Rejection::UnreadableResult { reference, detail: "the stored result cannot be opened".to_owned() }

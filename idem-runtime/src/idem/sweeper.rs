@@ -1,4 +1,4 @@
-//! The background sweeper ([`Idem::spawn_sweeper`]): [`Idem::sweep`] on a jittered schedule,
+//! The background sweeper ([`Admin::spawn_sweeper`]): [`Admin::sweep`] on a jittered schedule,
 //! in bounded batches with a yield between them, that keeps going after a ledger error (logged,
 //! with a growing pause) and stops when its [`Sweeper`] guard is dropped or stopped, or when
 //! every clone of its handle is gone (it holds the handle weakly).
@@ -15,14 +15,14 @@ use tokio::sync::oneshot;
 
 use crate::ledger::LedgerError;
 
-use super::Idem;
 use super::handle::Inner;
+use super::{Admin, Idem};
 
 /// After this many failed sweeps in a row, the pause stops growing: at most this power of two
 /// times the period.
 const MAX_BACKOFF_DOUBLINGS: u32 = 3;
 
-/// A background sweeper, from [`Idem::spawn_sweeper`]. It runs until this guard is dropped or
+/// A background sweeper, from [`Admin::spawn_sweeper`]. It runs until this guard is dropped or
 /// [`stop`](Sweeper::stop)ped, or until every clone of the handle it was spawned from is gone.
 ///
 /// Dropping the guard asks the sweeper to stop and returns at once: a batch already sent to the
@@ -98,7 +98,7 @@ impl Drop for Sweeper {
     }
 }
 
-impl Idem {
+impl Admin<'_> {
     /// Starts a background task that deletes expired records every `every` (jittered by up to a
     /// quarter either way, and the first sweep at a random point of the first period, so
     /// replicas started together do not sweep in lockstep), `batch` records per ledger statement
@@ -109,9 +109,7 @@ impl Idem {
     ///
     /// It runs until the returned guard is dropped or [`Sweeper::stop`]ped. It holds this
     /// handle weakly: once every clone of the handle is gone, it stops too (at its next batch),
-    /// so it never keeps a ledger's connections open by itself. Spawn it from the handle you
-    /// finished configuring — a `with_*` builder called afterwards makes a new handle, and the
-    /// sweeper follows the one it was spawned from.
+    /// so it never keeps a ledger's connections open by itself.
     ///
     /// Safe on every replica: each record is deleted by one sweep statement only, a live lease
     /// is never deleted, and on PostgreSQL a sweep skips rows another one has locked rather than
@@ -125,7 +123,7 @@ impl Idem {
     ///
     /// let idem = Idem::new(MemoryLedger::new());
     /// // Every five minutes, a thousand records per statement.
-    /// let sweeper = idem.spawn_sweeper(Duration::from_secs(300), 1000);
+    /// let sweeper = idem.admin().spawn_sweeper(Duration::from_secs(300), 1000);
     /// // ... serve ...
     /// let stats = sweeper.stop().await;
     /// assert_eq!(stats.errors, 0);
@@ -134,15 +132,19 @@ impl Idem {
     ///
     /// # Panics
     /// If `every` is zero (the sweeper would never pause), or if called outside a Tokio runtime.
-    pub fn spawn_sweeper(&self, every: Duration, batch: usize) -> Sweeper {
+    pub fn spawn_sweeper(self, every: Duration, batch: usize) -> Sweeper {
         assert!(
             !every.is_zero(),
             "a sweeper needs a period: give `spawn_sweeper` a non-zero `every`, such as 5 minutes"
         );
         let (stop, stopped) = oneshot::channel();
         let counters = Arc::new(Counters::default());
-        let run =
-            Run { handle: Arc::downgrade(&self.inner), every, batch: batch.max(1), counters: Arc::clone(&counters) };
+        let run = Run {
+            handle: Arc::downgrade(&self.idem.inner),
+            every,
+            batch: batch.max(1),
+            counters: Arc::clone(&counters),
+        };
         let task = tokio::spawn(run.run(stopped));
         Sweeper { stop: Some(stop), task: Some(task), counters }
     }

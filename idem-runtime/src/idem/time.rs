@@ -29,7 +29,7 @@ impl Idem {
     /// Now, by this handle's clock.
     #[must_use]
     pub fn now_ms(&self) -> u64 {
-        self.inner.clock.now_ms()
+        self.inner.settings.clock.now_ms()
     }
 
     /// Now on the ledger's clock, as last measured (this handle's clock corrected by the
@@ -41,7 +41,7 @@ impl Idem {
     }
 
     fn skew(&self) -> Option<Skew> {
-        *self.inner.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self.inner.time.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Now on the ledger's clock, and whether it can be acted on. The first call measures the
@@ -71,7 +71,7 @@ impl Idem {
                 // No measurement yet (a cold handle's first burst): one call measures, and the
                 // calls that queued meanwhile take its measurement — or, if it failed, its failure
                 // — instead of each sending one. A call that comes after a failure measures again.
-                let first = &self.inner.first_measure;
+                let first = &self.inner.time.first;
                 let seen = first.failures.load(Ordering::Acquire);
                 let mut failed = first.failed.lock().await;
                 let skew = match (self.skew(), &*failed) {
@@ -88,8 +88,8 @@ impl Idem {
             }
         };
         let age = local - skew.at;
-        if age >= millis(self.inner.lease / 3).max(1)
-            && let Some(measuring) = Measuring::start(&self.inner.measuring)
+        if age >= millis(self.inner.settings.lease / 3).max(1)
+            && let Some(measuring) = Measuring::start(&self.inner.time.measuring)
         {
             let idem = self.clone();
             tokio::spawn(async move {
@@ -97,7 +97,7 @@ impl Idem {
                 let _ = idem.measure().await;
             });
         }
-        let fresh = age < millis(self.inner.lease).max(1);
+        let fresh = age < millis(self.inner.settings.lease).max(1);
         Ok((local.saturating_add_signed(skew.offset), skew.trusted && fresh))
     }
 
@@ -118,7 +118,7 @@ impl Idem {
         let before = self.now_ms();
         let answer = self.inner.ledger.now().await;
         let after = self.now_ms();
-        let quarter = millis(self.inner.lease / 4);
+        let quarter = millis(self.inner.settings.lease / 4);
         let skew = match answer {
             // The ledger keeps no clock of its own: every handle on it shares this process's.
             Ok(None) => Skew { at: after, offset: 0, trusted: true, clockless: true },
@@ -145,7 +145,7 @@ impl Idem {
                 Skew { at: after, offset: last.offset, trusted: false, clockless: false }
             }
         };
-        *self.inner.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(skew);
+        *self.inner.time.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(skew);
         Ok(skew)
     }
 
@@ -155,11 +155,22 @@ impl Idem {
     }
 }
 
+/// A handle's ledger time: its last measurement of the skew, the one background refresh in
+/// flight, and a cold handle's first measurement.
+#[derive(Default)]
+pub(super) struct LedgerTime {
+    skew: std::sync::Mutex<Option<Skew>>,
+    /// Set while a background measurement of the skew runs, so calls start at most one.
+    measuring: Arc<AtomicBool>,
+    /// A cold handle's first measurement of the skew, shared by the calls that queue on it.
+    first: FirstMeasure,
+}
+
 /// A cold handle's first measurement: taken by the call that sends it, while the calls that
 /// queue behind it take its outcome. Only a failure that ended after a call queued answers it:
 /// nothing is cached for later calls.
 #[derive(Default)]
-pub(super) struct FirstMeasure {
+struct FirstMeasure {
     /// How many first measurements failed (counted as each ends).
     failures: AtomicU64,
     /// The last failure, with its number.

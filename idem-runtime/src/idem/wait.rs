@@ -285,7 +285,7 @@ mod tests {
     /// A waiter whose future is dropped (a client that hung up) leaves no slot and no poller.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_cancelled_waiter_leaves_no_slot_behind() {
-        let idem = Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice"));
+        let idem = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap();
         let args = serde_json::json!({ "id": 1 });
         let (started, release) = (tokio::sync::Notify::new(), tokio::sync::Notify::new());
         let holder = idem.call(&RECIPE, None, &args, || async {

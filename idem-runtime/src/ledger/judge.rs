@@ -46,7 +46,7 @@ impl RecordView<'_> {
 
     /// In progress under a lease that has run out by `now`: its holder is presumed dead.
     pub(crate) fn lease_expired(&self, now: u64) -> bool {
-        self.state == State::InProgress && self.lease_until <= now
+        lease_lapsed(self.state, self.lease_until, now)
     }
 
     /// Unknown, or in progress under a lapsed lease: what an operator may resolve at `now`.
@@ -72,7 +72,7 @@ impl RecordView<'_> {
             // how it won then — a takeover must not turn into a fresh operation on a re-send.
             return Verdict::Answer(Claim::Won { attempt: self.attempt, window_end: self.window_end });
         }
-        let live = self.state == State::InProgress && self.lease_until > now;
+        let live = lease_live(self.state, self.lease_until, now);
         if superseded(self.state, live, self.window_end, now, trusted) {
             return Verdict::Supersede;
         }
@@ -88,6 +88,17 @@ impl RecordView<'_> {
             State::Unknown | State::Failed => Verdict::Answer(Claim::Unknown),
         }
     }
+}
+
+/// Whether the operation is in progress under a lease that runs past `now`: its holder may act.
+fn lease_live(state: State, lease_until: u64, now: u64) -> bool {
+    state == State::InProgress && lease_until > now
+}
+
+/// Whether the operation is in progress under a lease that has run out by `now`: its holder is
+/// presumed dead.
+pub(crate) fn lease_lapsed(state: State, lease_until: u64, now: u64) -> bool {
+    state == State::InProgress && lease_until <= now
 }
 
 /// Whether an operation in progress is still held by its holder: its lease is live, or this

@@ -43,7 +43,7 @@ use crate::recipe::StalePolicy;
 use crate::secret::{Secret, SecretError};
 
 pub use self::error::{ErrorSource, LedgerError};
-pub(crate) use self::judge::{RecordView, Verdict, held, settled_expiry, superseded, won_stale};
+pub(crate) use self::judge::{RecordView, Verdict, held, lease_lapsed, settled_expiry, superseded, won_stale};
 pub use self::label::Label;
 pub(crate) use self::label::{open as open_label, seal as seal_label};
 pub(crate) use self::timeout::Timeout;

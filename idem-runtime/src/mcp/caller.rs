@@ -60,14 +60,14 @@ pub(crate) fn no_caller(remote: bool) -> Rejection {
     }
     tracing::warn!(
         "refused a call over stdio: this server's idem handle has no local caller, so every idempotent tool call \
-         on stdio is refused. Configure one with `Idem::with_local_caller` (and check it at startup with \
+         on stdio is refused. Configure one with `Idem::builder(…).local_caller(…)` (and check it at startup with \
          `idem_runtime::mcp::check_stdio`)"
     );
     Rejection::NoLocalCaller
 }
 
 /// Checks, before serving on stdio, that `idem` has a local caller: a request over stdio carries
-/// no authenticated caller, so without [`Idem::with_local_caller`] every idempotent tool call
+/// no authenticated caller, so without [`Builder::local_caller`](crate::Builder::local_caller) every idempotent tool call
 /// would be refused (as [`Rejection::NoLocalCaller`]). Call it where your `main` chooses stdio,
 /// so the mistake stops the server at startup with what to do; a server that only serves HTTP
 /// behind an auth layer does not need it.
@@ -76,8 +76,9 @@ pub(crate) fn no_caller(remote: bool) -> Rejection {
 /// # use idem_runtime::{Caller, Idem, MemoryLedger, mcp};
 /// let idem = Idem::new(MemoryLedger::new());
 /// assert!(mcp::check_stdio(&idem).is_err());
-/// let idem = idem.with_local_caller(Caller::new("local", "user"));
+/// let idem = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("local", "user")).build()?;
 /// assert!(mcp::check_stdio(&idem).is_ok());
+/// # Ok::<(), idem_runtime::BuildError>(())
 /// ```
 ///
 /// # Errors
@@ -96,7 +97,7 @@ impl std::fmt::Display for StdioWithoutCaller {
         f.write_str(
             "refusing to serve on stdio: this server's idem handle has no local caller, and a request over stdio \
              carries no authenticated one, so every idempotent tool call would be refused. Configure the caller \
-             this server acts for: `Idem::new(ledger).with_local_caller(Caller::try_new(tenant, subject)?)`",
+             this server acts for: `Idem::builder(ledger).local_caller(Caller::try_new(tenant, subject)?).build()?`",
         )
     }
 }

@@ -32,7 +32,7 @@ use crate::scope::Caller;
 /// tool's own `Result`:
 ///
 /// ```text
-/// let server = Payments::new(Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")));
+/// let server = Payments::new(Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap());
 /// let first = server.charge_card(ToolContext::local(), Parameters(charge())).await.into_result();
 /// let again = server.charge_card(ToolContext::local(), Parameters(charge())).await.into_result();
 /// assert_eq!(first.unwrap().0, again.unwrap().0); // replayed: the processor charged once
@@ -56,7 +56,7 @@ pub struct ToolContext {
 
 impl ToolContext {
     /// As a request over stdio: no authenticated caller, so the caller in scope or the handle's
-    /// local identity ([`Idem::with_local_caller`](crate::Idem::with_local_caller)) is used.
+    /// local identity ([`Builder::local_caller`](crate::Builder::local_caller)) is used.
     #[must_use]
     pub fn local() -> Self {
         Self::default()

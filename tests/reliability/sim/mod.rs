@@ -123,14 +123,16 @@ impl Cluster {
         let ledger =
             SimLedger { sim: sim.clone(), replica: index, alive: Arc::clone(&alive), measured: AtomicBool::new(false) };
         // Replicas share one secret, as a shared ledger requires (the wrapper keeps none).
-        let idem = Idem::new(ledger)
-            .with_secret(idem_tests::test_secret())
-            .with_clock(SkewedClock { start: sim.start(), skew })
-            .with_lease(Duration::from_millis(LEASE_MS))
-            .with_ledger_timeout(Duration::from_millis(LEDGER_TIMEOUT_MS))
-            .with_settle_grace(GRACE)
-            .with_unsettled_retention(Duration::from_secs(60))
-            .with_verdict_retention(Duration::from_secs(60));
+        let idem = Idem::builder(ledger)
+            .secret(idem_tests::test_secret())
+            .clock(SkewedClock { start: sim.start(), skew })
+            .lease(Duration::from_millis(LEASE_MS))
+            .ledger_timeout(Duration::from_millis(LEDGER_TIMEOUT_MS))
+            .settle_grace(GRACE)
+            .unsettled_retention(Duration::from_secs(60))
+            .verdict_retention(Duration::from_secs(60))
+            .build()
+            .unwrap();
         Replica { idem, alive, tasks: Vec::new() }
     }
 
@@ -290,11 +292,11 @@ async fn operator(cluster: Arc<Cluster>) {
         let keys: Vec<_> = sim.world().keys.keys().copied().collect();
         for key in keys {
             if let Some((address, verdict)) = sim.verdict(key) {
-                let _ = idem.resolve(&cluster.caller, &address.to_string(), verdict).await;
+                let _ = idem.admin().resolve(cluster.caller.tenant(), &address.to_string(), verdict).await;
             }
         }
         if sim.world().rng.chance(300) {
-            let _ = idem.sweep(8).await;
+            let _ = idem.admin().sweep(8).await;
         }
     }
 }

@@ -49,7 +49,7 @@ async fn ship(order_id: String) -> Result<String, ShipError> {
 }
 
 fn main() {
-    Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")).install();
+    Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap().install();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         assert!(matches!(ship("o-1".to_owned()).await, Err(ShipError::Io(_))));

@@ -92,6 +92,6 @@ fn main() {
     let mut names: Vec<String> = served.list_all().into_iter().map(|tool| tool.name.to_string()).collect();
     names.sort();
     assert_eq!(names, ["charge", "idem_status", "list", "nickname", "refund"]);
-    let shop = Shop { idem: Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "alice")) };
+    let shop = Shop { idem: Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap() };
     let _ = shop.place("o-1".to_owned());
 }

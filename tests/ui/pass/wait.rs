@@ -32,7 +32,7 @@ static ROLLBACK: Recipe = Recipe::new("rollback", &["service"]).wait(Duration::f
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    Idem::new(MemoryLedger::new()).with_local_caller(Caller::new("acme", "ops")).install();
+    Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "ops")).build().unwrap().install();
     assert_eq!(deploy("api".into(), 7).await.unwrap(), "api at 7");
     assert_eq!(restart("api".into()).await.unwrap(), "api restarted");
     assert_eq!(ROLLBACK.wait_duration(), Some(Duration::from_millis(1500)));
