@@ -10,7 +10,7 @@ use std::sync::Arc;
 use idem_runtime::ledger::{
     Claim, ClaimRequest, Ledger, LedgerError, Outcome, PendingQuery, PendingRecord, Resolution, State, Token, Won,
 };
-use idem_runtime::{Address, Key, StalePolicy, SubjectTag, TenantTag};
+use idem_runtime::{Key, StalePolicy, key::Address, scope::SubjectTag, scope::TenantTag};
 
 /// A base time for records, far in the future of the sweep case's times.
 const T0: u64 = 1_900_000_000_000;

@@ -127,24 +127,24 @@ pub async fn durable(
 /// # Panics
 /// Never: the bytes are long enough.
 #[must_use]
-pub fn test_secret() -> idem_runtime::Secret {
-    idem_runtime::Secret::new(1, &[0x5e; 32]).expect("32 bytes")
+pub fn test_secret() -> idem_runtime::secret::Secret {
+    idem_runtime::secret::Secret::new(1, &[0x5e; 32]).expect("32 bytes")
 }
 
 /// A handle on `ledger` keyed with [`test_secret`] (PostgreSQL and MariaDB have no default).
 #[must_use]
-pub fn idem(ledger: impl idem_runtime::Ledger) -> idem_runtime::Idem {
+pub fn idem(ledger: impl idem_runtime::ledger::Ledger) -> idem_runtime::Idem {
     builder(ledger).build().unwrap()
 }
 
 /// The settings of a handle on `ledger` (a ledger, or a shared one) keyed with [`test_secret`].
-pub fn builder(ledger: impl idem_runtime::Ledger) -> idem_runtime::Builder {
+pub fn builder(ledger: impl idem_runtime::ledger::Ledger) -> idem_runtime::Builder {
     idem_runtime::Idem::builder(ledger).secret(test_secret())
 }
 
 /// A handle on a shared ledger keyed with [`test_secret`].
 #[must_use]
-pub fn idem_shared(ledger: std::sync::Arc<dyn idem_runtime::Ledger>) -> idem_runtime::Idem {
+pub fn idem_shared(ledger: std::sync::Arc<dyn idem_runtime::ledger::Ledger>) -> idem_runtime::Idem {
     builder(ledger).build().unwrap()
 }
 

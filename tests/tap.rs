@@ -6,7 +6,10 @@ use std::sync::Arc;
 use idem_runtime::ledger::{
     BoxFuture, Claim, ClaimRequest, LedgerStats, Outcome, PendingQuery, PendingRecord, Resolution, StatusReport, Token,
 };
-use idem_runtime::{Address, Key, Ledger, LedgerError, Ref, Secret, SecretError, SubjectTag, TenantTag};
+use idem_runtime::{
+    Key, Ref, key::Address, ledger::Ledger, ledger::LedgerError, scope::SubjectTag, scope::TenantTag, secret::Secret,
+    secret::SecretError,
+};
 
 /// Which ledger method a [`Tap`] sees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

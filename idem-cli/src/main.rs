@@ -18,8 +18,9 @@ use comfy_table::{Table, presets};
 use idem_runtime::ledger::sea::{DATABASE_URL_ENV, SeaOrmLedger, ToolOwner};
 use idem_runtime::secret::{self, SECRET_ENV, Secret};
 use idem_runtime::{
-    Builder, DEFAULT_LEASE, Idem, Ledger, LedgerError, LedgerStats, PendingCursor, PendingFilter, PendingOperation,
-    PendingPage, Resolution, State, StatusError, StatusReport, parse_window,
+    Builder, Idem, StatusError, StatusReport, admin::PendingCursor, admin::PendingFilter, admin::PendingOperation,
+    admin::PendingPage, ledger::Ledger, ledger::LedgerError, ledger::LedgerStats, ledger::Resolution, ledger::State,
+    recipe::parse_window, settings::DEFAULT_LEASE,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Recipe, Ref, Rejection, Secret, current_operation};
+use idem_runtime::{
+    Caller, ErrorClass, Idem, IdempotentError, Recipe, Ref, Rejection, current_operation, secret::Secret,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 

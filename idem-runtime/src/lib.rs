@@ -2,7 +2,7 @@
 //!
 //! A tool handler annotated with [`idempotent`] derives an idempotency key on the server
 //! (namespace + caller scope + tool + canonicalised chosen arguments, HMAC-SHA256 under a server
-//! [`Secret`]), claims it in a [`Ledger`]
+//! [`Secret`](secret::Secret)), claims it in a [`Ledger`](ledger::Ledger)
 //! before its side effect, and answers every repeat from the stored result instead of running
 //! twice. This crate is the one users depend on: it re-exports the macros and holds key
 //! derivation, the ledger trait and its backends, and the call orchestration.
@@ -11,11 +11,11 @@
 //!
 //! - [`canonical`]: RFC 8785 canonical JSON, so key order, whitespace and number spelling never
 //!   change a key.
-//! - [`Key`], [`Ref`], [`Fingerprint`]: what a call is, derived from a [`Recipe`] and a [`Scope`].
-//! - [`Ledger`]: the atomic claim and the record's state machine; [`MemoryLedger`] for tests.
+//! - [`Key`], [`Ref`], [`Fingerprint`](key::Fingerprint): what a call is, derived from a [`Recipe`] and a [`Scope`](scope::Scope).
+//! - [`Ledger`](ledger::Ledger): the atomic claim and the record's state machine; [`MemoryLedger`] for tests.
 //! - [`Idem`]: the handle that runs a handler under a recipe ([`Idem::call`]), built once with
 //!   [`Idem::builder`]; an operation's status for its caller ([`Idem::status`]); and the
-//!   operator's verbs on [`Admin`] ([`Idem::admin`]: inspect, resolve with a [`Resolution`],
+//!   operator's verbs on [`Admin`] ([`Idem::admin`]: inspect, resolve with a [`Resolution`](admin::Resolution),
 //!   stats, pending, sweep, and a sweeper that sweeps in the background on every replica).
 //! - [`Hooks`]: an observer of each call's lifecycle for audit logs ([`Builder::hooks`]): its
 //!   claim, replay, in-flight, conflict or unknown answer, and the outcome it recorded
@@ -27,9 +27,13 @@
 //!   exporter (Prometheus, OpenTelemetry through a bridge); the module lists them. Fed from the
 //!   same call points as the hooks.
 //!
-//! Everything `Idem`'s and [`Operation`]'s methods take or return is named at this root; what
-//! only a ledger implementation needs lives in [`ledger`], what only an rmcp server needs in
-//! `mcp` (feature `rmcp`).
+//! The root names what a handler author writes: the attributes, the handle ([`Idem`], its
+//! [`Builder`]), the caller, the recipe, the error contract ([`IdempotentError`], [`Rejection`])
+//! and what a running handler sees ([`Operation`]). The rest lives in its module: the operator's
+//! verbs in [`admin`], the settings' defaults in [`settings`], keys and refs in [`key`], scopes in
+//! [`scope`], secrets in [`secret`], what a ledger implementation needs in [`ledger`], what only
+//! an rmcp server needs in `mcp` (feature `rmcp`), canonical JSON in [`canonical`], test clocks
+//! in [`clock`].
 //!
 //! ```
 //! use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Rejection};
@@ -80,39 +84,47 @@
 
 mod bytes;
 pub mod canonical;
-mod clock;
+pub mod clock;
 mod idem;
-mod key;
+pub mod key;
 pub mod ledger;
 mod macro_support;
 #[cfg(feature = "rmcp")]
 pub mod mcp;
-mod recipe;
+pub mod recipe;
 mod rejection;
-mod scope;
+pub mod scope;
 pub mod secret;
 mod window;
 
-pub use clock::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "metrics")]
 pub use idem::metrics;
 pub use idem::{
-    Admin, BuildError, Builder, DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION,
-    DEFAULT_SETTLE_GRACE, DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, HasIdem, Idem, Operation, Reconciled,
-    ResultSeal, Served, StatusError, Sweeper, SweeperStats, current_caller, current_operation, run_as,
+    Admin, BuildError, Builder, CallEvent, Completion, HasIdem, Hooks, Idem, Operation, Reconciled, ResultSeal, Served,
+    StatusError, current_caller, current_operation, run_as,
 };
-pub use idem::{CallEvent, Completion, Hooks};
-pub use idem::{CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage};
-pub use key::{Address, AddressError, Fingerprint, Key, Ref, RefError};
+pub use key::{Key, Ref};
+pub use ledger::StatusReport;
 pub use ledger::memory::MemoryLedger;
-pub use ledger::{
-    Label, Ledger, LedgerError, LedgerStats, PendingQuery, PendingRecord, Resolution, State, StatusReport, Token,
-};
-pub use recipe::{DEFAULT_STATE_TTL, MAX_WAIT, Recipe, ScopeRule, StalePolicy};
-pub use rejection::{ErrorClass, IdempotentError, Rejection, STATUS_TOOL, StorableError};
-pub use scope::{Caller, CallerError, Scope, SubjectTag, TenantTag};
-pub use secret::{Secret, SecretError};
-pub use window::{MAX_WINDOW, WindowError, parse_window};
+pub use recipe::{Recipe, ScopeRule, StalePolicy};
+pub use rejection::{ErrorClass, IdempotentError, Rejection, StorableError};
+pub use scope::{Caller, CallerError};
+
+/// The operator's verbs ([`Admin`], from [`Idem::admin`]) and what they take and answer.
+pub mod admin {
+    pub use crate::idem::{
+        Admin, CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage, Sweeper, SweeperStats,
+    };
+    pub use crate::ledger::{LedgerStats, Resolution};
+}
+
+/// What a handle is built with ([`Builder`], from [`Idem::builder`]) and the defaults of its settings.
+pub mod settings {
+    pub use crate::idem::{
+        BuildError, Builder, DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION,
+        DEFAULT_SETTLE_GRACE, DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION,
+    };
+}
 
 /// Makes an async handler safe to repeat: derive a key, claim it, run once, replay the rest.
 ///
@@ -177,7 +189,7 @@ pub use window::{MAX_WINDOW, WindowError, parse_window};
 /// | `task = true` | on an rmcp tool: it may run as an MCP task (the `io.modelcontextprotocol/tasks` extension). For a client that declared the extension, a repeat that finds the operation in progress gets the operation's task (`taskId` = its ref) instead of the in-flight answer, and `tasks/get` is answered from the ledger (`mcp::get_task`, feature `rmcp`). The result must be `rmcp::Json<T>` or `String`, the error `mcp::ToolError`, so that any replica can rebuild the answer from the stored JSON | `false` |
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
 /// | `name = "charge"` | the tool name in the key, with the namespace ([`Builder::namespace`](crate::Builder::namespace), else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. Two different handlers under one tool name in one namespace on one ledger — one handle, two handles, two processes or binaries — are both refused (`duplicate_tool`), see [Who serves a tool](#who-serves-a-tool) | `#[tool(name = ...)]`, else the function's name |
-/// | `wait = "5s"` | a repeat that finds the operation in progress waits up to this long (`s` or `m`, 1 s to [`MAX_WAIT`]) for it to settle: completed, it gets the stored result as a replay; failed with nothing done, it claims again and may run the handler; unknown, "outcome unknown"; still running, "in flight". No connection or lock is held while it waits (see [`Recipe::wait`]) | none: "in flight" at once |
+/// | `wait = "5s"` | a repeat that finds the operation in progress waits up to this long (`s` or `m`, 1 s to [`MAX_WAIT`](recipe::MAX_WAIT)) for it to settle: completed, it gets the stored result as a replay; failed with nothing done, it claims again and may run the handler; unknown, "outcome unknown"; still running, "in flight". No connection or lock is held while it waits (see [`Recipe::wait`]) | none: "in flight" at once |
 /// | `replay_note = false` | on an rmcp tool, leave out the line of text a replayed answer ends with ("this is the stored result of an earlier identical call … nothing was executed again"); `_meta["dev.idem/outcome"].replayed` still says it | `true`: hosts that drop `_meta` still show the model it was a replay |
 /// | `input_key = "pick.content.amount"` | on an rmcp tool that may ask for input (`mcp::Step`, feature `rmcp`): input-response paths (the input request's id, then fields of the client's response) whose values join the key, under names no argument can have (`$input.pick.content.amount`). Input responses are no part of the key otherwise: a confirmation does not change what is done. With one, the first round (without the response) and each continuation with another value are different operations | none |
 /// | `single_use_state = true` | on an rmcp tool that may ask for input: a continuation's `requestState` is accepted once, enforced through the ledger on every replica (a second continuation after a "nothing happened" failure is refused: `request_state_used`); a repeat of a completed continuation is still a replay | `false` |

@@ -3,6 +3,8 @@
 use std::panic::Location;
 use std::time::Duration;
 
+pub use crate::window::{MAX_WINDOW, WindowError, parse_window};
+
 /// The longest [`Recipe::wait`] (and `wait = "..."`) accepted: a minute. A request held open
 /// longer outlives most clients' timeouts; the status tool serves a longer wait better.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);

@@ -33,8 +33,8 @@ impl std::error::Error for WindowError {}
 ///
 /// ```
 /// use std::time::Duration;
-/// assert_eq!(idem_runtime::parse_window("15m").unwrap(), Duration::from_secs(900));
-/// assert!(idem_runtime::parse_window("0s").is_err());
+/// assert_eq!(idem_runtime::recipe::parse_window("15m").unwrap(), Duration::from_secs(900));
+/// assert!(idem_runtime::recipe::parse_window("0s").is_err());
 /// ```
 pub fn parse_window(input: &str) -> Result<Duration, WindowError> {
     let err = |reason| WindowError { input: input.to_owned(), reason };

@@ -1,7 +1,7 @@
 //! Key derivation: what makes two calls the same operation, and what never may.
 
 use idem_runtime::canonical::parse_strict;
-use idem_runtime::{Caller, Fingerprint, Key, Ref, Scope, Secret};
+use idem_runtime::{Caller, Key, Ref, key::Fingerprint, scope::Scope, secret::Secret};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -267,7 +267,7 @@ fn colliding_name_tags_never_name_an_unchanged_argument() {
     let tag_of = |name: &str| {
         let mut one = serde_json::Map::new();
         one.insert(name.to_owned(), serde_json::json!(1));
-        let fingerprint = idem_runtime::Fingerprint::of(&secret(), &one, &[]).unwrap();
+        let fingerprint = idem_runtime::key::Fingerprint::of(&secret(), &one, &[]).unwrap();
         [fingerprint.tags()[0][0], fingerprint.tags()[0][1]]
     };
     let mut seen = std::collections::HashMap::new();
@@ -278,6 +278,6 @@ fn colliding_name_tags_never_name_an_unchanged_argument() {
     let mut arguments = serde_json::Map::new();
     arguments.insert(a.clone(), serde_json::json!("first value"));
     arguments.insert(b.clone(), serde_json::json!(["another", 2]));
-    let fingerprint = idem_runtime::Fingerprint::of(&secret(), &arguments, &[]).unwrap();
+    let fingerprint = idem_runtime::key::Fingerprint::of(&secret(), &arguments, &[]).unwrap();
     assert_eq!(fingerprint.differing(fingerprint.tags()), (Vec::<String>::new(), 0), "{a} and {b}");
 }

@@ -8,8 +8,8 @@ use idem_runtime::ledger::{
     BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, Outcome, Resolution, StatusReport, Token,
 };
 use idem_runtime::{
-    Caller, ErrorClass, Idem, IdempotentError, Key, ManualClock, MemoryLedger, Recipe, Reconciled, Ref, Rejection,
-    StalePolicy, State, TenantTag, current_operation, run_as,
+    Caller, ErrorClass, Idem, IdempotentError, Key, MemoryLedger, Recipe, Reconciled, Ref, Rejection, StalePolicy,
+    clock::ManualClock, current_operation, ledger::State, run_as, scope::TenantTag,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -443,7 +443,7 @@ impl Ledger for Faulty {
     fn status<'a>(
         &'a self,
         t: TenantTag,
-        s: idem_runtime::SubjectTag,
+        s: idem_runtime::scope::SubjectTag,
         r: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
@@ -452,7 +452,7 @@ impl Ledger for Faulty {
     fn resolve<'a>(
         &'a self,
         t: TenantTag,
-        a: idem_runtime::Address,
+        a: idem_runtime::key::Address,
         x: Resolution,
         now: u64,
         keep: u64,
@@ -481,7 +481,7 @@ impl Ledger for Faulty {
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
         self.fault().unwrap_or_else(|| self.inner.inspect(tenant, reference, window_end, now))
     }
-    fn stats(&self, now: u64) -> BoxFuture<'_, Result<idem_runtime::LedgerStats, LedgerError>> {
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<idem_runtime::ledger::LedgerStats, LedgerError>> {
         self.fault().unwrap_or_else(|| self.inner.stats(now))
     }
     fn pending<'a>(
@@ -501,7 +501,7 @@ impl Ledger for Faulty {
     ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
         self.fault().unwrap_or_else(|| self.inner.tool_owners(namespace, tool, owner, now, since))
     }
-    fn default_secret(&self) -> Result<idem_runtime::Secret, idem_runtime::SecretError> {
+    fn default_secret(&self) -> Result<idem_runtime::secret::Secret, idem_runtime::secret::SecretError> {
         self.inner.default_secret()
     }
 }
@@ -1001,7 +1001,7 @@ async fn a_refused_late_holder_never_gets_a_newer_operations_result() {
     let newer = newer.await.unwrap();
     assert_eq!((newer.value.as_str(), newer.replayed), ("second", false), "a new operation after the window");
     // The operator finds the old one among the pending operations, by its own address.
-    let page = idem.admin().pending(&idem_runtime::PendingFilter::new(100)).await.unwrap();
+    let page = idem.admin().pending(&idem_runtime::admin::PendingFilter::new(100)).await.unwrap();
     let old = page.operations.iter().find(|op| op.reference == newer.reference && op.superseded).expect("listed");
     idem.admin()
         .resolve(alice().tenant(), &old.address().to_string(), Resolution::NothingHappened)

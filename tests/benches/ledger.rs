@@ -533,7 +533,7 @@ fn nanos_per(n: u64, mut f: impl FnMut(u64)) -> f64 {
 fn cpu(rows: &mut Vec<Row>) {
     use idem_runtime::canonical;
     use sha2::{Digest, Sha256};
-    let scope = idem_runtime::Scope::caller(&caller());
+    let scope = idem_runtime::scope::Scope::caller(&caller());
     let secret = idem_tests::test_secret();
     let n = 20_000;
     // What `#[idempotent]` does per call: the arguments streamed to canonical members, the key
@@ -547,7 +547,7 @@ fn cpu(rows: &mut Vec<Row>) {
             selected.insert("order_id", &args.order_id).unwrap();
             selected.insert("amount_cents", &args.amount_cents).unwrap();
             std::hint::black_box(Key::derive_members(&secret, "bench", &scope, "charge_card", &selected).unwrap());
-            let mut fingerprint = idem_runtime::Fingerprint::digest_of_members(&secret, &all, &[]);
+            let mut fingerprint = idem_runtime::key::Fingerprint::digest_of_members(&secret, &all, &[]);
             if tags {
                 fingerprint.tag(&secret);
             }

@@ -60,6 +60,50 @@ fn the_map_names_every_runtime_module() {
 }
 
 #[test]
+fn the_map_names_every_runtime_test() {
+    let map = std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).expect("read ARCHITECTURE.md");
+    let named = rooms(&map, "## The tests of `idem-runtime`");
+    let present = sources(&workspace().join("idem-runtime").join("tests"));
+    assert_eq!(named, present, "ARCHITECTURE.md's table of the runtime's tests is out of date");
+}
+
+/// Where a path the map names may be: from the workspace root, or within a crate's sources.
+const BASES: [&str; 5] = ["", "idem-runtime/src", "idem-runtime/tests", "idem-cli/src", "idem-macros/src"];
+
+/// The paths the map names in backquotes, anywhere on the page: a file (`.rs`, `.md`, `.toml`) or
+/// a folder (ending in `/`); a template such as `ledger/sea/<backend>.rs` names no one file.
+fn named_paths(map: &str) -> BTreeSet<String> {
+    map.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|text| {
+            !text.contains(['<', ' ', '*', '"'])
+                && (text.ends_with('/') && text.len() > 1
+                    || [".rs", ".md", ".toml"].iter().any(|end| text.ends_with(end)))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_path_the_map_names_exists() {
+    let root = workspace();
+    let map = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("read ARCHITECTURE.md");
+    let paths = named_paths(&map);
+    assert!(paths.len() > 80, "the map names files: {paths:?}");
+    let missing: Vec<_> =
+        paths.iter().filter(|path| !BASES.iter().any(|base| root.join(base).join(path.as_str()).exists())).collect();
+    assert!(missing.is_empty(), "ARCHITECTURE.md names paths that do not exist: {missing:?}");
+}
+
+#[test]
+fn the_path_check_sees_a_missing_path() {
+    let paths = named_paths("see `idem/gone.rs` and `docs/src/` and `ledger/sea/<backend>.rs` and `not a path`");
+    assert_eq!(paths.into_iter().collect::<Vec<_>>(), ["docs/src/", "idem/gone.rs"]);
+    assert!(!BASES.iter().any(|base| workspace().join(base).join("idem/gone.rs").exists()));
+}
+
+#[test]
 fn the_map_names_every_cli_module() {
     check("idem-cli");
 }

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use idem_runtime::ledger::Token;
 use idem_runtime::{
-    CallEvent, Caller, Completion, ErrorClass, Hooks, Idem, IdempotentError, Ledger, MemoryLedger, Recipe, Rejection,
+    CallEvent, Caller, Completion, ErrorClass, Hooks, Idem, IdempotentError, MemoryLedger, Recipe, Rejection,
+    ledger::Ledger,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;

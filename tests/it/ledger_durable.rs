@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::{
-    Caller, Clock, ErrorClass, IdempotentError, Recipe, Rejection, StalePolicy, SystemClock, current_operation,
+    Caller, ErrorClass, IdempotentError, Recipe, Rejection, StalePolicy, clock::Clock, clock::SystemClock,
+    current_operation,
 };
 use sea_orm::{ConnectionTrait, Database, DbBackend, Statement, TransactionTrait};
 use serde::{Deserialize, Serialize};

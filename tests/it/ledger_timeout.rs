@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_runtime::ledger::{Ledger, Resolution};
-use idem_runtime::{Caller, Idem, PendingFilter, Recipe};
+use idem_runtime::{Caller, Idem, Recipe, admin::PendingFilter};
 use idem_tests::tap::{Call, Pass, Tap, Tapped};
 
 /// Hangs every call once `hanging` is set (the ledger's clock is read first, while it answers).

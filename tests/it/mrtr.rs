@@ -59,7 +59,7 @@ async fn ledger(backend: &str) -> Option<Arc<dyn Ledger>> {
 
 /// A unique order id per test run: a shared database keeps earlier runs' operations.
 fn order_id() -> String {
-    format!("o-{:016x}", idem_runtime::Token::random().get())
+    format!("o-{:016x}", idem_runtime::ledger::Token::random().get())
 }
 
 #[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
@@ -451,10 +451,10 @@ async fn an_input_key_makes_each_chosen_value_its_own_operation(backend: &str) {
 /// have to start over — for a single-use state too.
 async fn a_state_sealed_before_a_rotation_step_is_accepted_after_it(backend: &str) {
     let Some(ledger) = ledger(backend).await else { return };
-    let base = u32::try_from(idem_runtime::Token::random().get() % 1_000_000_000).unwrap() + 1_000;
+    let base = u32::try_from(idem_runtime::ledger::Token::random().get() % 1_000_000_000).unwrap() + 1_000;
     let (v1, v2) = (
-        idem_runtime::Secret::new(base, &[0x11; 32]).unwrap(),
-        idem_runtime::Secret::new(base + 1, &[0x22; 32]).unwrap(),
+        idem_runtime::secret::Secret::new(base, &[0x11; 32]).unwrap(),
+        idem_runtime::secret::Secret::new(base + 1, &[0x22; 32]).unwrap(),
     );
     let alice = Caller::new("acme", "alice");
     let processor = Arc::new(Processor::default());

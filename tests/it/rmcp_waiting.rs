@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use idem_runtime::ledger::Token;
 use idem_runtime::mcp::ToolError;
-use idem_runtime::{Caller, HasIdem, Idem, Ledger, MemoryLedger, audit_idempotent, current_operation, idempotent};
+use idem_runtime::{
+    Caller, HasIdem, Idem, MemoryLedger, audit_idempotent, current_operation, idempotent, ledger::Ledger,
+};
 use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;

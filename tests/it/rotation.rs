@@ -10,7 +10,8 @@ use std::time::Duration;
 use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::ledger::{Ledger, LedgerError, State, Token};
 use idem_runtime::{
-    Caller, ErrorClass, Idem, IdempotentError, ManualClock, MemoryLedger, Recipe, Ref, Rejection, Secret, SecretError,
+    Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Ref, Rejection, clock::ManualClock,
+    secret::Secret, secret::SecretError,
 };
 use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use serde_json::json;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::{
-    Caller, ErrorClass, Fingerprint, Idem, IdempotentError, Ledger, MemoryLedger, Recipe, Rejection, Secret, State,
+    Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Rejection, key::Fingerprint, ledger::Ledger,
+    ledger::State, secret::Secret,
 };
 use sea_orm::{ConnectionTrait, Statement};
 use serde::{Deserialize, Serialize};

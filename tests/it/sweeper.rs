@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::ledger::{ClaimRequest, Outcome, Token};
-use idem_runtime::{Idem, Key, Ledger, LedgerError, MemoryLedger, StalePolicy, SubjectTag, TenantTag};
+use idem_runtime::{
+    Idem, Key, MemoryLedger, StalePolicy, ledger::Ledger, ledger::LedgerError, scope::SubjectTag, scope::TenantTag,
+};
 use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 
@@ -105,7 +107,10 @@ async fn assert_kept(ledger: &dyn Ledger, live: &[ClaimRequest]) {
     let now = now_ms();
     for r in live {
         let report = ledger.lookup(&r.key, now).await.expect("lookup").expect("a live record is never swept");
-        assert!(report.state == idem_runtime::State::InProgress || report.state == idem_runtime::State::Completed);
+        assert!(
+            report.state == idem_runtime::ledger::State::InProgress
+                || report.state == idem_runtime::ledger::State::Completed
+        );
     }
 }
 

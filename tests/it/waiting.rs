@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use idem_runtime::ledger::Token;
 use idem_runtime::{
-    Caller, ErrorClass, Idem, IdempotentError, Ledger, LedgerError, MemoryLedger, Recipe, Rejection, StalePolicy,
-    current_operation,
+    Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Rejection, StalePolicy, current_operation,
+    ledger::Ledger, ledger::LedgerError,
 };
 use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use serde::{Deserialize, Serialize};

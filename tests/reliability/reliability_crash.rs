@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use idem_runtime::ledger::Resolution;
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::{Caller, Idem, Key, Recipe, Reconciled, StalePolicy, State, current_operation};
+use idem_runtime::{Caller, Idem, Key, Recipe, Reconciled, StalePolicy, current_operation, ledger::State};
 use serde_json::json;
 
 use crate::support;

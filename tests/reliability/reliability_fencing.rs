@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use idem_runtime::ledger::{Claim, ClaimRequest, Ledger, LedgerError, Outcome, State, Token, Won};
-use idem_runtime::{Caller, Clock, Key, MemoryLedger, Recipe, StalePolicy, SystemClock, TenantTag};
+use idem_runtime::{
+    Caller, Key, MemoryLedger, Recipe, StalePolicy, clock::Clock, clock::SystemClock, scope::TenantTag,
+};
 use idem_tests::tap::{Call, Pass, Tap, Tapped};
 use serde_json::json;
 
@@ -60,7 +62,7 @@ fn requests() -> (ClaimRequest, ClaimRequest) {
     let a = ClaimRequest {
         key: Key::from_bytes(random_bytes()),
         tenant: TenantTag::from_bytes(random_bytes()),
-        subject: idem_runtime::SubjectTag::TENANT,
+        subject: idem_runtime::scope::SubjectTag::TENANT,
         fingerprint: [3; 32],
         arg_tags: vec![[1, 2, 3, 4]],
         token: Token::random(),

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use idem_runtime::canonical::{CanonicalError, MAX_DEPTH, parse_strict, to_canonical_vec, to_value};
 use idem_runtime::ledger::{Ledger, Resolution};
 use idem_runtime::{
-    Caller, Fingerprint, HasIdem, Idem, Key, MemoryLedger, Recipe, Ref, Scope, State, TenantTag, idempotent,
+    Caller, HasIdem, Idem, Key, MemoryLedger, Recipe, Ref, idempotent, key::Fingerprint, ledger::State, scope::Scope,
+    scope::TenantTag,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -960,7 +961,7 @@ async fn sql_metacharacters_everywhere(backend: &str) {
         ledger
             .status(
                 TenantTag::of(&idem_tests::test_secret(), "t"),
-                idem_runtime::SubjectTag::TENANT,
+                idem_runtime::scope::SubjectTag::TENANT,
                 Ref::parse(&reference).unwrap(),
                 idem.now_ms()
             )

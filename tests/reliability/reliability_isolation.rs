@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_runtime::ledger::{LedgerError, Resolution};
 use idem_runtime::{
-    Caller, ErrorClass, IdempotentError, MemoryLedger, Recipe, Rejection, State, StatusError, current_operation,
+    Caller, ErrorClass, IdempotentError, MemoryLedger, Recipe, Rejection, StatusError, current_operation, ledger::State,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use idem_runtime::ledger::Resolution;
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::{Caller, Idem, Key, Recipe, StalePolicy, State, current_operation};
+use idem_runtime::{Caller, Idem, Key, Recipe, StalePolicy, current_operation, ledger::State};
 use sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
 use serde_json::{Value, json};
 
@@ -465,7 +465,7 @@ async fn try_to_lose_a_claim_answer(url: &str, idem: &Idem) -> Option<(Idem, Cal
     // The ledger's clock is read locally: a clock read through the proxy (idem refreshes its
     // skew in the background every third of a lease) would take the warmed connection.
     let db = Database::connect(SeaOrmLedger::connect_options(&proxied)).await.unwrap();
-    let ledger = SeaOrmLedger::from_connection(db).with_clock(idem_runtime::SystemClock);
+    let ledger = SeaOrmLedger::from_connection(db).with_clock(idem_runtime::clock::SystemClock);
     let through_proxy = idem_tests::builder(ledger).lease(LEASE).build().unwrap();
     let caller = Caller::new(unique("rel-ack-tenant"), "loader");
     let runs = Arc::new(AtomicUsize::new(0));

@@ -249,7 +249,7 @@ static RECONCILE: Recipe = Recipe::new("rel_storm_charge", &["order_id"]).stale(
 
 async fn after_a_crash(backend: &str) {
     let Some((_, ledger)) = support::connect(backend, "reliability_storm::after_a_crash").await else { return };
-    let ledger: Arc<dyn idem_runtime::Ledger> = Arc::new(ledger);
+    let ledger: Arc<dyn idem_runtime::ledger::Ledger> = Arc::new(ledger);
     let callers = 1_000;
     let mut rows = Vec::new();
     for (name, recipe) in [("takeover", &TAKEOVER), ("reconcile", &RECONCILE), ("hold", &STORM)] {

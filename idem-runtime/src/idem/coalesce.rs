@@ -18,7 +18,7 @@
 //!
 //! A call with other arguments under the same key is never coalesced: it goes to the ledger,
 //! which tells it of the conflict. Only ledgers that answer over a round trip are coalesced
-//! ([`Ledger::local`](crate::Ledger::local) is false); the memory ledger already answers under
+//! ([`Ledger::local`](crate::ledger::Ledger::local) is false); the memory ledger already answers under
 //! one lock. Nothing here decides who runs: the ledger's atomic claim still does, and a call of
 //! another process (another replica) is never told anything from here.
 
@@ -223,7 +223,7 @@ mod tests {
     use super::*;
     use crate::ledger::Token;
     use crate::recipe::StalePolicy;
-    use crate::{SubjectTag, TenantTag};
+    use crate::{scope::SubjectTag, scope::TenantTag};
 
     const PATIENCE: Duration = Duration::from_secs(10);
 

@@ -62,7 +62,7 @@ impl Operation {
     /// The operation's key in the ledger — **never forward this**: it is the same in every
     /// window, so a downstream that dedupes on it would answer a new operation (after the window
     /// ended) with an old one's result. Forward [`Operation::idempotency_key`] instead. For
-    /// operators and tests that look the record up ([`Ledger::lookup`](crate::Ledger::lookup)).
+    /// operators and tests that look the record up ([`Ledger::lookup`](crate::ledger::Ledger::lookup)).
     #[must_use]
     pub const fn ledger_key(&self) -> &Key {
         &self.key
@@ -122,7 +122,7 @@ impl Operation {
     /// the returned result itself.
     ///
     /// ```no_run
-    /// # use idem_runtime::{current_operation, LedgerError};
+    /// # use idem_runtime::{current_operation, ledger::LedgerError};
     /// # use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
     /// # async fn handler(db: &DatabaseConnection) -> Result<String, LedgerError> {
     /// let operation = current_operation().expect("inside an idempotent handler");

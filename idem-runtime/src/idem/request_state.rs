@@ -224,7 +224,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{ManualClock, MemoryLedger};
+    use crate::{MemoryLedger, clock::ManualClock};
 
     fn binding(fingerprint: u8) -> Binding {
         let secret = Secret::new(1, &[7; 32]).unwrap();

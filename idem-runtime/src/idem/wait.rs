@@ -3,7 +3,7 @@
 //! time, and "in flight" only after that.
 //!
 //! The waiters of one operation in one process share a slot: one poller (a task) reads the
-//! record with single [`Ledger::lookup`](crate::Ledger::lookup) statements, pausing 10 ms and
+//! record with single [`Ledger::lookup`](crate::ledger::Ledger::lookup) statements, pausing 10 ms and
 //! doubling up to 250 ms between them, and holds no connection, transaction or lock while it
 //! pauses. When the holder runs in this process, the poller does not poll at all: the holder's
 //! end wakes it, and one read follows. The poller acts on no time of its own: what a settled

@@ -49,6 +49,7 @@ mod outcome;
 mod status;
 mod task;
 
+pub use crate::rejection::STATUS_TOOL;
 pub use audit::{AuditError, Backing, audit, backed_meta, checked_router};
 pub use caller::{Context, StdioWithoutCaller, Validator, caller_of, check_stdio, is_remote, request_caller};
 pub use context::ToolContext;

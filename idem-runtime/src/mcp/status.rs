@@ -113,17 +113,19 @@ async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObjec
                 None => (None, None),
             };
             let advice = match report.state {
-                crate::State::InProgress | crate::State::Unknown if report.superseded => {
+                crate::ledger::State::InProgress | crate::ledger::State::Unknown if report.superseded => {
                     "an earlier operation that never settled; a newer one replaced it after its window ended. \
                      Do not retry it; an operator may still resolve it"
                 }
-                crate::State::InProgress if report.lease_expired => {
+                crate::ledger::State::InProgress if report.lease_expired => {
                     "the process running it stopped answering; the next repeat resolves it per the tool's policy"
                 }
-                crate::State::InProgress => "still running; ask again shortly, do not re-submit",
-                crate::State::Completed if error.is_some() => "completed with a final error; a repeat returns it",
-                crate::State::Completed => "completed; a repeat of the same call returns this result",
-                crate::State::Failed => "failed without effect; repeating the call runs it again",
+                crate::ledger::State::InProgress => "still running; ask again shortly, do not re-submit",
+                crate::ledger::State::Completed if error.is_some() => {
+                    "completed with a final error; a repeat returns it"
+                }
+                crate::ledger::State::Completed => "completed; a repeat of the same call returns this result",
+                crate::ledger::State::Failed => "failed without effect; repeating the call runs it again",
                 _ => "outcome unknown; do not retry, ask an operator to resolve it",
             };
             let mut body = json!({

@@ -10,7 +10,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use idem_runtime::ledger::{BoxFuture, Claim, ClaimRequest, Outcome, PendingQuery, PendingRecord, Resolution, Token};
-use idem_runtime::{Clock, Key, Ledger, LedgerError, LedgerStats, Ref, StatusReport, SubjectTag, TenantTag};
+use idem_runtime::{
+    Key, Ref, StatusReport, clock::Clock, ledger::Ledger, ledger::LedgerError, ledger::LedgerStats, scope::SubjectTag,
+    scope::TenantTag,
+};
 
 use super::world::{Fault, Kind, Sim};
 
@@ -176,7 +179,7 @@ impl Ledger for SimLedger {
     fn resolve<'a>(
         &'a self,
         tenant: TenantTag,
-        address: idem_runtime::Address,
+        address: idem_runtime::key::Address,
         resolution: Resolution,
         at: u64,
         keep_until: u64,

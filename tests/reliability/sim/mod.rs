@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use idem_runtime::ledger::memory::MemoryLedger;
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_runtime::{Caller, Clock, ErrorClass, Idem, IdempotentError, Recipe, Reconciled, Rejection, StalePolicy};
+use idem_runtime::{
+    Caller, ErrorClass, Idem, IdempotentError, Recipe, Reconciled, Rejection, StalePolicy, clock::Clock,
+};
 use serde::{Deserialize, Serialize};
 
 use self::ledger::{Backend, LedgerClock, SimLedger, Store};

@@ -8,7 +8,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, Resolution, Token};
-use idem_runtime::{Key, LedgerError, Operation, Ref, StalePolicy, State, StatusReport, TenantTag};
+use idem_runtime::{
+    Key, Operation, Ref, StalePolicy, StatusReport, ledger::LedgerError, ledger::State, scope::TenantTag,
+};
 
 use super::ledger::Store;
 
@@ -599,7 +601,7 @@ impl Sim {
         &self,
         now: u64,
         tenant: TenantTag,
-        address: idem_runtime::Address,
+        address: idem_runtime::key::Address,
         resolution: Resolution,
         at: u64,
         keep_until: u64,
@@ -806,7 +808,7 @@ impl Sim {
     /// An operator's verdict on `key`'s record, if it is unknown or its holder is dead, from the
     /// downstream's truth: it happened (with its receipt), or nothing happened (only when no live
     /// run of it could still act).
-    pub fn verdict(&self, key: Key) -> Option<(idem_runtime::Address, Resolution)> {
+    pub fn verdict(&self, key: Key) -> Option<(idem_runtime::key::Address, Resolution)> {
         let now = self.now();
         let report = self.lookup(key, now)?;
         let stale = report.state == State::Unknown || report.state == State::InProgress && report.lease_expired;

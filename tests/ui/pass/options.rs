@@ -5,8 +5,7 @@ use std::sync::LazyLock;
 
 use idem_runtime::{
     Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Operation, Reconciled, Rejection,
-    audit_idempotent, idempotent,
-};
+    audit_idempotent, idempotent};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use serde::{Deserialize, Serialize};

@@ -3,8 +3,7 @@
 //! recipes of all of them.
 
 use idem_runtime::{
-    Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, audit_idempotent, idempotent, mcp,
-};
+    Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, audit_idempotent, idempotent, mcp};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use serde::{Deserialize, Serialize};
