@@ -4,7 +4,6 @@
 //! keyed, each step is one method of an `Attempt`: the handle, the claim it sends, and the lease
 //! it holds if it wins.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::key::{Fingerprint, Key, Ref};
+use crate::key::{Fingerprint, Ref};
 use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token, Won, seal_label, superseded};
 use crate::recipe::Recipe;
 use crate::rejection::{ErrorClass, IdempotentError, Rejection};
@@ -25,7 +24,7 @@ use super::coalesce::Begin;
 use super::ending::{Ending, Sent};
 use super::hooks::{Completion, Seen, Timer, Watch};
 use super::keyring::{Check, Keyring, no_secret};
-use super::operation::{LeaseState, Operation, acting_for, current_caller, running_as};
+use super::operation::{LeaseState, Operation, acting_for, caller_of, running_as};
 use super::owners::{self, Ownership};
 use super::request_state::Binding;
 use super::time::{clamp, millis};
@@ -138,7 +137,7 @@ impl Idem {
         self.register(recipe)?;
         let arguments = arguments?;
         let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
-        let caller = self.caller(caller, fallback)?;
+        let caller = caller_of(self, caller, fallback)?;
         let watch = self.watch(recipe, &caller);
         let inner = &self.inner;
         Ownership {
@@ -316,20 +315,6 @@ impl Idem {
         }
         Ok(Served { value, replayed: false, reference })
     }
-
-    /// The caller of a call: the one given, else (with `fallback`) the one in scope
-    /// ([`run_as`](super::run_as), an outer idempotent handler's), else the local
-    /// identity; none: refused.
-    fn caller<'c>(&self, caller: Option<&'c Caller>, fallback: bool) -> Result<Cow<'c, Caller>, Rejection> {
-        match caller {
-            Some(caller) => Ok(Cow::Borrowed(caller)),
-            None if !fallback => Err(Rejection::NoCaller),
-            None => current_caller()
-                .or_else(|| self.inner.settings.local_caller.clone())
-                .map(Cow::Owned)
-                .ok_or(Rejection::NoCaller),
-        }
-    }
 }
 
 /// One keyed attempt at a call: the claim it sends and, once won, the lease it holds.
@@ -378,7 +363,7 @@ impl<'a> Attempt<'a> {
             clock_trusted: at.clock_trusted,
             label: None,
         };
-        let binding = bind(idem, secret, at, key, *fingerprint.digest())?;
+        let binding = Binding::of(idem, secret, at, key, *fingerprint.digest())?;
         let lease = LeaseState { until: AtomicU64::new(request.lease_until), fenced: AtomicBool::new(false) };
         let (lease, recorded, binding) = (Arc::new(lease), Arc::default(), Arc::new(binding));
         Ok(Self { idem, tool: recipe.tool(), request, fingerprint, complete: false, lease, recorded, binding })
@@ -395,7 +380,7 @@ impl<'a> Attempt<'a> {
             let (recipe, namespace) = (at.recipe, self.idem.namespace(at.recipe));
             let key = at.arguments.key(secret, namespace, at.scope, recipe.tool())?;
             let fingerprint = *at.arguments.fingerprint(secret, recipe.ignored())?.digest();
-            earlier.push(bind(self.idem, secret, at, key, fingerprint)?);
+            earlier.push(Binding::of(self.idem, secret, at, key, fingerprint)?);
         }
         if let Some(binding) = Arc::get_mut(&mut self.binding) {
             binding.earlier = earlier;
@@ -696,28 +681,6 @@ impl<'a> Attempt<'a> {
         let value = self.idem.decode::<T, E>(stored, reference)?;
         Ok(Served { value, replayed: true, reference })
     }
-}
-
-/// What a `requestState` the operation keyed `key` under `secret` sends is sealed to. Input
-/// responses that joined the key are left out: the continuation that carries them must open
-/// the state its first round was given.
-fn bind(
-    idem: &Idem,
-    secret: &Secret,
-    at: &Derive<'_, '_, '_>,
-    key: Key,
-    fingerprint: [u8; 32],
-) -> Result<Binding, Rejection> {
-    let (recipe, namespace) = (at.recipe, idem.namespace(at.recipe));
-    let asked = at.arguments.key_without_inputs(secret, namespace, at.scope, recipe.tool())?;
-    Ok(Binding {
-        secret: secret.clone(),
-        key: asked.unwrap_or(key),
-        fingerprint,
-        tenant: at.scope.tenant_tag(secret),
-        subject: at.scope.subject_tag(secret),
-        earlier: Vec::new(),
-    })
 }
 
 fn unavailable(error: &LedgerError) -> Rejection {

@@ -2,6 +2,7 @@
 //! fencing token, whether the lease is still held) and its caller, both task-local. A handler
 //! runs as its caller, so operations nested in it are that caller's too.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,6 +13,7 @@ use crate::key::{Key, Ref};
 #[cfg(feature = "sea")]
 use crate::ledger::LedgerError;
 use crate::ledger::{Token, Won};
+use crate::rejection::Rejection;
 use crate::scope::Caller;
 
 use super::Idem;
@@ -201,4 +203,21 @@ pub(super) fn running_as<F: Future>(
 /// `future` run with `caller` in scope, as a reconcile function runs.
 pub(super) fn acting_for<F: Future>(caller: Caller, future: F) -> impl Future<Output = F::Output> {
     CALLER.scope(caller, future)
+}
+
+/// The caller of a call: the one given, else (with `fallback`) the one in scope ([`run_as`], an
+/// outer idempotent handler's), else the handle's local identity; none: refused.
+pub(super) fn caller_of<'c>(
+    idem: &Idem,
+    caller: Option<&'c Caller>,
+    fallback: bool,
+) -> Result<Cow<'c, Caller>, Rejection> {
+    match caller {
+        Some(caller) => Ok(Cow::Borrowed(caller)),
+        None if !fallback => Err(Rejection::NoCaller),
+        None => current_caller()
+            .or_else(|| idem.inner.settings.local_caller.clone())
+            .map(Cow::Owned)
+            .ok_or(Rejection::NoCaller),
+    }
 }

@@ -23,6 +23,7 @@ use crate::scope::{SubjectTag, TenantTag};
 use crate::secret::Secret;
 
 use super::Idem;
+use super::arguments::Derive;
 use super::time::clamp;
 
 /// The prefix (and version) of every state idem sends.
@@ -49,6 +50,28 @@ pub(crate) struct Binding {
 }
 
 impl Binding {
+    /// What a `requestState` the operation keyed `key` under `secret` sends is sealed to. Input
+    /// responses that joined the key are left out: the continuation that carries them must open
+    /// the state its first round was given.
+    pub(super) fn of(
+        idem: &Idem,
+        secret: &Secret,
+        at: &Derive<'_, '_, '_>,
+        key: Key,
+        fingerprint: [u8; 32],
+    ) -> Result<Self, Rejection> {
+        let (recipe, namespace) = (at.recipe, idem.namespace(at.recipe));
+        let asked = at.arguments.key_without_inputs(secret, namespace, at.scope, recipe.tool())?;
+        Ok(Self {
+            secret: secret.clone(),
+            key: asked.unwrap_or(key),
+            fingerprint,
+            tenant: at.scope.tenant_tag(secret),
+            subject: at.scope.subject_tag(secret),
+            earlier: Vec::new(),
+        })
+    }
+
     fn mac(&self, nonce: &[u8; 16], expires: u64, inner: Option<&str>) -> [u8; 32] {
         let (present, inner) = match inner {
             Some(inner) => (&[1u8][..], inner.as_bytes()),

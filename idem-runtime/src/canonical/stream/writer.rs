@@ -284,10 +284,7 @@ pub(super) struct ValueWriter<'w, 'p, 'k> {
 
 impl<'w, 'p, 'k> ValueWriter<'w, 'p, 'k> {
     /// Opens an array, or `{"variant":[` for tuple variants.
-    pub(super) fn open_seq(
-        self,
-        variant: Option<&'static str>,
-    ) -> Result<SeqWriter<'w, 'p, 'k>, Stop> {
+    pub(super) fn open_seq(self, variant: Option<&'static str>) -> Result<SeqWriter<'w, 'p, 'k>, Stop> {
         let mut depth = enter(self.path, self.depth)?;
         let mut capture = 0;
         let mut start = 0;
@@ -304,10 +301,7 @@ impl<'w, 'p, 'k> ValueWriter<'w, 'p, 'k> {
     }
 
     /// Opens an object, or `{"variant":{` for struct variants.
-    pub(super) fn open_map(
-        self,
-        variant: Option<&'static str>,
-    ) -> Result<ObjectWriter<'w, 'p, 'k>, Stop> {
+    pub(super) fn open_map(self, variant: Option<&'static str>) -> Result<ObjectWriter<'w, 'p, 'k>, Stop> {
         let mut depth = enter(self.path, self.depth)?;
         let (mut mask, mut level) = (self.mask, self.level);
         let mut wrapped = None;

@@ -1,60 +1,17 @@
 //! Durable ledgers through sea-orm: SQLite (the embedded default), PostgreSQL, MySQL/MariaDB.
 //!
-//! One table, `idem_records`, created by [`SeaOrmLedger::migrate`]:
-//!
-//! | column | type | why |
-//! |---|---|---|
-//! | `key` | 32 bytes, primary key | the operation's SHA-256 key; the unique constraint the claim rests on |
-//! | `tenant` | bigint | 8-byte keyed tag of the tenant, so status lookups never cross tenants |
-//! | `subject` | bigint | 8-byte keyed tag of the subject, or 0 for a record the whole tenant may see (`scope = "tenant"`), so status lookups never cross subjects |
-//! | `state` | smallint | 1 in progress, 2 completed, 3 failed, 4 unknown |
-//! | `token` | bigint | the holder's fencing token |
-//! | `attempt` | smallint | how the holder won: 0 fresh, 1 takeover, 2 reconcile — what a re-sent claim is told, and what a release undoes |
-//! | `created_at`, `window_end`, `expires_at`, `lease_until` | bigint, ms since the epoch | times come from Rust (on the ledger's clock as each replica measured it), so every backend compares the same numbers; `window_end` ends the operation (and is indexed for the sweep), `expires_at` ends the record |
-//! | `fingerprint` | 32 bytes | keyed digest of all fingerprinted arguments |
-//! | `arg_tags` | 4 bytes per argument | keyed tags that name the differing arguments of a conflict; without the secret they say nothing about the values |
-//! | `result` | bytes, null until completed | the stored result, replayed byte for byte |
-//! | `label` | bytes, empty once settled | the tool, tenant and subject, sealed under the secret (a [`Label`](crate::ledger::Label)): who an unsettled operation is for, for `idem pending`; emptied when it completes or fails |
-//!
-//! No index covers a column that completion or renewal changes (the sweep's index is on
-//! `window_end`, which only a new operation changes), so on PostgreSQL those updates can be HOT
-//! updates.
-//!
-//! A second table, `idem_superseded`, keeps unsettled records (unknown, or in progress under a
-//! dead holder) that a newer operation replaced after their window ended, for the operator,
-//! until their retention passes.
-//!
-//! The claim per backend:
-//! - **PostgreSQL**: one statement — `INSERT … ON CONFLICT (key) DO NOTHING RETURNING` inside a
-//!   CTE, with the existing row selected in the same statement when the key is taken. A repeat is
-//!   answered from that read (no lock, no write).
-//! - **SQLite**: a read first, so a repeat costs one read and never takes the single writer's
-//!   lock; a key it found absent is claimed by `INSERT … ON CONFLICT (key) DO NOTHING RETURNING`,
-//!   and when that does not claim (a concurrent first call won), the record is read again.
-//! - **MySQL/MariaDB**: a read first too (a repeat costs it alone); a key it found absent is
-//!   claimed by a plain `INSERT` (the primary key refuses a second), and on a duplicate the record
-//!   is read again.
-//!
-//! A first call costs one statement more there (the read that found nothing): the price of a
-//! repeat costing one.
-//!
-//! The record read is judged in Rust by the one decision function every backend shares. Only an
-//! expired, failed, stale or superseded record is then taken, by a compare-and-set `UPDATE` whose
-//! `WHERE` names the version read (token, state, lease); if anything changed meanwhile it matches
-//! nothing and the claim starts over.
-//!
-//! Each claim commits on its own, before the handler runs, so a concurrent repeat is answered at
-//! once instead of waiting on a row lock.
-//!
-//! This file holds the ledger's logic, shared by every backend; each backend's statement text
-//! is in its own file (`sqlite.rs`, `postgres.rs`, `mysql.rs`), picked by what it does
-//! ([`statements::Statements`]).
+//! This file holds the ledger's logic, shared by every backend: the claim, renewal, completion
+//! and release. The operator's reads and the sweep are in `operator.rs`; each backend's statement
+//! text is in its own file (`sqlite.rs`, `postgres.rs`, `mysql.rs`), picked by what it does
+//! ([`statements::Statements`]). The tables and how each backend claims are described in the
+//! guide's "How the SQL ledgers store and claim" (`docs/src/sql-ledger.md`).
 
 mod connect;
 mod error;
 mod location;
 mod migrate;
 mod mysql;
+mod operator;
 mod postgres;
 mod row;
 mod sqlite;
@@ -72,13 +29,13 @@ pub use self::location::DATABASE_URL_ENV;
 use self::location::Location;
 pub use self::migrate::schema;
 use self::row::{
-    Found, Row, attempt_value, bytes_opt, insert_values, key_value, millis, state_value, subject_value, tags_bytes,
-    tenant_value, to_u64, token_value, visible_values,
+    Row, attempt_value, bytes_opt, insert_values, key_value, millis, state_value, subject_value, tags_bytes,
+    tenant_value, to_u64, token_value,
 };
 use self::statements::{Statements, Visible};
 use super::{
     BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, PendingQuery, PendingRecord, Resolution,
-    State, StatusReport, Token, Verdict, Won, settled_expiry, won_stale,
+    State, StatusReport, Token, Verdict, Won, won_stale,
 };
 use crate::clock::Clock;
 use crate::key::{Address, Key, Ref, SubjectTag, TenantTag};
@@ -324,285 +281,6 @@ impl SeaOrmLedger {
     async fn lookup_now(&self, key: &Key, now: u64) -> Result<Option<StatusReport>, LedgerError> {
         let Some(found) = self.found(self.statements().lookup, vec![key_value(key)]).await? else { return Ok(None) };
         Ok((!found.view().expired(now)).then(|| found.report(now, false)))
-    }
-
-    async fn status_now(
-        &self,
-        tenant: TenantTag,
-        subject: Option<SubjectTag>,
-        reference: Ref,
-        now: u64,
-    ) -> Result<Option<StatusReport>, LedgerError> {
-        if let Some(found) = self.find(tenant, subject, reference, now).await? {
-            return Ok(Some(found.report(now, false)));
-        }
-        Ok(self.find_superseded(tenant, subject, reference).await?.map(|found| found.report(now, true)))
-    }
-
-    /// The unexpired current record of `tenant` whose key starts with `reference` (that
-    /// `subject` may see, if given).
-    async fn find(
-        &self,
-        tenant: TenantTag,
-        subject: Option<SubjectTag>,
-        reference: Ref,
-        now: u64,
-    ) -> Result<Option<Found>, LedgerError> {
-        let mut values = visible_values(tenant, subject, reference);
-        values.push(millis(now));
-        self.found(visible_to(&self.statements().find, subject), values).await
-    }
-
-    /// The newest superseded record of `tenant` whose key starts with `reference` (that
-    /// `subject` may see, if given).
-    async fn find_superseded(
-        &self,
-        tenant: TenantTag,
-        subject: Option<SubjectTag>,
-        reference: Ref,
-    ) -> Result<Option<Found>, LedgerError> {
-        let values = visible_values(tenant, subject, reference);
-        self.found(visible_to(&self.statements().find_superseded, subject), values).await
-    }
-
-    /// The one record `text` (a status read) selects, if any.
-    async fn found(&self, text: &str, values: Vec<Value>) -> Result<Option<Found>, LedgerError> {
-        let statement = Statement::from_sql_and_values(self.backend(), text, values);
-        let row = self.db.query_one_raw(statement).await.map_err(failed)?;
-        row.map(|row| Found::read(&row)).transpose()
-    }
-
-    /// The operation of `tenant` at `address`: the current record of its key if its window ends
-    /// there (and it is visible at `now`), else the superseded one that does — and whether it
-    /// was superseded.
-    async fn at(&self, tenant: TenantTag, address: Address, now: u64) -> Result<Option<(Found, bool)>, LedgerError> {
-        let current = self.find(tenant, None, address.reference, now).await?;
-        if let Some(found) = current.filter(|found| found.window_end == address.window_end) {
-            return Ok(Some((found, false)));
-        }
-        let mut values = visible_values(tenant, None, address.reference);
-        values.push(millis(address.window_end));
-        Ok(self.found(self.statements().find_superseded_at, values).await?.map(|found| (found, true)))
-    }
-
-    async fn inspect_now(
-        &self,
-        tenant: TenantTag,
-        reference: Ref,
-        window_end: Option<u64>,
-        now: u64,
-    ) -> Result<Option<StatusReport>, LedgerError> {
-        match window_end {
-            Some(window_end) => {
-                let found = self.at(tenant, Address { reference, window_end }, now).await?;
-                Ok(found.map(|(found, superseded)| found.report(now, superseded)))
-            }
-            None => self.status_now(tenant, None, reference, now).await,
-        }
-    }
-
-    async fn resolve_now(
-        &self,
-        tenant: TenantTag,
-        address: Address,
-        resolution: Resolution,
-        now: u64,
-        keep_until: u64,
-    ) -> Result<(), LedgerError> {
-        let resolve = &self.statements().resolve;
-        let Some((found, superseded)) = self.at(tenant, address, now).await? else { return Err(LedgerError::NotFound) };
-        if !found.resolvable(now) {
-            return Err(LedgerError::NotResolvable { state: found.state });
-        }
-        let text = if superseded { resolve.superseded } else { resolve.records };
-        let (state, result) = match resolution {
-            Resolution::Completed(bytes) => (State::Completed, Some(bytes)),
-            Resolution::NothingHappened => (State::Failed, None),
-        };
-        let expires_at = settled_expiry(state, found.window_end, found.expires_at, keep_until);
-        let values = vec![
-            state_value(state),
-            bytes_opt(result),
-            millis(expires_at),
-            key_value(&found.key),
-            millis(found.window_end),
-            tenant_value(tenant),
-            millis(now),
-        ];
-        let statement = Statement::from_sql_and_values(self.backend(), text, values);
-        let done = self.db.execute_raw(statement).await.map_err(failed)?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        // It changed meanwhile (its holder finished, another operator answered).
-        match self.at(tenant, address, now).await? {
-            Some((found, _)) => Err(LedgerError::NotResolvable { state: found.state }),
-            None => Err(LedgerError::NotFound),
-        }
-    }
-
-    async fn secret_check_now(&self, version: u32, check: Option<&[u8; 32]>) -> Result<Option<[u8; 32]>, LedgerError> {
-        let version = Value::BigInt(Some(i64::from(version)));
-        if let Some(check) = check {
-            let values = vec![version.clone(), Value::Bytes(Some(check.to_vec()))];
-            let keep = Statement::from_sql_and_values(self.backend(), self.statements().keep_check, values);
-            self.db.execute_raw(keep).await.map_err(failed)?;
-        }
-        let read = Statement::from_sql_and_values(self.backend(), self.statements().check_of, vec![version]);
-        let Some(row) = self.db.query_one_raw(read).await.map_err(failed)? else { return Ok(None) };
-        let kept = row.try_get_by_index::<Vec<u8>>(0).map_err(corrupt)?;
-        kept.try_into().map(Some).map_err(|_| LedgerError::corrupt("a secret's check value is not 32 bytes"))
-    }
-
-    /// Every handler recorded as serving a tool, with when it was last seen (`idem tools`).
-    ///
-    /// # Errors
-    /// The database failed.
-    pub async fn tool_owners_all(&self) -> Result<Vec<ToolOwner>, LedgerError> {
-        let read = Statement::from_string(self.backend(), self.statements().all_owners);
-        let rows = self.db.query_all_raw(read).await.map_err(failed)?;
-        rows.iter()
-            .map(|row| {
-                Ok(ToolOwner {
-                    namespace: row.try_get_by_index(0).map_err(corrupt)?,
-                    tool: row.try_get_by_index(1).map_err(corrupt)?,
-                    owner: row.try_get_by_index(2).map_err(corrupt)?,
-                    seen_at: u64::try_from(row.try_get_by_index::<i64>(3).map_err(corrupt)?).unwrap_or(0),
-                })
-            })
-            .collect()
-    }
-
-    /// Forgets every handler recorded as serving `tool` in `namespace`, returning how many
-    /// (`idem tools forget`): after a handler was moved or renamed in code, so its new name is
-    /// not refused as a second handler. A server still running it records it again.
-    ///
-    /// # Errors
-    /// The database failed.
-    pub async fn forget_tool_owners(&self, namespace: &str, tool: &str) -> Result<u64, LedgerError> {
-        let text = |text: &str| Value::String(Some(text.to_owned()));
-        let values = vec![text(namespace), text(tool)];
-        let forget = Statement::from_sql_and_values(self.backend(), self.statements().forget_owners, values);
-        Ok(self.db.execute_raw(forget).await.map_err(failed)?.rows_affected())
-    }
-
-    async fn tool_owners_now(
-        &self,
-        namespace: &str,
-        tool: &str,
-        owner: &str,
-        now: u64,
-        since: u64,
-    ) -> Result<Vec<String>, LedgerError> {
-        let text = |text: &str| Value::String(Some(text.to_owned()));
-        let values = vec![text(namespace), text(tool), text(owner), millis(now)];
-        let keep = Statement::from_sql_and_values(self.backend(), self.statements().keep_owner, values);
-        self.db.execute_raw(keep).await.map_err(failed)?;
-        let values = vec![text(namespace), text(tool), millis(since)];
-        let read = Statement::from_sql_and_values(self.backend(), self.statements().owners_of, values);
-        let rows = self.db.query_all_raw(read).await.map_err(failed)?;
-        rows.iter().map(|row| row.try_get_by_index::<String>(0).map_err(corrupt)).collect()
-    }
-
-    async fn sweep_now(&self, now: u64, limit: usize) -> Result<usize, LedgerError> {
-        let sweep = &self.statements().sweep;
-        let mut swept = 0;
-        for text in [sweep.records, sweep.superseded] {
-            let room = limit.saturating_sub(swept);
-            if room == 0 {
-                break;
-            }
-            swept += self.sweep_table(text, now, room).await?;
-        }
-        if swept > 0 {
-            tracing::debug!(swept, "swept expired records");
-        }
-        Ok(swept)
-    }
-
-    async fn sweep_table(&self, text: &str, now: u64, limit: usize) -> Result<usize, LedgerError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut values = vec![millis(now), millis(now), millis(now), Value::BigInt(Some(limit))];
-        if self.statements().sweep_rechecks {
-            values.extend([millis(now), millis(now), millis(now)]);
-        }
-        let statement = Statement::from_sql_and_values(self.backend(), text, values);
-        let done = self.db.execute_raw(statement).await.map_err(failed)?;
-        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
-    }
-
-    async fn stats_now(&self, now: u64) -> Result<LedgerStats, LedgerError> {
-        let texts = &self.statements().stats;
-        let mut stats = LedgerStats::default();
-        for (text, superseded) in [(texts.records, false), (texts.superseded, true)] {
-            let values = vec![millis(now), millis(now), millis(now)];
-            let statement = Statement::from_sql_and_values(self.backend(), text, values);
-            for row in self.db.query_all_raw(statement).await.map_err(failed)? {
-                let int = |at: usize| row.try_get_by_index::<i64>(at).map_err(corrupt).map(to_u64);
-                let state = row::state_of(row.try_get_by_index::<i16>(0).map_err(corrupt)?)?;
-                let (count, oldest, sweepable, stale) = (int(1)?, int(2)?, int(3)?, int(4)?);
-                stats.sweepable += sweepable;
-                if state == State::Unknown {
-                    stats.oldest_unknown = Some(stats.oldest_unknown.map_or(oldest, |known| known.min(oldest)));
-                }
-                if superseded {
-                    stats.superseded += count;
-                    stats.superseded_unknown += if state == State::Unknown { count } else { 0 };
-                    continue;
-                }
-                stats.stale += stale;
-                match state {
-                    State::InProgress => stats.in_progress += count,
-                    State::Completed => stats.completed += count,
-                    State::Failed => stats.failed += count,
-                    State::Unknown => stats.unknown += count,
-                }
-            }
-        }
-        let statement = Statement::from_string(self.backend(), self.statements().size);
-        let size = self.db.query_one_raw(statement).await.map_err(failed)?;
-        stats.size_bytes = size.map(|row| row.try_get_by_index::<i64>(0).map_err(corrupt).map(to_u64)).transpose()?;
-        Ok(stats)
-    }
-
-    async fn pending_now(&self, query: &PendingQuery, now: u64) -> Result<Vec<PendingRecord>, LedgerError> {
-        let (low, high) = match query.state {
-            Some(state) => (state, state),
-            None => (State::InProgress, State::Unknown),
-        };
-        if !query.wants(low) || !query.wants(high) {
-            return Ok(Vec::new());
-        }
-        let every = i64::from(query.tenants.is_empty());
-        // Two tenant slots: the tenant under the current secret and the previous one.
-        let tenant = |at: usize| {
-            let tag = query.tenants.get(at).or_else(|| query.tenants.first());
-            tag.map_or(Value::BigInt(Some(0)), |tag| tenant_value(*tag))
-        };
-        let (after_at, after_key) = query.after.map_or((-1, Vec::new()), |(at, reference)| {
-            let mut high = [0xff; 32];
-            high[..reference.as_bytes().len()].copy_from_slice(reference.as_bytes());
-            (i64::try_from(at).unwrap_or(i64::MAX), high.to_vec())
-        });
-        let mut values = Vec::with_capacity(21);
-        for _table in 0..2 {
-            values.extend([
-                state_value(low),
-                state_value(high),
-                millis(now),
-                Value::BigInt(Some(every)),
-                tenant(0),
-                tenant(1),
-                millis(query.claimed_by),
-                Value::BigInt(Some(after_at)),
-                Value::BigInt(Some(after_at)),
-                Value::Bytes(Some(after_key.clone())),
-            ]);
-        }
-        values.push(Value::BigInt(Some(i64::try_from(query.limit).unwrap_or(i64::MAX))));
-        let statement = Statement::from_sql_and_values(self.backend(), self.statements().pending, values);
-        let rows = self.db.query_all_raw(statement).await.map_err(failed)?;
-        rows.iter().map(row::pending).collect()
     }
 
     async fn now_ms(&self) -> Result<Option<u64>, LedgerError> {
