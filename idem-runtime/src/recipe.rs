@@ -62,7 +62,14 @@ pub enum StalePolicy {
 ///     .ignore(&["note"])
 ///     .stale(StalePolicy::Takeover);
 /// assert_eq!(CHARGE.tool(), "charge_card");
+/// assert_eq!(CHARGE.window_duration(), Some(Duration::from_secs(15 * 60)));
 /// ```
+///
+/// One naming scheme: an option's plain name (`window`, `ignore`, `stale`, …, as in
+/// `#[idempotent(...)]`) is its `const` setter; its getter is the option's name followed by what
+/// it returns (`window_duration`, `ignore_paths`, `stale_policy`, `scope_rule`, `key_paths`,
+/// `namespace_name`, `owner_path`, `task_enabled`, `single_use_state_enabled`, …). `tool` and
+/// `site` have no setter; `is_optional_key` asks about one path.
 #[derive(Debug, Clone, Copy)]
 pub struct Recipe {
     tool: &'static str,
@@ -263,7 +270,7 @@ impl Recipe {
 
     /// Whether the tool may run as an MCP task ([`Recipe::task`]).
     #[must_use]
-    pub const fn runs_as_task(&self) -> bool {
+    pub const fn task_enabled(&self) -> bool {
         self.task
     }
 
@@ -328,7 +335,7 @@ impl Recipe {
 
     /// The handler that serves the tool, if named ([`Recipe::owner`]).
     #[must_use]
-    pub const fn owned_by(&self) -> Option<&'static str> {
+    pub const fn owner_path(&self) -> Option<&'static str> {
         self.owner
     }
 
@@ -364,7 +371,7 @@ impl Recipe {
 
     /// Arguments left out of the fingerprint.
     #[must_use]
-    pub const fn ignored(&self) -> &'static [&'static str] {
+    pub const fn ignore_paths(&self) -> &'static [&'static str] {
         self.ignore
     }
 

@@ -354,8 +354,8 @@ fn check_call(
     let expected_key = Key::derive(&secret, "ns", &scope, "tool", selected).unwrap();
     let found_key = Key::derive_members(&secret, "ns", &scope, "tool", &found.selected).unwrap();
     prop_assert_eq!(expected_key, found_key);
-    let expected_print = Fingerprint::of(&secret, all, recipe.ignored()).unwrap();
-    let found_print = Fingerprint::of_members(&secret, &found.all, recipe.ignored());
+    let expected_print = Fingerprint::of(&secret, all, recipe.ignore_paths()).unwrap();
+    let found_print = Fingerprint::of_members(&secret, &found.all, recipe.ignore_paths());
     prop_assert_eq!(expected_print.digest(), found_print.digest());
     prop_assert_eq!(expected_print.tags(), found_print.tags());
     prop_assert_eq!(expected_print.names(), found_print.names());

@@ -70,7 +70,8 @@ mod stream;
 mod string;
 
 pub(crate) use encode::write_canonical_integer;
-pub use encode::{to_canonical_vec, utf16_cmp, write_canonical, write_canonical_str};
+pub use encode::{to_canonical_vec, write_canonical};
+pub(crate) use encode::{utf16_cmp, write_canonical_str};
 pub use error::CanonicalError;
 pub use parse::parse_strict;
 pub(crate) use serialize::arguments_to_value;

@@ -342,7 +342,7 @@ impl<'a> Attempt<'a> {
     fn prepare(idem: &'a Idem, secret: &Secret, at: &Derive<'_, 'a, '_>) -> Result<Self, Rejection> {
         let recipe = at.recipe;
         let key = at.arguments.key(secret, idem.namespace(recipe), at.scope, recipe.tool())?;
-        let fingerprint = at.arguments.fingerprint(secret, recipe.ignored())?;
+        let fingerprint = at.arguments.fingerprint(secret, recipe.ignore_paths())?;
         let window = recipe.window_duration().unwrap_or(idem.inner.settings.retention);
         let now = at.now;
         let window_end = clamp(now.saturating_add(millis(window)));
@@ -379,7 +379,7 @@ impl<'a> Attempt<'a> {
         for secret in keyring.all().filter(|secret| secret.version() != own) {
             let (recipe, namespace) = (at.recipe, self.idem.namespace(at.recipe));
             let key = at.arguments.key(secret, namespace, at.scope, recipe.tool())?;
-            let fingerprint = *at.arguments.fingerprint(secret, recipe.ignored())?.digest();
+            let fingerprint = *at.arguments.fingerprint(secret, recipe.ignore_paths())?.digest();
             earlier.push(Binding::of(self.idem, secret, at, key, fingerprint)?);
         }
         if let Some(binding) = Arc::get_mut(&mut self.binding) {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sha2::{Digest, Sha256};
 
 use crate::key::{Key, Ref};
-#[cfg(feature = "sea")]
+#[cfg(feature = "_sea")]
 use crate::ledger::LedgerError;
 use crate::ledger::{Token, Won};
 use crate::rejection::Rejection;
@@ -42,7 +42,7 @@ pub struct Operation {
     pub(super) lease: Arc<LeaseState>,
     /// Set once the handler recorded the result in its own transaction.
     #[cfg_attr(
-        not(feature = "sea"),
+        not(feature = "_sea"),
         expect(dead_code, reason = "only `complete_in`, on a SQL backend, records in the handler's transaction")
     )]
     pub(super) recorded: Arc<AtomicBool>,
@@ -140,7 +140,7 @@ impl Operation {
     /// # Errors
     /// The result cannot be serialised or exceeds the size limit, the claim was superseded
     /// ([`LedgerError::Fenced`]), or the statement failed.
-    #[cfg(feature = "sea")]
+    #[cfg(feature = "_sea")]
     #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
     pub async fn complete_in<C, T>(&self, conn: &C, value: &T) -> Result<(), LedgerError>
     where

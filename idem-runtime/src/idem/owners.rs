@@ -88,7 +88,7 @@ impl Ownership<'_> {
     pub(super) async fn check(self) -> Result<(), Rejection> {
         let Self { ledger, timed, namespace, recipe, owner, now, horizon, patience } = self;
         let tool = recipe.tool();
-        let owner = owner_name(owner.or(recipe.owned_by()), tool);
+        let owner = owner_name(owner.or(recipe.owner_path()), tool);
         let refuse = |other: String| {
             let rejection = Rejection::DuplicateTool {
                 namespace: namespace.to_owned(),

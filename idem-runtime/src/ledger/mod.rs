@@ -28,8 +28,8 @@ mod error;
 mod judge;
 mod label;
 pub mod memory;
-#[cfg(feature = "sea")]
-// `sea` is internal: name the features a user turns on.
+#[cfg(feature = "_sea")]
+// `_sea` is internal: name the features a user turns on.
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub mod sea;
 mod timeout;
@@ -114,7 +114,7 @@ pub enum State {
 
 impl State {
     /// The compact code a durable backend stores (the SQL ledger's encoding, not public API).
-    #[cfg(any(feature = "sea", test))]
+    #[cfg(any(feature = "_sea", test))]
     #[must_use]
     pub(crate) const fn code(self) -> i16 {
         match self {
@@ -126,7 +126,7 @@ impl State {
     }
 
     /// The state a stored code stands for.
-    #[cfg(any(feature = "sea", test))]
+    #[cfg(any(feature = "_sea", test))]
     #[must_use]
     pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {
@@ -211,7 +211,7 @@ pub enum Won {
 
 impl Won {
     /// The compact code a durable backend stores in the record's `attempt` column.
-    #[cfg(any(feature = "sea", test))]
+    #[cfg(any(feature = "_sea", test))]
     #[must_use]
     pub(crate) const fn code(self) -> i16 {
         match self {
@@ -222,7 +222,7 @@ impl Won {
     }
 
     /// The attempt a stored code stands for.
-    #[cfg(any(feature = "sea", test))]
+    #[cfg(any(feature = "_sea", test))]
     #[must_use]
     pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {

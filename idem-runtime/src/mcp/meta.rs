@@ -71,7 +71,7 @@ pub fn recipe_json(recipe: &Recipe) -> Value {
     if let Some(wait) = recipe.wait_duration() {
         object.insert("waitMs".to_owned(), json!(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)));
     }
-    if recipe.runs_as_task() {
+    if recipe.task_enabled() {
         object.insert("task".to_owned(), json!(true));
     }
     Value::Object(object)

@@ -77,7 +77,7 @@ pub(crate) fn answers_with_task(
     client_declares: bool,
     server_advertises: impl FnOnce() -> Option<bool>,
 ) -> bool {
-    recipe.runs_as_task() && client_declares && server_advertises() != Some(false)
+    recipe.task_enabled() && client_declares && server_advertises() != Some(false)
 }
 
 /// `tasks/get` answered from the ledger, for the caller of `context` (its authenticated caller;
