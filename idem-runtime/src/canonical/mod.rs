@@ -60,6 +60,76 @@
 //! serde_json reads it too, and a value already rounded to a double before
 //! it reaches idem cannot be unrounded.
 
+/// The methods of a map-key serializer that refuse (with its `refuse()`): a JSON object's member
+/// names are strings, so a key may not be bytes, absent, a unit, a newtype variant or a compound
+/// value. The one list both key serializers — the strict one (`serialize.rs`) and the streaming
+/// one (`stream/writer/compound.rs`) — refuse with, so they cannot drift apart.
+macro_rules! refuse_non_string_keys {
+    () => {
+        fn serialize_bytes(self, _v: &[u8]) -> Result<Self::Ok, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_none(self) -> Result<Self::Ok, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_some<T: Serialize + ?Sized>(self, _value: &T) -> Result<Self::Ok, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_unit(self) -> Result<Self::Ok, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_unit_struct(self, _name: &'static str) -> Result<Self::Ok, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_newtype_variant<T: Serialize + ?Sized>(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _value: &T,
+        ) -> Result<Self::Ok, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_tuple_struct(
+            self,
+            _name: &'static str,
+            _len: usize,
+        ) -> Result<Self::SerializeTupleStruct, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_tuple_variant(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _len: usize,
+        ) -> Result<Self::SerializeTupleVariant, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeStruct, Self::Error> {
+            Err(self.refuse())
+        }
+        fn serialize_struct_variant(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _len: usize,
+        ) -> Result<Self::SerializeStructVariant, Self::Error> {
+            Err(self.refuse())
+        }
+    };
+}
+
 #[cfg(test)]
 mod differential;
 mod encode;

@@ -551,26 +551,7 @@ impl ser::Serializer for KeySerializer<'_> {
     fn serialize_str(self, v: &str) -> Result<String, Failure> {
         Ok(v.to_owned())
     }
-
-    fn serialize_bytes(self, _v: &[u8]) -> Result<String, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_none(self) -> Result<String, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_some<T: Serialize + ?Sized>(self, _value: &T) -> Result<String, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_unit(self) -> Result<String, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_unit_struct(self, _name: &'static str) -> Result<String, Failure> {
-        Err(self.refuse())
-    }
+    refuse_non_string_keys!();
 
     fn serialize_unit_variant(
         self,
@@ -587,55 +568,5 @@ impl ser::Serializer for KeySerializer<'_> {
         value: &T,
     ) -> Result<String, Failure> {
         value.serialize(self)
-    }
-
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _name: &'static str,
-        _variant_index: u32,
-        _variant: &'static str,
-        _value: &T,
-    ) -> Result<String, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_tuple_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeTupleStruct, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _variant_index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleVariant, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeStruct, Failure> {
-        Err(self.refuse())
-    }
-
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _variant_index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStructVariant, Failure> {
-        Err(self.refuse())
     }
 }

@@ -455,68 +455,12 @@ impl ser::Serializer for KeyWriter<'_, '_> {
         self.out.push_str(v);
         Ok(())
     }
-    fn serialize_bytes(self, _v: &[u8]) -> Result<(), Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_none(self) -> Result<(), Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_some<T: Serialize + ?Sized>(self, _value: &T) -> Result<(), Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_unit(self) -> Result<(), Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), Stop> {
-        Err(self.refuse())
-    }
+    refuse_non_string_keys!();
     fn serialize_unit_variant(self, _name: &'static str, _index: u32, variant: &'static str) -> Result<(), Stop> {
         self.out.push_str(variant);
         Ok(())
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _name: &'static str, value: &T) -> Result<(), Stop> {
         value.serialize(self)
-    }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _value: &T,
-    ) -> Result<(), Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_tuple_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeTupleStruct, Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleVariant, Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self::SerializeStruct, Stop> {
-        Err(self.refuse())
-    }
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStructVariant, Stop> {
-        Err(self.refuse())
     }
 }
