@@ -1,4 +1,4 @@
-//! The conformance suite: the record state machine of `DESIGN.md`, checked through the
+//! The conformance suite: the record state machine of the guide (`docs/src/guarantees.md`), checked through the
 //! [`Ledger`] trait alone so every backend is held to the same behaviour.
 //!
 //! Keys and tenants are random per case, so cases can share one database table and run in

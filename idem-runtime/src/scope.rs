@@ -99,10 +99,11 @@ impl Scope {
         Self { tenant: caller.tenant.clone(), subject: None, task: None }
     }
 
-    /// The caller narrowed to one task or conversation id.
+    /// The caller narrowed by a value of the call (`within = "conversation_id"`, [`ScopeRule::Within`](crate::ScopeRule::Within)).
+    /// In the key's material it is named `task`, as it always was: renaming it would re-key.
     #[must_use]
-    pub fn task(caller: &Caller, task: Value) -> Self {
-        Self { tenant: caller.tenant.clone(), subject: Some(caller.subject.clone()), task: Some(task) }
+    pub fn within(caller: &Caller, within: Value) -> Self {
+        Self { tenant: caller.tenant.clone(), subject: Some(caller.subject.clone()), task: Some(within) }
     }
 
     /// The tenant this scope belongs to.
@@ -246,7 +247,7 @@ mod tests {
         for scope in [
             Scope::caller(&caller),
             Scope::tenant(&caller),
-            Scope::task(&caller, serde_json::json!({ "conv": [1, 2.5, "x"] })),
+            Scope::within(&caller, serde_json::json!({ "conv": [1, 2.5, "x"] })),
         ] {
             let mut fast = Vec::new();
             scope.write_material(&mut fast).unwrap();

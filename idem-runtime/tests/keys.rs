@@ -46,8 +46,9 @@ fn scopes_differ_by_rule() {
     let selected = object(json!({ "id": 1 }));
     let by_caller = Key::derive(&secret(), "default", &Scope::caller(&caller), "t", &selected).unwrap();
     let by_tenant = Key::derive(&secret(), "default", &Scope::tenant(&caller), "t", &selected).unwrap();
-    let by_task = Key::derive(&secret(), "default", &Scope::task(&caller, json!("conv-1")), "t", &selected).unwrap();
-    let other_task = Key::derive(&secret(), "default", &Scope::task(&caller, json!("conv-2")), "t", &selected).unwrap();
+    let by_task = Key::derive(&secret(), "default", &Scope::within(&caller, json!("conv-1")), "t", &selected).unwrap();
+    let other_task =
+        Key::derive(&secret(), "default", &Scope::within(&caller, json!("conv-2")), "t", &selected).unwrap();
     let bob_tenant =
         Key::derive(&secret(), "default", &Scope::tenant(&Caller::new("acme", "bob")), "t", &selected).unwrap();
     assert_eq!(by_tenant, bob_tenant, "tenant scope ignores the subject");

@@ -566,7 +566,7 @@ proptest! {
         let Ok(caller) = Caller::try_new(tenant, subject) else { return Ok(()) };
         let selected: Map<String, Value> = members.into_iter().collect();
         let scope = match (&task, widen) {
-            (Some(task), _) => Scope::task(&caller, task.clone()),
+            (Some(task), _) => Scope::within(&caller, task.clone()),
             (None, true) => Scope::tenant(&caller),
             (None, false) => Scope::caller(&caller),
         };

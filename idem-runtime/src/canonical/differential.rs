@@ -347,7 +347,7 @@ fn check_call(
         found.within.as_ref().is_some_and(Value::is_null)
     );
     let scope = match &found.within {
-        Some(within) if !within.is_null() => Scope::task(&caller, within.clone()),
+        Some(within) if !within.is_null() => Scope::within(&caller, within.clone()),
         _ => Scope::caller(&caller),
     };
     let (all, selected) = (&expected.all, &expected.selected);

@@ -173,7 +173,7 @@ pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArgumen
     let rule = recipe.scope_rule();
     Ok(match (rule.within(), &arguments.within) {
         _ if rule == ScopeRule::Tenant => Scope::tenant(caller),
-        (Some(_), Some(within)) if !within.is_null() => Scope::task(caller, within.clone()),
+        (Some(_), Some(within)) if !within.is_null() => Scope::within(caller, within.clone()),
         (Some(path), _) => {
             return Err(Rejection::InvalidArguments {
                 error: CanonicalError::Invalid {
