@@ -2,11 +2,12 @@
 //!
 //! One job per file, in the order a call meets them:
 //!
-//! - this file: where a handler finds its handle ([`HasIdem`] for methods, [`Idem::install`] for
-//!   free functions).
+//! - this file: where a method finds its handle ([`HasIdem`]; free functions use
+//!   [`Idem::install`]).
 //! - `settings`: what a handle is built with — [`Builder`], checked once by [`Builder::build`].
 //! - `handle`: the handle itself — its ledger, settings and runtime state, each in its own type;
-//!   a tool's namespace and the registry that keeps two recipes from sharing keys.
+//!   its verbs for everyone (`status`, `admin`, `install`); a tool's namespace and the registry
+//!   that keeps two recipes from sharing keys.
 //! - `keyring`: the secrets a handle keys with, checked against the ledger's check values and
 //!   kept once they check out (a failure is tried again later, never kept).
 //! - `arguments`: a call's arguments as its recipe selects them, and the scope they are keyed in.
@@ -21,8 +22,8 @@
 //! - `hooks`: watching a call's lifecycle — [`Hooks`] for audit logs, and the one set of call
 //!   points that also feeds the metrics.
 //! - `metrics` (feature `metrics`): the counters, histograms and gauge of every call.
-//! - `admin`: an operation's status for its caller ([`Idem::status`]) and the operator's verbs
-//!   ([`Admin`]: inspect, resolve, stats, sweep); `pending` lists what is unsettled.
+//! - `admin`: the operator's verbs ([`Admin`]: inspect, resolve, stats, sweep); `pending` lists
+//!   what is unsettled.
 //! - `sweeper`: [`Admin::sweep`] in the background, on a jittered schedule ([`Admin::spawn_sweeper`]).
 
 mod admin;
@@ -80,22 +81,5 @@ pub trait HasIdem {
 impl HasIdem for Idem {
     fn idem(&self) -> &Idem {
         self
-    }
-}
-
-static INSTALLED: std::sync::RwLock<Option<Idem>> = std::sync::RwLock::new(None);
-
-impl Idem {
-    /// Makes this the process-wide handle that `#[idempotent]` free functions run under
-    /// (methods use [`HasIdem`]). Replaces any handle installed before.
-    pub fn install(&self) {
-        let mut installed = INSTALLED.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *installed = Some(self.clone());
-    }
-
-    /// The handle installed with [`Idem::install`], if any.
-    #[must_use]
-    pub fn installed() -> Option<Self> {
-        INSTALLED.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }

@@ -699,7 +699,7 @@ async fn a_lost_takeover_claim_is_released_back_to_its_policy() {
     let (caller, args) = (alice(), charge(42, "x"));
     let lost = idem.call(&recipe, Some(&caller), &args, || async { Ok::<_, ToolError>(downstream.charge()) }).await;
     assert_eq!(lost.unwrap_err().code(), "ledger_unavailable");
-    let reference = idem.key_of(&recipe, &alice(), &args).unwrap().reference().to_string();
+    let reference = idem.admin().key_of(&recipe, &alice(), &args).unwrap().reference().to_string();
     let mut status = None;
     for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -240,7 +240,7 @@ async fn a_rotation_leaves_no_false_records() {
             assert_eq!((again.value.as_str(), again.replayed, again.reference), ("paid #1", true, first.reference));
         }
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}");
-        let new_key = after.key_of(&PAY, &alice(), &args).unwrap().reference().to_string();
+        let new_key = after.admin().key_of(&PAY, &alice(), &args).unwrap().reference().to_string();
         let status = after.status(&alice(), &new_key).await.unwrap();
         assert_eq!(status, None, "{backend}: a yielded claim left a record under the new key");
         if backend == "memory" || backend == "sqlite" {
@@ -283,7 +283,7 @@ async fn a_shared_answer_names_the_operation_that_answered() {
         // In flight under the previous secret.
         let release = tokio::sync::Notify::new();
         let args = json!({ "order_id": order(), "amount": 5 });
-        let old_ref: Ref = before.key_of(&PAY, &alice(), &args).unwrap().reference();
+        let old_ref: Ref = before.admin().key_of(&PAY, &alice(), &args).unwrap().reference();
         let holder = pay(&before, &args, &runs, Some(&release));
         let repeats = async {
             while runs.load(Ordering::SeqCst) == 0 {
@@ -308,7 +308,7 @@ async fn a_shared_answer_names_the_operation_that_answered() {
 
         // A conflict with it names the argument that differs, and only that one.
         let conflicting = json!({ "order_id": args["order_id"], "amount": 6 });
-        let new_ref = after.key_of(&PAY, &alice(), &conflicting).unwrap().reference();
+        let new_ref = after.admin().key_of(&PAY, &alice(), &conflicting).unwrap().reference();
         let answers = futures_join_all((0..8).map(|_| pay(&after, &conflicting, &runs, None))).await;
         for answer in answers {
             match answer {
@@ -363,7 +363,7 @@ async fn a_waiting_repeat_during_a_rotation_does_not_spin() {
         let runs = AtomicUsize::new(0);
         let release = tokio::sync::Notify::new();
         let args = json!({ "order_id": order(), "amount": 5 });
-        let old_ref = before.key_of(&PAY_WAITING, &alice(), &args).unwrap().reference();
+        let old_ref = before.admin().key_of(&PAY_WAITING, &alice(), &args).unwrap().reference();
         let holder = pay_on(&PAY_WAITING, &before, &args, &runs, Some(&release));
         let repeats = async {
             while runs.load(Ordering::SeqCst) == 0 {

@@ -148,7 +148,7 @@ async fn a_rotated_secret_still_finds_operations_made_under_the_previous_one() {
     assert_eq!(charge(&before, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-1");
     assert_eq!(charge(&after, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-1", "replayed across a rotation");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let old_ref = before.key_of(&CHARGE, &alice(), &args).unwrap().reference().to_string();
+    let old_ref = before.admin().key_of(&CHARGE, &alice(), &args).unwrap().reference().to_string();
     let status = after.status(&alice(), &old_ref).await.unwrap().expect("found under the previous secret");
     assert_eq!(status.state, State::Completed);
 
@@ -167,7 +167,10 @@ async fn a_rotated_secret_still_finds_operations_made_under_the_previous_one() {
     // A new operation is keyed with the new secret, and the keys differ.
     let new = json!({ "card": CARD, "amount_cents": 1 });
     assert_eq!(charge(&after, &new, &runs, Duration::ZERO).await.unwrap(), "receipt-3");
-    assert_ne!(after.key_of(&CHARGE, &alice(), &new).unwrap(), before.key_of(&CHARGE, &alice(), &new).unwrap());
+    assert_ne!(
+        after.admin().key_of(&CHARGE, &alice(), &new).unwrap(),
+        before.admin().key_of(&CHARGE, &alice(), &new).unwrap()
+    );
 
     // Without the previous secret, the same repeat would have run again: the test can fail.
     let forgot = Idem::builder(Arc::clone(&ledger)).secret(v2).build().unwrap();
@@ -437,11 +440,11 @@ async fn the_default_namespace_is_the_declaring_package() {
     let idem = Idem::builder(MemoryLedger::new()).local_caller(alice()).build().unwrap();
     let key = Keyed(idem.clone()).create("42".into()).await.unwrap();
     let expected =
-        idem.key_of(&Recipe::new("create", &["id"]).namespace("idem-tests"), &alice(), &json!({ "id": "42" }));
+        idem.admin().key_of(&Recipe::new("create", &["id"]).namespace("idem-tests"), &alice(), &json!({ "id": "42" }));
     assert_eq!(key, expected.unwrap().to_string());
     let named = Idem::builder(Arc::clone(idem.ledger())).local_caller(alice()).namespace("shop").build().unwrap();
     let key = Keyed(named.clone()).create("42".into()).await.unwrap();
-    assert_eq!(key, named.key_of(&CREATE, &alice(), &json!({ "id": "42" })).unwrap().to_string());
+    assert_eq!(key, named.admin().key_of(&CREATE, &alice(), &json!({ "id": "42" })).unwrap().to_string());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -220,7 +220,7 @@ impl Run {
 }
 
 fn key_of(idem: &Idem, caller: &Caller, order: &str) -> Key {
-    idem.key_of(&HOLD, caller, &json!({ "order_id": order })).unwrap()
+    idem.admin().key_of(&HOLD, caller, &json!({ "order_id": order })).unwrap()
 }
 
 /// A child that is SIGKILLed and reaped when dropped, so a failing test leaves no process behind.

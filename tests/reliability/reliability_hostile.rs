@@ -627,7 +627,7 @@ fn caller() -> Caller {
 
 fn reference_of(idem: &Idem, caller: &Caller, arguments: &Value) -> Option<String> {
     let order = arguments.get("order_id")?.clone();
-    idem.key_of(&CHARGE, caller, &json!({ "order_id": order })).ok().map(|key| key.reference().to_string())
+    idem.admin().key_of(&CHARGE, caller, &json!({ "order_id": order })).ok().map(|key| key.reference().to_string())
 }
 
 /// Calls `arguments` and expects a refusal with `code` before anything ran or was recorded.
@@ -867,7 +867,7 @@ async fn row_sizes(db: &sea_orm::DatabaseConnection, key: &Key) -> (i64, i64, i6
 }
 
 fn key_for(idem: &Idem, caller: &Caller, order: &Value) -> Key {
-    idem.key_of(&CHARGE, caller, &json!({ "order_id": order })).unwrap()
+    idem.admin().key_of(&CHARGE, caller, &json!({ "order_id": order })).unwrap()
 }
 
 /// 8 MiB in a key argument, 8 MiB in a fingerprint-only argument, 200,000 numbers: each call

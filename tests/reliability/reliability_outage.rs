@@ -180,7 +180,7 @@ struct Tally {
 }
 
 fn key_of(idem: &Idem, caller: &Caller, order: &str) -> Key {
-    idem.key_of(&CHARGE, caller, &json!({ "order_id": order })).unwrap()
+    idem.admin().key_of(&CHARGE, caller, &json!({ "order_id": order })).unwrap()
 }
 
 /// One call of the load; `true` when it was answered `ledger_unavailable`.

@@ -1,12 +1,11 @@
-//! An operation's status for its caller ([`Idem::status`]), and the operator's verbs as one
-//! family on [`Admin`] ([`Idem::admin`]): `inspect`, `resolve` (a verdict on an operation whose
-//! outcome is unknown), `stats`, `pending` (`pending.rs`), `sweep` and `spawn_sweeper`
-//! (`sweeper.rs`). Status, inspection and verdicts look under every secret still honoured, so a
-//! rotation hides nothing; verdicts and the sweep act on time, so only on a settled clock.
+//! The operator's verbs as one family on [`Admin`] ([`Idem::admin`]): `inspect`, `resolve` (a
+//! verdict on an operation whose outcome is unknown), `stats`, `sweep`; `pending` (`pending.rs`),
+//! `spawn_sweeper` (`sweeper.rs`) and `key_of` (`arguments.rs`) live beside their concern.
+//! Inspection and verdicts look under every secret still honoured, so a rotation hides nothing;
+//! verdicts and the sweep act on time, so only on a settled clock.
 
-use crate::key::{Address, AddressError, Ref, RefError, SubjectTag, TenantTag};
+use crate::key::{Address, AddressError, Ref, RefError, TenantTag};
 use crate::ledger::{LedgerError, LedgerStats, Resolution, StatusReport};
-use crate::scope::Caller;
 use crate::secret::SecretError;
 
 use super::Idem;
@@ -74,36 +73,6 @@ impl From<SecretError> for StatusError {
     }
 }
 
-impl Idem {
-    /// The status of operation `reference`, if the caller may see it: its own operations, and
-    /// those of its tenant made with `scope = "tenant"`. Never another subject's.
-    ///
-    /// # Errors
-    /// A malformed ref, or the ledger's failure.
-    pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
-        let reference = Ref::parse(reference)?;
-        let keyring = self.keyring(Check::Keep).await?;
-        let (now, _) = self.ledger_time().await?;
-        for secret in keyring.all() {
-            let tenant = TenantTag::of(secret, caller.tenant());
-            let subject = SubjectTag::of(secret, caller.tenant(), caller.subject());
-            let report = self.inner.ledger.status(tenant, subject, reference, now).await?;
-            if let Some(mut report) = report {
-                // An unopenable result is not shown (the error is logged); its state still is.
-                report.result = report.result.and_then(|stored| self.open(stored, report.reference).ok());
-                return Ok(Some(report));
-            }
-        }
-        Ok(None)
-    }
-
-    /// The operator's verbs on this handle's ledger: see [`Admin`].
-    #[must_use]
-    pub fn admin(&self) -> Admin<'_> {
-        Admin { idem: self }
-    }
-}
-
 /// The operator's verbs: look at an operation, settle one whose outcome is unknown, count,
 /// list what is unsettled, sweep — what the `idem` command runs. They cross callers (an operator
 /// knows the tenant, not necessarily the subject): never expose them to callers, who see only
@@ -133,7 +102,8 @@ impl Admin<'_> {
             let report =
                 self.idem.inner.ledger.inspect(TenantTag::of(secret, tenant), reference, window_end, now).await?;
             if let Some(mut report) = report {
-                report.result = report.result.and_then(|stored| self.idem.open(stored, report.reference).ok());
+                report.result =
+                    report.result.and_then(|stored| self.idem.results().open(stored, report.reference).ok());
                 return Ok(Some(report));
             }
         }
@@ -157,7 +127,8 @@ impl Admin<'_> {
         let keep_until = clamp(now.saturating_add(millis(self.idem.inner.settings.verdict_retention)));
         let resolution = match resolution {
             Resolution::Completed(plain) => {
-                let sealed = self.idem.seal(plain).map_err(|error| LedgerError::corrupt(error.to_string()))?;
+                let sealed =
+                    self.idem.results().seal(plain).map_err(|error| LedgerError::corrupt(error.to_string()))?;
                 Resolution::Completed(sealed)
             }
             other => other,
@@ -202,9 +173,7 @@ impl Admin<'_> {
         let batch = batch.max(1);
         let mut total = 0;
         loop {
-            // A sweep deletes by time: only on a settled clock.
-            let now = self.idem.trusted_time().await?;
-            let swept = self.idem.inner.ledger.sweep(now, batch).await?;
+            let swept = self.sweep_batch(batch).await?;
             total += swept;
             progress(total);
             if swept < batch {
@@ -212,5 +181,12 @@ impl Admin<'_> {
                 return Ok(total);
             }
         }
+    }
+
+    /// Deletes at most `batch` expired records, on a settled clock and within the ledger timeout.
+    pub(super) async fn sweep_batch(self, batch: usize) -> Result<usize, LedgerError> {
+        // A sweep deletes by time: only on a settled clock.
+        let now = self.idem.trusted_time().await?;
+        self.idem.inner.ledger.sweep(now, batch).await
     }
 }

@@ -136,7 +136,7 @@ impl Idem {
             while idem.ledger_now() < until {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
-                match idem.send_ending(&request, &ending, recorded).await {
+                match ending.send(&idem, &request, recorded).await {
                     Ok(_) => return,
                     Err(LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. }) => {}
                     Err(error) => {

@@ -138,7 +138,7 @@ impl Idem {
         let arguments = arguments?;
         let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
         let caller = caller_of(self, caller, fallback)?;
-        let watch = self.watch(recipe, &caller);
+        let watch = Watch::new(self, recipe, &caller);
         let inner = &self.inner;
         Ownership {
             ledger: &inner.untimed,
@@ -609,10 +609,10 @@ impl<'a> Attempt<'a> {
     {
         let reference = self.reference();
         let outcome = match &result {
-            Ok(value) => self.idem.completion::<T, E>(reference, Ok(value)),
+            Ok(value) => self.idem.results().completion::<T, E>(reference, Ok(value)),
             Err(error) => match error.classify() {
                 ErrorClass::NothingHappened => Outcome::Failed,
-                ErrorClass::Final => self.idem.completion::<T, E>(reference, Err(error)),
+                ErrorClass::Final => self.idem.results().completion::<T, E>(reference, Err(error)),
                 ErrorClass::Unknown => Outcome::Unknown,
             },
         };
@@ -643,7 +643,7 @@ impl<'a> Attempt<'a> {
         let recorded = self.recorded.load(Ordering::SeqCst);
         let superseded = 'sent: {
             for pause in [50, 250, 0] {
-                match self.idem.send_ending(&self.request, &ending, recorded).await {
+                match ending.send(self.idem, &self.request, recorded).await {
                     Ok(sent) => break 'sent sent == Sent::Superseded,
                     Err(LedgerError::Unavailable { detail, .. } | LedgerError::Ambiguous { detail, .. }) => {
                         tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
@@ -678,7 +678,7 @@ impl<'a> Attempt<'a> {
         stored: Vec<u8>,
     ) -> Result<Served<Result<T, E>>, Rejection> {
         let reference = self.reference();
-        let value = self.idem.decode::<T, E>(stored, reference)?;
+        let value = self.idem.results().decode::<T, E>(stored, reference)?;
         Ok(Served { value, replayed: true, reference })
     }
 }

@@ -30,23 +30,18 @@ pub(super) enum Sent {
     Superseded,
 }
 
-impl Idem {
-    /// Sends `ending` for the claim of `request`, once. `recorded`: the handler recorded its
+impl Ending {
+    /// Sends this ending for the claim of `request` on `idem`'s ledger, once. `recorded`: the handler recorded its
     /// result in its own transaction ([`Operation::complete_in`](super::Operation::complete_in)),
     /// so a fenced answer is its own doing, not a takeover's.
     ///
     /// # Errors
     /// The ledger's failure (unavailable or ambiguous: worth sending again).
-    pub(super) async fn send_ending(
-        &self,
-        request: &ClaimRequest,
-        ending: &Ending,
-        recorded: bool,
-    ) -> Result<Sent, LedgerError> {
-        let ledger = &self.inner.ledger;
-        let answer = match ending {
+    pub(super) async fn send(&self, idem: &Idem, request: &ClaimRequest, recorded: bool) -> Result<Sent, LedgerError> {
+        let ledger = &idem.inner.ledger;
+        let answer = match self {
             Ending::Record(outcome) => {
-                let keep_until = self.keep_until(self.inner.settings.grace);
+                let keep_until = idem.keep_until(idem.inner.settings.grace);
                 ledger.complete(&request.key, request.token, outcome.clone(), keep_until).await
             }
             Ending::GiveBack => ledger.release(&request.key, request.token).await,

@@ -5,16 +5,22 @@
 
 use std::sync::Arc;
 
-use crate::ledger::{Ledger, Timeout};
+use crate::key::{Ref, SubjectTag, TenantTag};
+use crate::ledger::{Ledger, StatusReport, Timeout};
 use crate::recipe::Recipe;
 use crate::rejection::Rejection;
 use crate::scope::Caller;
 
+use super::admin::{Admin, StatusError};
 use super::background::BACKGROUND_JOBS;
+use super::keyring::Check;
 use super::keyring::Secrets;
 use super::settings::{Builder, Settings};
+use super::stored::Results;
 use super::time::LedgerTime;
 use super::wait::Waiting;
+
+static INSTALLED: std::sync::RwLock<Option<Idem>> = std::sync::RwLock::new(None);
 
 /// The namespace of keys when none is configured.
 const DEFAULT_NAMESPACE: &str = "default";
@@ -130,6 +136,53 @@ impl Idem {
                 Err(rejection)
             }
         }
+    }
+
+    /// The status of operation `reference`, if the caller may see it: its own operations, and
+    /// those of its tenant made with `scope = "tenant"`. Never another subject's.
+    ///
+    /// # Errors
+    /// A malformed ref, or the ledger's failure.
+    pub async fn status(&self, caller: &Caller, reference: &str) -> Result<Option<StatusReport>, StatusError> {
+        let reference = Ref::parse(reference)?;
+        let keyring = self.keyring(Check::Keep).await?;
+        let (now, _) = self.ledger_time().await?;
+        for secret in keyring.all() {
+            let tenant = TenantTag::of(secret, caller.tenant());
+            let subject = SubjectTag::of(secret, caller.tenant(), caller.subject());
+            let report = self.inner.ledger.status(tenant, subject, reference, now).await?;
+            if let Some(mut report) = report {
+                // An unopenable result is not shown (the error is logged); its state still is.
+                report.result = report.result.and_then(|stored| self.results().open(stored, report.reference).ok());
+                return Ok(Some(report));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The operator's verbs on this handle's ledger: see [`Admin`].
+    #[must_use]
+    pub fn admin(&self) -> Admin<'_> {
+        Admin { idem: self }
+    }
+
+    /// Makes this the process-wide handle that `#[idempotent]` free functions run under
+    /// (methods use [`HasIdem`]). Replaces any handle installed before.
+    pub fn install(&self) {
+        let mut installed = INSTALLED.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *installed = Some(self.clone());
+    }
+
+    /// The handle installed with [`Idem::install`], if any.
+    #[must_use]
+    pub fn installed() -> Option<Self> {
+        INSTALLED.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The stored-result format under this handle's seal and size limit.
+    pub(super) fn results(&self) -> Results<'_> {
+        let settings = &self.inner.settings;
+        Results { seal: settings.seal.as_deref(), max_result_bytes: settings.max_result_bytes }
     }
 
     /// The configured local identity, if any.

@@ -158,15 +158,13 @@ pub(super) struct Watch<'a> {
     caller: &'a Caller,
 }
 
-impl Idem {
-    /// An observer of a call of `recipe` by `caller`, on this handle's hooks.
-    pub(super) fn watch<'a>(&'a self, recipe: &'a Recipe, caller: &'a Caller) -> Watch<'a> {
-        let hooks = self.inner.settings.hooks.as_deref();
-        Watch { hooks, tool: recipe.tool(), namespace: self.namespace(recipe), caller }
+impl<'a> Watch<'a> {
+    /// An observer of a call of `recipe` by `caller`, on `idem`'s hooks.
+    pub(super) fn new(idem: &'a Idem, recipe: &'a Recipe, caller: &'a Caller) -> Self {
+        let hooks = idem.inner.settings.hooks.as_deref();
+        Watch { hooks, tool: recipe.tool(), namespace: idem.namespace(recipe), caller }
     }
-}
 
-impl Watch<'_> {
     /// The caller, for the handler's scope.
     pub(super) fn caller(&self) -> &Caller {
         self.caller

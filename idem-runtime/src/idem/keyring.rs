@@ -110,7 +110,7 @@ impl Idem {
     }
 
     /// The secrets as configured, not checked against the ledger: the keyring once resolved,
-    /// else read anew (for a derivation that runs nothing, [`Idem::key_of`]).
+    /// else read anew (for a derivation that runs nothing, [`Admin::key_of`](super::Admin::key_of)).
     pub(super) fn configured_keyring(&self) -> Result<Arc<Keyring>, SecretError> {
         match self.inner.secrets.resolved.get() {
             Some(keyring) => Ok(Arc::clone(keyring)),

@@ -147,7 +147,8 @@ impl Operation {
         C: sea_orm::ConnectionTrait,
         T: serde::Serialize,
     {
-        let bytes = self.idem.encode::<T, ()>(Ok(value)).map_err(|error| LedgerError::corrupt(error.to_string()))?;
+        let bytes =
+            self.idem.results().encode::<T, ()>(Ok(value)).map_err(|error| LedgerError::corrupt(error.to_string()))?;
         let keep_until = self.idem.keep_until(self.idem.inner.settings.grace);
         let outcome = crate::ledger::Outcome::Completed(bytes);
         crate::ledger::sea::SeaOrmLedger::complete_on(conn, &self.key, self.token, outcome, keep_until).await?;

@@ -209,7 +209,7 @@ impl Idem {
         };
         match claim {
             Ok(Claim::Won { .. }) => {
-                let used = self.encode::<(), ()>(Ok(&())).map_or(Outcome::Unknown, Outcome::Completed);
+                let used = self.results().encode::<(), ()>(Ok(&())).map_or(Outcome::Unknown, Outcome::Completed);
                 let keep_until = self.keep_until(self.inner.settings.grace).max(window_end);
                 if let Err(error) = self.inner.ledger.complete(&key, request.token, used, keep_until).await {
                     // Still in progress under our lease, so a second use is refused all the same.

@@ -13,8 +13,6 @@ use crate::key::Ref;
 use crate::ledger::{Outcome, Resolution};
 use crate::rejection::{IdempotentError, Rejection, Restored, StorableError, Storing};
 
-use super::Idem;
-
 /// A stored result: `{"ok": value}` or `{"err": error}`.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -102,15 +100,22 @@ impl std::fmt::Display for Unstorable {
     }
 }
 
-impl Idem {
+/// A handle's stored results: the format above under its seal and size limit.
+#[derive(Clone, Copy)]
+pub(super) struct Results<'a> {
+    pub(super) seal: Option<&'a dyn ResultSeal>,
+    pub(super) max_result_bytes: usize,
+}
+
+impl Results<'_> {
     /// A handler's result as it is stored: its JSON, within the size limit, sealed.
-    pub(super) fn encode<T: Serialize, E: StorableError>(&self, result: Result<&T, &E>) -> Result<Vec<u8>, Unstorable> {
+    pub(super) fn encode<T: Serialize, E: StorableError>(self, result: Result<&T, &E>) -> Result<Vec<u8>, Unstorable> {
         let stored = match result {
             Ok(value) => Stored::Ok(value),
             Err(error) => Stored::Err(Storing(error)),
         };
         let bytes = serde_json::to_vec(&stored).map_err(Unstorable::Unserializable)?;
-        let max = self.inner.settings.max_result_bytes;
+        let max = self.max_result_bytes;
         if bytes.len() > max {
             return Err(Unstorable::TooLarge { size: bytes.len(), max });
         }
@@ -119,7 +124,7 @@ impl Idem {
 
     /// What a call records for a result to replay: its stored bytes, or "outcome unknown" if it
     /// cannot be stored — the effect happened, so repeats are told to check rather than run.
-    pub(super) fn completion<T: Serialize, E: StorableError>(&self, reference: Ref, result: Result<&T, &E>) -> Outcome {
+    pub(super) fn completion<T: Serialize, E: StorableError>(self, reference: Ref, result: Result<&T, &E>) -> Outcome {
         match self.encode(result) {
             Ok(sealed) => Outcome::Completed(sealed),
             Err(Unstorable::TooLarge { size, max }) => {
@@ -138,16 +143,16 @@ impl Idem {
     }
 
     /// `plain` (a result's JSON) as it is stored.
-    pub(super) fn seal(&self, plain: Vec<u8>) -> Result<Vec<u8>, Unstorable> {
-        match &self.inner.settings.seal {
+    pub(super) fn seal(self, plain: Vec<u8>) -> Result<Vec<u8>, Unstorable> {
+        match self.seal {
             Some(seal) => seal.seal(&plain).map_err(Unstorable::Unsealable),
             None => Ok(plain),
         }
     }
 
     /// Stored bytes as the result's JSON.
-    pub(super) fn open(&self, stored: Vec<u8>, reference: Ref) -> Result<Vec<u8>, Rejection> {
-        match &self.inner.settings.seal {
+    pub(super) fn open(self, stored: Vec<u8>, reference: Ref) -> Result<Vec<u8>, Rejection> {
+        match self.seal {
             Some(seal) => seal.open(&stored).map_err(|error| {
                 tracing::error!(%reference, %error, "a stored result cannot be opened");
                 Rejection::UnreadableResult { reference, detail: "the stored result cannot be opened".to_owned() }
@@ -158,7 +163,7 @@ impl Idem {
 
     /// The handler's result from stored bytes: opened, then decoded.
     pub(super) fn decode<T: DeserializeOwned, E: IdempotentError>(
-        &self,
+        self,
         stored: Vec<u8>,
         reference: Ref,
     ) -> Result<Result<T, E>, Rejection> {

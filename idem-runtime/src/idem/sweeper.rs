@@ -219,7 +219,7 @@ impl Run {
             // Hold the handle only for one batch.
             let Some(inner) = self.handle.upgrade() else { return Pass::Stopped(swept) };
             let idem = Idem { inner };
-            match idem.sweep_batch(self.batch).await {
+            match idem.admin().sweep_batch(self.batch).await {
                 Ok(deleted) => {
                     swept += deleted;
                     self.counters.swept.fetch_add(u64::try_from(deleted).unwrap_or(u64::MAX), Ordering::SeqCst);
@@ -232,15 +232,6 @@ impl Run {
             drop(idem);
             tokio::task::yield_now().await;
         }
-    }
-}
-
-impl Idem {
-    /// Deletes at most `batch` expired records, on a settled clock and within the ledger timeout.
-    pub(super) async fn sweep_batch(&self, batch: usize) -> Result<usize, LedgerError> {
-        // A sweep deletes by time: only on a settled clock.
-        let now = self.trusted_time().await?;
-        self.inner.ledger.sweep(now, batch).await
     }
 }
 
