@@ -451,6 +451,8 @@ pub async fn lookup_uses_the_full_key(ledger: Arc<dyn Ledger>) {
     assert_eq!((found.state, found.result), (State::InProgress, None));
     let found = ledger.lookup(&a.key, T0 + 1).await.unwrap().expect("a's record");
     assert_eq!(found.result, Some(b"a".to_vec()));
+    // The report carries the full key, so an operator can be shown the key its handler forwarded.
+    assert_eq!((found.key, found.idempotency_key()), (a.key, a.key.idempotency_key(found.window_end)));
     let missing = Key::from_bytes(random_bytes());
     assert_eq!(ledger.lookup(&missing, T0 + 1).await.unwrap(), None);
 }
@@ -706,6 +708,8 @@ pub async fn pending_lists_unsettled_operations_oldest_first(ledger: Arc<dyn Led
     let labels: Vec<_> = all.iter().map(|record| record.label.clone()).collect();
     assert_eq!(labels, [Some(b"unknown one".to_vec()), Some(b"dead holder".to_vec()), None]);
     assert!(all.iter().all(|record| record.tenant == tenant));
+    let keys: Vec<_> = all.iter().map(|record| record.key).collect();
+    assert_eq!(keys, [unknown.key, dead.key, live.key], "each record's full key");
     assert_eq!(all[1].lease_until, T0 + 20 + LEASE, "the dead holder's lease, to tell it from a live one");
 
     let mut only = of_tenant(10);

@@ -487,6 +487,7 @@ fn pending_json(page: &PendingPage) -> Value {
             json!({
                 "address": operation.address().to_string(),
                 "ref": operation.reference.to_string(),
+                "idempotency_key": operation.idempotency_key(),
                 "tenant": label.map(|label| &label.tenant),
                 "subject": label.and_then(|label| label.subject.as_ref()),
                 "tool": label.map(|label| &label.tool),
@@ -509,7 +510,16 @@ fn pending_text(page: &PendingPage) -> String {
         return "no pending operations".to_owned();
     }
     let mut table = Table::new();
-    table.load_preset(presets::NOTHING).set_header(["OPERATION", "TENANT", "SUBJECT", "TOOL", "STATE", "AGE", "LEASE"]);
+    table.load_preset(presets::NOTHING).set_header([
+        "OPERATION",
+        "TENANT",
+        "SUBJECT",
+        "TOOL",
+        "STATE",
+        "AGE",
+        "LEASE",
+        "FORWARDED KEY",
+    ]);
     for operation in &page.operations {
         let label = operation.label.as_ref();
         let unknown = || "?".to_owned();
@@ -533,6 +543,7 @@ fn pending_text(page: &PendingPage) -> String {
             state,
             span(page.now.saturating_sub(operation.created_at)),
             lease,
+            operation.idempotency_key(),
         ]);
     }
     let mut lines = vec![table.trim_fmt()];
@@ -546,7 +557,7 @@ fn pending_text(page: &PendingPage) -> String {
         lines.push(format!("more: idem pending --after {next} (with the same filters)"));
     }
     lines.push(
-        "next: idem show OPERATION --tenant T; after checking the downstream system, \
+        "next: idem show OPERATION --tenant T; check the downstream system for the FORWARDED KEY, then \
          idem resolve OPERATION --tenant T --completed JSON | --nothing-happened"
             .to_owned(),
     );
@@ -564,6 +575,7 @@ fn report_json(report: &StatusReport, tenant: &str) -> Value {
     json!({
         "address": report.address().to_string(),
         "ref": report.reference.to_string(),
+        "idempotency_key": report.idempotency_key(),
         "tenant": tenant,
         "state": report.state.as_str(),
         "created_at_ms": report.created_at,
@@ -579,6 +591,7 @@ fn report_text(report: &StatusReport, target: &Target, now: u64) -> String {
     let mut lines = vec![
         format!("operation   {}", report.address()),
         format!("ref         {}", report.reference),
+        format!("forwarded   {} (the idempotency key its handler forwarded downstream)", report.idempotency_key()),
         format!("tenant      {}", target.tenant),
         format!("state       {}", report.state),
         format!("created     {}", when(report.created_at, now)),
@@ -598,7 +611,7 @@ fn report_text(report: &StatusReport, target: &Target, now: u64) -> String {
     }
     if report.state == State::Unknown || report.lease_expired {
         lines.push(format!(
-            "next        check the downstream system, then: idem resolve {} --tenant {} --completed JSON | --nothing-happened",
+            "next        check the downstream system for the forwarded key, then: idem resolve {} --tenant {} --completed JSON | --nothing-happened",
             report.address(), target.tenant
         ));
     }

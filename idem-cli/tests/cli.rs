@@ -39,8 +39,9 @@ impl IdempotentError for ToolError {
 
 static CHARGE: Recipe = Recipe::new("charge_card", &["order_id"]);
 
-/// A completed operation and an unknown one, made by `idem` as `tenant`'s alice: their refs.
-async fn operations(idem: &Idem, tenant: &str) -> (Ref, Ref) {
+/// A completed operation and an unknown one, made by `idem` as `tenant`'s alice: their refs, and
+/// the idempotency key the unknown one's handler forwarded downstream.
+async fn operations(idem: &Idem, tenant: &str) -> (Ref, Unknown) {
     let alice = Caller::new(tenant, "alice");
     let done = idem
         .call(&CHARGE, Some(&alice), &json!({ "order_id": "A-1" }), || async {
@@ -51,7 +52,8 @@ async fn operations(idem: &Idem, tenant: &str) -> (Ref, Ref) {
     let mut unknown = None;
     let answer = idem
         .call(&CHARGE, Some(&alice), &json!({ "order_id": "A-2" }), || async {
-            unknown = current_operation().map(|operation| operation.reference());
+            unknown = current_operation()
+                .map(|operation| Unknown { reference: operation.reference(), forwarded: operation.idempotency_key() });
             Err::<Value, _>(ToolError::Timeout("the processor did not answer".to_owned()))
         })
         .await;
@@ -96,8 +98,15 @@ fn scratch() -> PathBuf {
 }
 
 /// Everything an operator does on one ledger, `env` pointing at it.
-fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared: bool) {
-    let (done, unknown) = (done.to_string(), unknown.to_string());
+/// An operation whose outcome is unknown: its ref, and the key its handler forwarded.
+struct Unknown {
+    reference: Ref,
+    forwarded: String,
+}
+
+fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Unknown, shared: bool) {
+    let forwarded = unknown.forwarded.clone();
+    let (done, unknown) = (done.to_string(), unknown.reference.to_string());
 
     // stats: the two operations (a shared ledger may hold more).
     let stats = ok_json(&idem(env, &["stats", "--json"]));
@@ -136,6 +145,11 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared
         .expect("an address")
         .to_owned();
     assert!(text.contains(&format!("idem resolve {unknown_at} --tenant")), "the hint names the address: {text}");
+    // The key the handler forwarded, which the downstream system stores: what the operator
+    // checks the processor for (issue 28, item 3).
+    assert!(text.contains(&format!("forwarded   {forwarded}")), "show prints the forwarded key: {text}");
+    let shown_json = ok_json(&idem(env, &["show", &unknown, "--tenant", tenant, "--json"]));
+    assert_eq!(shown_json["idempotency_key"], json!(forwarded), "{shown_json}");
     // An address no operation has: nothing (not the operation of the same ref).
     let elsewhere = format!("{unknown}@1");
     failed(&idem(env, &["show", &elsewhere, "--tenant", tenant]), 3, "no operation");
@@ -158,10 +172,21 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Ref, shared
         assert_eq!(listed[0][field], value, "{field} in {pending}");
     }
     assert!(listed[0]["age_ms"].as_u64().is_some() && listed[0]["created_at_ms"].as_u64().is_some(), "{pending}");
+    assert_eq!(listed[0]["idempotency_key"], json!(forwarded), "{pending}");
     let text = idem(env, &["pending", "--tenant", tenant]);
     assert!(text.status.success(), "{}", stderr(&text));
     let text = stdout(&text);
-    for word in [unknown_at.as_str(), tenant, "alice", "charge_card", "unknown", "OPERATION", "TOOL", "idem resolve"] {
+    for word in [
+        unknown_at.as_str(),
+        tenant,
+        "alice",
+        "charge_card",
+        "unknown",
+        "OPERATION",
+        "TOOL",
+        "idem resolve",
+        &forwarded,
+    ] {
         assert!(text.contains(word), "{word} in:\n{text}");
     }
     assert!(!text.contains(&done), "a completed operation is not pending:\n{text}");

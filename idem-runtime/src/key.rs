@@ -16,6 +16,7 @@ use crate::canonical::{self, CanonicalError, Members};
 use crate::scope::Scope;
 use crate::secret::Secret;
 use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
 
 // The tags live with the scope they are computed from; idem.rs and ledger/ still name them by
 // this path.
@@ -91,6 +92,20 @@ impl Key {
         let mut prefix = [0u8; REF_HEX_LEN / 2];
         prefix.copy_from_slice(&self.0[..REF_HEX_LEN / 2]);
         Ref(prefix)
+    }
+
+    /// The key to forward to the system that owns the side effect for the operation of this key
+    /// whose window ends at `window_end`: 64 hex digits, what
+    /// [`Operation::idempotency_key`](crate::Operation::idempotency_key) gives the handler and what
+    /// `idem show` prints. One operation, one value: a takeover forwards the same, a new window a
+    /// new one.
+    #[must_use]
+    pub fn idempotency_key(&self, window_end: u64) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(b"idem/v2/operation\0");
+        hasher.update(self.0);
+        hasher.update(window_end.to_be_bytes());
+        crate::bytes::hex(&hasher.finalize())
     }
 }
 

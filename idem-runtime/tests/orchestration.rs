@@ -1092,3 +1092,48 @@ fn errors_keep_their_cause_and_their_words() {
     assert_eq!(status.to_string(), error.to_string());
     assert!(status.source().is_some_and(|source| source.is::<std::io::Error>()), "transparent: the cause itself");
 }
+
+/// Collects what a `tracing_subscriber::fmt` layer writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Issue 28, item 3: a won claim is logged at INFO with its ref and the key its handler
+/// forwards, so an operator can check the downstream system even for a holder that died
+/// before it logged anything else.
+#[tokio::test]
+async fn a_won_claim_logs_the_key_its_handler_forwards() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let idem = Idem::new(MemoryLedger::new());
+    let forwarded = std::sync::Mutex::new(None);
+    let served = idem
+        .call(&CHARGE, Some(&alice()), &charge(300, "x"), || async {
+            *forwarded.lock().unwrap() = current_operation().map(|operation| operation.idempotency_key());
+            Ok::<_, ToolError>("receipt".to_owned())
+        })
+        .await
+        .unwrap();
+    let forwarded = forwarded.lock().unwrap().clone().expect("the handler ran");
+    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let line =
+        logged.lines().find(|line| line.contains("claimed")).unwrap_or_else(|| panic!("no claim line:\n{logged}"));
+    assert!(line.contains(" INFO "), "{line}");
+    assert!(line.contains(&format!("reference={}", served.reference)), "{line}");
+    assert!(line.contains(&format!("idempotency_key={forwarded}")), "{line}");
+}

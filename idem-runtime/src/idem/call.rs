@@ -551,9 +551,12 @@ impl<'a> Attempt<'a> {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let (tool, reference) = (self.tool, self.reference());
+        // Every won claim names the key its handler forwards: what an operator checks the
+        // downstream system for, also after this process dies mid-call.
+        let key = operation.idempotency_key();
         Ok(match won {
             Won::Reconcile => {
-                tracing::warn!(tool, %reference, "stale lease; reconciling with the downstream");
+                tracing::warn!(tool, %reference, idempotency_key = %key, "stale lease; reconciling with the downstream");
                 let asked = acting_for(watch.caller().clone(), reconcile(operation.clone()));
                 match self.idem.drive(&self.request, &self.lease, &self.recorded, asked).await {
                     Err(panic) => self.unwind(panic, watch).await,
@@ -567,11 +570,12 @@ impl<'a> Attempt<'a> {
                 }
             }
             Won::Takeover => {
-                tracing::warn!(tool, %reference, "stale lease taken over; running again under a new token");
+                tracing::warn!(tool, %reference, idempotency_key = %key,
+                    "stale lease taken over; running again under a new token");
                 self.run(operation, watch, handler).await
             }
             Won::Fresh => {
-                tracing::debug!(tool, %reference, "claimed");
+                tracing::info!(tool, %reference, idempotency_key = %key, "claimed");
                 self.run(operation, watch, handler).await
             }
         })

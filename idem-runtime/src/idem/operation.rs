@@ -7,8 +7,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use sha2::{Digest, Sha256};
-
 use crate::key::{Key, Ref};
 #[cfg(feature = "_sea")]
 use crate::ledger::LedgerError;
@@ -77,11 +75,7 @@ impl Operation {
     /// downstream that keeps keys longer than the window does not replay an older operation.
     #[must_use]
     pub fn idempotency_key(&self) -> String {
-        let mut hasher = Sha256::new();
-        hasher.update(b"idem/v2/operation\0");
-        hasher.update(self.key.as_bytes());
-        hasher.update(self.window_end.to_be_bytes());
-        hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect()
+        self.key.idempotency_key(self.window_end)
     }
 
     /// The short ref callers are given.

@@ -7,7 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::key::{Address, Ref, TenantTag};
+use crate::key::{Address, Key, Ref, TenantTag};
 use crate::ledger::{Label, PendingQuery, State, lease_lapsed, open_label};
 
 use super::Admin;
@@ -109,6 +109,8 @@ impl FromStr for PendingCursor {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PendingOperation {
+    /// Its key in the ledger (never forwarded: see [`PendingOperation::idempotency_key`]).
+    pub key: Key,
     /// Its ref (see [`PendingOperation::address`] for what names it alone).
     pub reference: Ref,
     /// In progress or unknown.
@@ -135,6 +137,13 @@ impl PendingOperation {
     #[must_use]
     pub const fn address(&self) -> Address {
         Address { reference: self.reference, window_end: self.window_end }
+    }
+
+    /// The key its handler forwarded downstream: what the system that owns the side effect
+    /// stores, and what an operator checks it for.
+    #[must_use]
+    pub fn idempotency_key(&self) -> String {
+        self.key.idempotency_key(self.window_end)
     }
 }
 
@@ -183,6 +192,7 @@ impl Admin<'_> {
         let operations = records
             .into_iter()
             .map(|record| PendingOperation {
+                key: record.key,
                 reference: record.reference,
                 state: record.state,
                 created_at: record.created_at,

@@ -70,6 +70,7 @@ impl Record {
 
     fn report(&self, key: &Key, now: u64, superseded: bool) -> StatusReport {
         StatusReport {
+            key: *key,
             reference: key.reference(),
             state: self.state,
             created_at: self.created_at,
@@ -431,6 +432,7 @@ impl Ledger for MemoryLedger {
                     })
             })
             .map(|(key, record, superseded)| PendingRecord {
+                key: *key,
                 reference: key.reference(),
                 tenant: record.tenant,
                 state: record.state,

@@ -313,6 +313,8 @@ pub enum Resolution {
 /// What a status lookup reports.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct StatusReport {
+    /// The operation's key in the ledger (never forwarded: see [`StatusReport::idempotency_key`]).
+    pub key: Key,
     /// The operation's ref.
     pub reference: Ref,
     /// Its state.
@@ -337,6 +339,13 @@ impl StatusReport {
     #[must_use]
     pub const fn address(&self) -> Address {
         Address { reference: self.reference, window_end: self.window_end }
+    }
+
+    /// The key its handler forwarded downstream ([`Key::idempotency_key`]): what the system
+    /// that owns the side effect stores, and what an operator checks it for.
+    #[must_use]
+    pub fn idempotency_key(&self) -> String {
+        self.key.idempotency_key(self.window_end)
     }
 }
 
@@ -415,6 +424,8 @@ impl PendingQuery {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PendingRecord {
+    /// The operation's key in the ledger.
+    pub key: Key,
     /// The operation's ref.
     pub reference: Ref,
     /// Its tenant's tag.

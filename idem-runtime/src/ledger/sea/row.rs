@@ -104,6 +104,7 @@ impl Found {
 
     pub(super) fn report(self, now: u64, superseded: bool) -> StatusReport {
         StatusReport {
+            key: self.key,
             reference: self.key.reference(),
             state: self.state,
             created_at: self.created_at,
@@ -161,6 +162,7 @@ pub(super) fn pending(row: &QueryResult) -> Result<PendingRecord, LedgerError> {
     let key: [u8; 32] = key.try_into().map_err(|_| LedgerError::corrupt("a key is not 32 bytes"))?;
     let int = |at: usize| row.try_get_by_index::<i64>(at).map_err(corrupt);
     Ok(PendingRecord {
+        key: Key::from_bytes(key),
         reference: Key::from_bytes(key).reference(),
         tenant: TenantTag::from_bytes(int(1)?.to_be_bytes()),
         state: state_of(row.try_get_by_index::<i16>(2).map_err(corrupt)?)?,
