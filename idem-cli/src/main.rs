@@ -181,9 +181,20 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         ))
     })?;
     let file = sqlite_file(url)?;
-    let ledger = SeaOrmLedger::connect(url)
+    // As it is: the operator's tool never creates a ledger (nor its tables) where it finds none.
+    let ledger = SeaOrmLedger::connect_existing(url)
         .await
         .map_err(|error| Failure::new(format!("{error} (check {DATABASE_URL_ENV} or --database-url)")))?;
+    if !ledger.holds_ledger().await.map_err(ledger_failure)? {
+        return Err(Failure {
+            message: format!(
+                "no idem ledger in this database ({}): point {DATABASE_URL_ENV} or --database-url at the database \
+                 the servers use (a server creates its tables when it starts; this tool never does)",
+                ledger.describe()
+            ),
+            code: 3,
+        });
+    }
     let now = ledger.now().await.map_err(ledger_failure)?;
     let now = now.unwrap_or_else(local_now);
     // Every statement is bounded by `--timeout` (a handle's ledger timeout is at most half its

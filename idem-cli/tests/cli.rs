@@ -390,3 +390,54 @@ async fn tools_lists_handlers_and_forgets_a_moved_one() {
     let listed = ok_json(&idem(&env, &["tools", "--json"]));
     assert_eq!(listed["tools"][0]["handler"], "desk::api::Tickets::open", "{listed}");
 }
+
+/// Issue 28, item 4: pointed at a database that holds no idem ledger — a mistyped name — the CLI
+/// says so and exits non-zero, and creates nothing there (it only reads and settles: an
+/// operator's role needs no DDL rights).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_database_is_refused_and_left_empty() {
+    use sea_orm::{ConnectionTrait, Database};
+    let ci = std::env::var("CI").is_ok_and(|value| value == "true" || value == "1");
+    let server =
+        std::env::var("IDEM_TEST_POSTGRES_SERVER").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned());
+    let admin = match Database::connect(format!("{server}/postgres")).await {
+        Ok(admin) => admin,
+        Err(error) => {
+            assert!(!ci, "cli::an_empty_database_is_refused_and_left_empty: cannot reach {server}: {error}");
+            return eprintln!(
+                "SKIPPED cli::an_empty_database_is_refused_and_left_empty: cannot reach {server}: {error}"
+            );
+        }
+    };
+    let name = format!("idem_cli_empty_{}", idem_runtime::ledger::Token::random().get() % 1_000_000_000);
+    admin.execute_unprepared(&format!("CREATE DATABASE {name}")).await.expect("create an empty database");
+    let url = format!("{server}/{name}");
+    let (_, secret) = Secret::generate(1);
+    let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", secret.as_str())];
+    let commands = [
+        &["stats"][..],
+        &["pending", "--json"][..],
+        &["sweep"][..],
+        &["show", "0000000000000000", "--tenant", "acme"][..],
+    ];
+    let outputs: Vec<_> = commands.into_iter().map(|args| (args, idem(&env, args))).collect();
+    let empty = Database::connect(&url).await.expect("the empty database");
+    let tables = empty
+        .query_one_raw(sea_orm::Statement::from_string(
+            empty.get_database_backend(),
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'",
+        ))
+        .await
+        .expect("count the tables")
+        .expect("a count")
+        .try_get_by_index::<i64>(0)
+        .expect("a number");
+    empty.close().await.expect("close");
+    // Dropped before anything is asserted, so a failure leaves no database behind.
+    admin.execute_unprepared(&format!("DROP DATABASE {name}")).await.expect("drop the database");
+    for (args, output) in outputs {
+        assert_eq!(output.status.code(), Some(3), "{args:?}: {}", stderr(&output));
+        assert!(stderr(&output).contains("no idem ledger in this database"), "{args:?}: {}", stderr(&output));
+    }
+    assert_eq!(tables, 0, "the CLI created tables in a database that held no ledger");
+}

@@ -111,6 +111,43 @@ impl SeaOrmLedger {
         Ok(ledger)
     }
 
+    /// Connects to the ledger at `url` as it is, for an operator's tool: it never migrates and
+    /// never creates a SQLite file, so a role with SELECT, UPDATE and DELETE on idem's tables is
+    /// enough. Ask [`SeaOrmLedger::holds_ledger`] whether the database holds a ledger at all (a
+    /// mistyped database name connects fine and holds none).
+    ///
+    /// # Errors
+    /// The database cannot be reached (a SQLite file that does not exist included).
+    pub async fn connect_existing(url: &str) -> Result<Self, LedgerError> {
+        let given = Given::parse(url);
+        let url = given.url().replace("mode=rwc", "mode=rw");
+        let location = Location::of_url(&url, Origin::Code);
+        let options = Self::connect_options(&url);
+        let db = Database::connect(options).await.map_err(|error| location.refused(failed(error), Some(&url)))?;
+        let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
+        Ok(Self { db, clock: None, own_secret, location: Arc::new(location) })
+    }
+
+    /// Whether this database holds an idem ledger (its tables exist), without creating anything.
+    ///
+    /// # Errors
+    /// The database did not answer.
+    pub async fn holds_ledger(&self) -> Result<bool, LedgerError> {
+        use sea_orm::{ConnectionTrait, Statement};
+        let backend = self.db.get_database_backend();
+        for table in ["idem_records", "idem_superseded"] {
+            let probe = Statement::from_string(backend, format!("SELECT 1 FROM {table} WHERE 1 = 0"));
+            if self.db.query_one_raw(probe).await.is_err() {
+                // The table is missing — or the database stopped answering: ask it something
+                // every database answers, to tell the two apart.
+                let alive = Statement::from_string(backend, "SELECT 1");
+                self.db.query_one_raw(alive).await.map_err(failed)?;
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Wraps a sea-orm connection (pool) you opened, as it is: it does **not** migrate. Run
     /// [`SeaOrmLedger::migrate`] once, or apply [`super::schema`] from your own migration step.
     /// Open it with [`SeaOrmLedger::connect_options`] to get the settings
