@@ -280,11 +280,36 @@ fn demo_tokens() -> mcp::Validator {
     })
 }
 
-fn options() -> Result<Options, String> {
+/// What `--help` prints.
+const USAGE: &str = "\
+mcp_server: a payments sandbox MCP server whose side-effecting tools are safe to repeat
+
+usage: mcp_server [--http ADDR] [--processor-delay-ms N] [--metrics ADDR]
+
+  (no flag)               serve on stdio, acting for IDEM_LOCAL_CALLER (tenant:subject, default local:user)
+  --http ADDR             serve streamable HTTP at http://ADDR/mcp (loopback only; bearer tokens tenant:subject)
+  --processor-delay-ms N  make the fake card processor take N ms (to see \"in flight\" answers)
+  --metrics ADDR          serve idem's metrics in Prometheus's text format at http://ADDR/metrics
+  -h, --help              print this and exit
+
+environment:
+  IDEM_DATABASE_URL       the ledger: a URL (postgres://, mysql://, sqlite://) or a SQLite file path;
+                          unset: a SQLite file in your data directory (the first log line names it)
+  IDEM_SECRET             the secret keys are derived under, version:hex (required on PostgreSQL and MySQL)
+  IDEM_SECRET_PREVIOUS    earlier secrets still honoured during a rotation, comma-separated
+  RUST_LOG                the log level (default info); logs go to stderr
+";
+
+/// The options, or `None` when `--help` was asked for (and printed).
+fn options() -> Result<Option<Options>, String> {
     let mut options = Options { http: None, processor_delay: Duration::ZERO, metrics: None };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(None);
+            }
             "--http" => options.http = Some(args.next().ok_or("--http needs an address, e.g. 127.0.0.1:8931")?),
             "--processor-delay-ms" => {
                 let ms = args.next().and_then(|ms| ms.parse().ok()).ok_or("--processor-delay-ms needs a number")?;
@@ -295,12 +320,39 @@ fn options() -> Result<Options, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`; use --http ADDR, --processor-delay-ms N and --metrics ADDR"
+                    "unknown argument `{other}`; use --http ADDR, --processor-delay-ms N and --metrics ADDR (--help says more)"
                 ));
             }
         }
     }
-    Ok(options)
+    Ok(Some(options))
+}
+
+/// Why the server stopped, in words: its error's message and each cause — not Rust's debug
+/// syntax, which is what `main` returning an error would print.
+struct Stopped(Box<dyn std::error::Error>);
+
+impl<E: Into<Box<dyn std::error::Error>>> From<E> for Stopped {
+    fn from(error: E) -> Self {
+        Self(error.into())
+    }
+}
+
+impl std::fmt::Debug for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let message = self.0.to_string();
+        write!(f, "{message}")?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            // A cause the message already says is not said twice.
+            let words = error.to_string();
+            if !message.contains(&words) {
+                write!(f, "\n  caused by: {words}")?;
+            }
+            cause = error.source();
+        }
+        Ok(())
+    }
 }
 
 /// `--metrics ADDR`: installs the Prometheus recorder, so idem's counters, histograms and gauge
@@ -328,13 +380,13 @@ async fn serve_metrics(address: &str) -> Result<(), Box<dyn std::error::Error>> 
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Stopped> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
-    let options = options()?;
+    let Some(options) = options()? else { return Ok(()) };
     if let Some(address) = &options.metrics {
         serve_metrics(address).await?;
     }

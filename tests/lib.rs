@@ -213,3 +213,21 @@ pub async fn every_ledger(test: &str) -> Vec<(&'static str, std::sync::Arc<dyn i
     }
     ledgers
 }
+
+/// The path of an example binary of the workspace (`target/<profile>/examples/<name>`), which
+/// `cargo test --workspace` builds; a panic that says how to build it when it is missing.
+#[must_use]
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    // target/<profile>/deps/<test>-<hash> → target/<profile>/examples/<name>
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile =
+        exe.parent().and_then(std::path::Path::parent).expect("the test binary lives in target/<profile>/deps");
+    let binary = profile.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.is_file(),
+        "the example binary {} is missing: build it with `cargo build --example {name}` (`cargo test --workspace` \
+         builds examples too), then run this test again",
+        binary.display()
+    );
+    binary
+}

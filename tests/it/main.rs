@@ -9,6 +9,7 @@
 //! on any source file no target compiles.
 
 mod architecture;
+mod example_server;
 mod hooks;
 mod layout;
 mod ledger_durable;

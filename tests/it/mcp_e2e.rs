@@ -29,16 +29,7 @@ fn python_mcp_client_against_the_example_server() {
     let requirements = e2e.join("requirements.txt");
     let pinned = pinned_mcp_version(&requirements);
 
-    // target/<profile>/deps/mcp_e2e-<hash> → target/<profile>/examples/mcp_server
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("the test binary lives in target/<profile>/deps");
-    let server = profile_dir.join("examples").join(format!("mcp_server{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        server.is_file(),
-        "the example server binary {} is missing: build it with `cargo build --example mcp_server` \
-         (`cargo test --workspace` builds examples too), then run this test again",
-        server.display()
-    );
+    let server = idem_tests::example_binary("mcp_server");
 
     let skip = |why: String| {
         assert!(!ci, "{TEST_NAME} cannot run under CI=true: {why}");
@@ -47,6 +38,8 @@ fn python_mcp_client_against_the_example_server() {
     if let Err(why) = python3_version() {
         return skip(why);
     }
+    // target/<profile>/examples/mcp_server → target/e2e-venv
+    let profile_dir = server.parent().and_then(Path::parent).expect("target/<profile>/examples");
     let venv = profile_dir.parent().expect("target/<profile> has a parent").join("e2e-venv");
     let python = match prepared_venv(&venv, &requirements, &pinned) {
         Ok(python) => python,
