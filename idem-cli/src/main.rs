@@ -68,8 +68,8 @@ enum Command {
     Stats,
     /// Deletes expired records, a batch at a time, until none are left.
     Sweep {
-        /// Records deleted per statement.
-        #[arg(long, default_value_t = 1000)]
+        /// Records deleted per statement (at least 1).
+        #[arg(long, default_value_t = 1000, value_parser = batch_size)]
         batch: usize,
     },
     /// One operation: its state, times and stored result.
@@ -80,12 +80,7 @@ enum Command {
         #[command(flatten)]
         target: Target,
         /// It happened: this JSON is its result, replayed to every repeat as the tool's answer.
-        #[arg(
-            long,
-            value_name = "JSON",
-            conflicts_with = "nothing_happened",
-            required_unless_present = "nothing_happened"
-        )]
+        #[arg(long, value_name = "JSON", conflicts_with = "nothing_happened")]
         completed: Option<String>,
         /// It did not happen: the next repeat runs the tool again.
         #[arg(long)]
@@ -282,7 +277,16 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
                     })?;
                     Resolution::completed(&value).map_err(|error| Failure::new(error.to_string()))?
                 }
-                (None, _) => Resolution::NothingHappened,
+                (None, true) => Resolution::NothingHappened,
+                (None, false) => {
+                    return Err(Failure {
+                        message: "say what happened, after checking the downstream system: --completed JSON (it \
+                                  happened; JSON becomes the result every repeat gets) or --nothing-happened (it did \
+                                  not; the next repeat runs the tool again)"
+                            .to_owned(),
+                        code: 2,
+                    });
+                }
             };
             let idem = with_secret(operator(ledger), file.as_deref())?;
             idem.admin().resolve(&target.tenant, &target.reference, resolution).await.map_err(|error| match error {
@@ -294,7 +298,8 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
                         target.reference,
                         target.tenant,
                         if state == State::InProgress {
-                            " (its holder is still running: wait, then look again)"
+                            " (its holder's lease is still live: the holder may be running, or may have died less \
+                             than a lease ago; wait until the lease lapses — `idem show` says when — then look again)"
                         } else {
                             ""
                         },
@@ -421,11 +426,23 @@ fn built(idem: Builder) -> Result<Idem, Failure> {
     idem.build().map_err(|error| Failure::new(error.to_string()))
 }
 
+/// `--batch`: at least one record per statement.
+fn batch_size(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => {
+            Err("a sweep deletes at least 1 record per statement: give --batch 1 or more (default 1000)".to_owned())
+        }
+        Ok(batch) => Ok(batch),
+        Err(_) => Err(format!("`{text}` is not a number of records: give --batch 1 or more (default 1000)")),
+    }
+}
+
 fn not_found(target: &Target) -> Failure {
     Failure {
         message: format!(
             "no operation {} in tenant {}: check the ref and the tenant, and that {SECRET_ENV} is the servers' \
-             secret (a record may also have been swept after its retention)",
+             secret — after a rotation, give the secret it was made under in IDEM_SECRET_PREVIOUS (a record may also \
+             have been swept after its retention)",
             target.reference, target.tenant
         ),
         code: 3,

@@ -158,6 +158,8 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Unknown, sh
     failed(&idem(env, &["show", &unknown, "--tenant", "other-tenant"]), 3, "no operation");
     // A ref that exists nowhere, and one that is not a ref.
     failed(&idem(env, &["show", "0000000000000000", "--tenant", tenant]), 3, "check the ref and the tenant");
+    // Issue 28, item 7: after a rotation, the operation may be under a previous secret.
+    failed(&idem(env, &["show", "0000000000000000", "--tenant", tenant]), 3, "IDEM_SECRET_PREVIOUS");
     let malformed = idem(env, &["show", "not-a-ref", "--tenant", tenant]);
     assert_eq!(malformed.status.code(), Some(2), "{}", stderr(&malformed));
 
@@ -232,6 +234,12 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Unknown, sh
     failed(&idem(env, &["resolve", &unknown_at, "--tenant", tenant, "--completed", "{not json"]), 2, "as JSON");
     let usage = idem(env, &["resolve", &unknown_at, "--tenant", tenant]);
     assert_eq!(usage.status.code(), Some(2), "a verdict is required: {}", stderr(&usage));
+    // Issue 28, item 7: it says which verdicts there are, not clap's "required arguments".
+    assert!(
+        stderr(&usage).contains("--completed JSON") && stderr(&usage).contains("--nothing-happened"),
+        "{}",
+        stderr(&usage)
+    );
     let resolved = ok_json(&idem(
         env,
         &["resolve", &unknown_at, "--tenant", tenant, "--completed", r#"{"charge":"ch_2"}"#, "--json"],
@@ -251,6 +259,10 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Unknown, sh
         assert_eq!(ok_json(&idem(env, &["sweep", "--json"])), json!({ "swept": 0 }));
         assert_eq!(ok_json(&idem(env, &["stats", "--json"]))["unknown"], 0);
     }
+    // Issue 28, item 7: a batch of nothing is a usage error, not a sweep that deletes nothing.
+    let nothing = idem(env, &["sweep", "--batch", "0"]);
+    assert_eq!(nothing.status.code(), Some(2), "{}", stderr(&nothing));
+    assert!(stderr(&nothing).contains("at least 1"), "{}", stderr(&nothing));
     let swept = idem(env, &["sweep", "--batch", "10"]);
     assert!(swept.status.success() && stdout(&swept).contains("expired records"), "{}", stderr(&swept));
 }

@@ -133,7 +133,9 @@ pub(super) static STATEMENTS: Statements = Statements {
 };
 
 pub(super) static MIGRATION: Migration = Migration {
-    lock: Some("SELECT pg_advisory_xact_lock(7233960519474712933)"),
+    // `CREATE … IF NOT EXISTS` of what exists is a NOTICE, which the driver logs at INFO: five
+    // lines of "already exists, skipping" on every start. Warnings only, for this transaction.
+    lock: Some("SET LOCAL client_min_messages = warning; SELECT pg_advisory_xact_lock(7233960519474712933)"),
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_secrets (
                 version bigint PRIMARY KEY,
