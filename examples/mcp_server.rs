@@ -358,7 +358,13 @@ impl std::fmt::Debug for Stopped {
 /// `--metrics ADDR`: installs the Prometheus recorder, so idem's counters, histograms and gauge
 /// (the `metrics` feature of idem-runtime) are recorded, and serves them at `/metrics`.
 async fn serve_metrics(address: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    // Buckets, so the durations are histograms (aggregatable across replicas), not summaries.
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Prefix("idem_".to_owned()),
+            idem_runtime::metrics::BUCKETS,
+        )?
+        .install_recorder()?;
     idem_runtime::metrics::describe();
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!("metrics at http://{}/metrics", listener.local_addr()?);

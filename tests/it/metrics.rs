@@ -150,3 +150,35 @@ async fn counters_after_a_fresh_call_a_replay_a_conflict_and_an_in_flight_repeat
     assert_eq!(counter(&m, "idem_completions_total{outcome=completed,tool=ship}"), 2);
     assert!(gauge(&m, "idem_operations_in_progress{tool=ship}").abs() < f64::EPSILON, "nothing runs now");
 }
+
+/// Issue 28, item 5: what a Prometheus user alerts on. Latencies are histograms with buckets
+/// (`_bucket` lines, aggregatable across replicas), configured with `metrics::BUCKETS` as the
+/// example server does; and every `{tool, outcome}` series exists at zero from a tool's first
+/// call, so `increase(idem_calls_total{outcome="ledger_unavailable"}[5m])` sees the first failure.
+#[tokio::test(flavor = "current_thread")]
+async fn a_prometheus_scrape_has_buckets_and_every_outcome_at_zero() {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Prefix("idem_".to_owned()), idem_runtime::metrics::BUCKETS)
+        .expect("buckets")
+        .build_recorder();
+    let handle = recorder.handle();
+    let _local = ::metrics::set_default_local_recorder(&recorder);
+    idem_runtime::metrics::describe();
+    let idem = Idem::new(MemoryLedger::new());
+    let alice = Caller::new("acme", "alice");
+    let args = json!({ "parcel": format!("p-{}", Token::random().get()) });
+    idem.call(&SHIP, Some(&alice), &args, || async { Ok::<_, Error>("shipped".to_owned()) }).await.unwrap();
+    let scrape = handle.render();
+    assert!(scrape.contains("idem_claim_duration_seconds_bucket{tool=\"ship\",le=\"0.001\"}"), "{scrape}");
+    assert!(scrape.contains("idem_complete_duration_seconds_bucket{"), "{scrape}");
+    for outcome in idem_runtime::metrics::CALL_OUTCOMES {
+        let series = format!("idem_calls_total{{tool=\"ship\",outcome=\"{outcome}\"}}");
+        assert!(scrape.contains(&series), "{series} in:\n{scrape}");
+    }
+    assert!(scrape.contains("idem_calls_total{tool=\"ship\",outcome=\"ledger_unavailable\"} 0"), "{scrape}");
+    for outcome in idem_runtime::metrics::COMPLETION_OUTCOMES {
+        let series = format!("idem_completions_total{{tool=\"ship\",outcome=\"{outcome}\"}}");
+        assert!(scrape.contains(&series), "{series} in:\n{scrape}");
+    }
+}

@@ -122,6 +122,9 @@ impl Idem {
         match seen.iter().find(|(known, _)| known == namespace) {
             None => {
                 seen.push((namespace.to_owned(), recipe.site()));
+                // Every outcome's series exists from the tool's first call, at zero.
+                #[cfg(feature = "metrics")]
+                super::metrics::first_call(recipe.tool());
                 Ok(())
             }
             Some((_, site)) if *site == recipe.site() => Ok(()),

@@ -14,6 +14,10 @@
 //! | `idem_complete_duration_seconds` | histogram | `tool` | how long recording an outcome took (its quick retries included) |
 //! | `idem_operations_in_progress` | gauge | `tool` | operations this process runs now (claims won, not yet recorded) |
 //!
+//! Every `{tool, outcome}` series of the two counters exists, at zero, from a tool's first call on
+//! a handle ([`CALL_OUTCOMES`], [`COMPLETION_OUTCOMES`]). The durations are histograms: give
+//! your exporter [`BUCKETS`] so they are exported with buckets rather than as summaries.
+//!
 //! Labels carry only tool names and fixed words — never refs, callers or arguments — so the
 //! number of series stays bounded by the number of tools.
 
@@ -21,6 +25,18 @@ use std::time::Instant;
 
 /// Each call's answer, by tool and `outcome`.
 pub const CALLS: &str = "idem_calls_total";
+/// Every `outcome` of [`CALLS`]: a fixed set, each series present (at zero) from a tool's first
+/// call on a handle, so an alert on the first `ledger_unavailable` has a series to watch.
+pub const CALL_OUTCOMES: [&str; 8] =
+    ["claimed", "takeover", "reconciled", "replayed", "in_flight", "conflict", "unknown", "ledger_unavailable"];
+/// Every `outcome` of [`COMPLETIONS`], present at zero like [`CALL_OUTCOMES`].
+pub const COMPLETION_OUTCOMES: [&str; 5] = ["completed", "failed", "unknown", "given_back", "superseded"];
+/// Histogram buckets for the durations, in seconds, suited to ledger statements (half a
+/// millisecond for an embedded SQLite claim to ten seconds, the default ledger timeout). Give
+/// them to your exporter so the durations are histograms with buckets, aggregatable across
+/// replicas — with `metrics-exporter-prometheus`:
+/// `PrometheusBuilder::new().set_buckets_for_metric(Matcher::Prefix("idem_".into()), BUCKETS)`.
+pub const BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 /// Each recorded outcome of a won claim, by tool and `outcome`.
 pub const COMPLETIONS: &str = "idem_completions_total";
 /// How long claims take, in seconds, by tool.
@@ -43,6 +59,16 @@ pub fn describe() {
     describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "How long the ledger took to answer a claim.");
     describe_histogram!(COMPLETE_SECONDS, Unit::Seconds, "How long recording an outcome took.");
     describe_gauge!(IN_PROGRESS, Unit::Count, "Operations this process is running now.");
+}
+
+/// A tool's first call on a handle: every outcome's series, at zero.
+pub(super) fn first_call(tool: &'static str) {
+    for outcome in CALL_OUTCOMES {
+        ::metrics::counter!(CALLS, "tool" => tool, "outcome" => outcome).increment(0);
+    }
+    for outcome in COMPLETION_OUTCOMES {
+        ::metrics::counter!(COMPLETIONS, "tool" => tool, "outcome" => outcome).increment(0);
+    }
 }
 
 pub(super) fn call(tool: &'static str, outcome: &'static str) {
