@@ -280,6 +280,34 @@ fn demo_tokens() -> mcp::Validator {
     })
 }
 
+/// How long a stopping server waits for the calls under way (systemd and Kubernetes wait 90 s
+/// and 30 s before they kill).
+const DRAIN_DEADLINE: Duration = Duration::from_secs(25);
+
+/// SIGTERM (what systemd and Kubernetes send), or SIGINT (ctrl-c).
+async fn stop_requested() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => tokio::select! {
+                _ = terminate.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            },
+            Err(_) => drop(tokio::signal::ctrl_c().await),
+        }
+    }
+    #[cfg(not(unix))]
+    drop(tokio::signal::ctrl_c().await);
+}
+
+/// Refuses new calls and waits for those under way, before the process exits.
+async fn drain(idem: &Idem) {
+    tracing::info!("stopping: draining the calls under way (up to {DRAIN_DEADLINE:?})");
+    let drained = idem.drain(DRAIN_DEADLINE).await;
+    tracing::info!(still_running = drained.still_running, "stopped");
+}
+
 /// What `--help` prints.
 const USAGE: &str = "\
 mcp_server: a payments sandbox MCP server whose side-effecting tools are safe to repeat
@@ -409,11 +437,21 @@ async fn main() -> Result<(), Stopped> {
             let idem = idem.local_caller(Caller::try_new(tenant, subject)?).build()?;
             idem.check_secret().await?;
             mcp::check_stdio(&idem)?;
-            let server = Payments::new(idem, delay)?;
+            let server = Payments::new(idem.clone(), delay)?;
             // The router this server serves has `idem_status`, which idem's answers name.
             mcp::check_status_served(&server)?;
             tracing::info!("serving on stdio");
-            server.serve(rmcp::transport::stdio()).await?.waiting().await?;
+            // Served on a task of its own, so a stop is heard from the start (the handshake too).
+            let mut serving = tokio::spawn(async move {
+                server.serve(rmcp::transport::stdio()).await?.waiting().await?;
+                Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+            });
+            tokio::select! {
+                ended = &mut serving => ended?.map_err(|error| Stopped(error))?,
+                // Stopped (SIGTERM, ctrl-c): the server keeps answering while the calls under way
+                // finish and record their outcomes; new ones are refused, safe to retry.
+                () = stop_requested() => drain(&idem).await,
+            }
         }
         Some(address) => {
             use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -431,7 +469,7 @@ async fn main() -> Result<(), Stopped> {
             let idem = idem.build()?;
             idem.check_secret().await?;
             // One server value for every request: the fake downstream is shared, as a real one would be.
-            let server = Payments::new(idem, delay)?;
+            let server = Payments::new(idem.clone(), delay)?;
             mcp::check_status_served(&server)?;
             let service = StreamableHttpService::new(
                 move || Ok(server.clone()),
@@ -443,7 +481,13 @@ async fn main() -> Result<(), Stopped> {
                 .layer(axum::middleware::from_fn_with_state(demo_tokens(), mcp::require_bearer));
             let listener = tokio::net::TcpListener::bind(resolved.as_slice()).await?;
             tracing::info!("serving streamable HTTP at http://{}/mcp", listener.local_addr()?);
-            axum::serve(listener, app).with_graceful_shutdown(async { drop(tokio::signal::ctrl_c().await) }).await?;
+            // Stopped (SIGTERM, ctrl-c): drained while still serving, then the server stops.
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    stop_requested().await;
+                    drain(&idem).await;
+                })
+                .await?;
         }
     }
     Ok(())

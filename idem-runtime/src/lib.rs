@@ -100,8 +100,8 @@ mod window;
 #[cfg(feature = "metrics")]
 pub use idem::metrics;
 pub use idem::{
-    Admin, BuildError, Builder, CallEvent, Completion, HasIdem, Hooks, Idem, Operation, Reconciled, ResultSeal, Served,
-    StatusError, current_caller, current_operation, run_as,
+    Admin, BuildError, Builder, CallEvent, Completion, Drained, HasIdem, Hooks, Idem, Operation, Reconciled,
+    ResultSeal, Served, StatusError, current_caller, current_operation, run_as,
 };
 pub use key::{Key, Ref};
 pub use ledger::StatusReport;

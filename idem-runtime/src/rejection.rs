@@ -62,6 +62,9 @@ pub enum Rejection {
         /// What is wrong, and where.
         error: CanonicalError,
     },
+    /// The server is shutting down ([`Idem::drain`](crate::Idem::drain)): the handler did not
+    /// run, and retrying (on another replica, or on this one once restarted) is safe.
+    ShuttingDown,
     /// Two different handlers serve one tool name in one namespace on this ledger — on one
     /// handle, on two handles, or in two processes or binaries — so they would share keys and
     /// replay each other's results. Every call of either is refused once both have been seen,
@@ -109,7 +112,7 @@ impl Rejection {
     }
 
     /// A stable machine-readable code: `in_flight`, `conflict`, `outcome_unknown`,
-    /// `ledger_unavailable`, `no_caller`, `no_local_caller`, `invalid_arguments`,
+    /// `ledger_unavailable`, `no_caller`, `no_local_caller`, `shutting_down`, `invalid_arguments`,
     /// `duplicate_tool`, `request_state_invalid`, `request_state_expired`, `request_state_used`
     /// or `unreadable_result`.
     #[must_use]
@@ -121,6 +124,7 @@ impl Rejection {
             Self::LedgerUnavailable { .. } => "ledger_unavailable",
             Self::NoCaller => "no_caller",
             Self::NoLocalCaller => "no_local_caller",
+            Self::ShuttingDown => "shutting_down",
             Self::InvalidArguments { .. } => "invalid_arguments",
             Self::DuplicateTool { .. } => "duplicate_tool",
             Self::RequestStateInvalid { .. } => "request_state_invalid",
@@ -141,6 +145,7 @@ impl Rejection {
             Self::LedgerUnavailable { .. }
             | Self::NoCaller
             | Self::NoLocalCaller
+            | Self::ShuttingDown
             | Self::InvalidArguments { .. }
             | Self::DuplicateTool { .. }
             | Self::RequestStateInvalid { .. }
@@ -152,7 +157,7 @@ impl Rejection {
     /// Whether a plain retry of the same call is safe and useful.
     #[must_use]
     pub const fn retry_is_safe(&self) -> bool {
-        matches!(self, Self::LedgerUnavailable { .. })
+        matches!(self, Self::LedgerUnavailable { .. } | Self::ShuttingDown)
     }
 }
 
@@ -196,6 +201,10 @@ impl fmt::Display for Rejection {
                 "nothing was executed: this server was started without a caller for local requests, so none of \
                  its calls can be made safe to repeat. Retrying will not help: the server's operator must \
                  configure one (`Idem::builder(…).local_caller(…)`) and restart it",
+            ),
+            Self::ShuttingDown => f.write_str(
+                "nothing was executed: this server is shutting down. It is safe to retry this call in a moment \
+                 (another replica takes it, or this one once it has restarted)",
             ),
             Self::InvalidArguments { error } => write!(f, "nothing was executed: {error}"),
             Self::DuplicateTool { namespace, tool, first, second } => write!(

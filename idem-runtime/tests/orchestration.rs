@@ -1137,3 +1137,77 @@ async fn a_won_claim_logs_the_key_its_handler_forwards() {
     assert!(line.contains(&format!("reference={}", served.reference)), "{line}");
     assert!(line.contains(&format!("idempotency_key={forwarded}")), "{line}");
 }
+
+/// Issue 28, item 2: a graceful stop. Once the handle drains, a new call is refused (safe to
+/// retry elsewhere) and runs nothing; the call already running finishes and records its
+/// outcome before the drain returns, so its operation is completed and replayable — not a
+/// stranded claim for an operator to resolve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_lets_the_running_call_finish_and_refuses_new_ones() {
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+    let idem = Idem::new(Arc::clone(&ledger));
+    let processor = Arc::new(Processor::default());
+    let (started, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let running = {
+        let (idem, processor, started, release) =
+            (idem.clone(), Arc::clone(&processor), Arc::clone(&started), Arc::clone(&release));
+        tokio::spawn(async move {
+            idem.call(&CHARGE, Some(&alice()), &charge(900, "x"), || async {
+                started.notify_one();
+                release.notified().await;
+                processor.charge(900).await
+            })
+            .await
+        })
+    };
+    started.notified().await;
+    let drain = tokio::spawn({
+        let idem = idem.clone();
+        async move { idem.drain(Duration::from_secs(10)).await }
+    });
+    // The drain has closed the handle once a new call is refused.
+    let refused = loop {
+        match idem.call(&CHARGE, Some(&alice()), &charge(901, "y"), || processor.charge(901)).await {
+            Err(error) if error.code() == "shutting_down" => break error,
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => tokio::task::yield_now().await,
+        }
+    };
+    assert!(
+        matches!(&refused, ToolError::Rejected { message, .. } if message.contains("safe to retry")),
+        "{refused:?}"
+    );
+    assert!(!drain.is_finished(), "the drain waits for the running call");
+    release.notify_one();
+    let served = running.await.unwrap().expect("the running call finishes");
+    let drained = drain.await.unwrap();
+    assert_eq!(drained.still_running, 0);
+    assert_eq!(processor.count(), 1, "the refused call ran nothing");
+    // After the restart, a repeat is replayed from the recorded outcome.
+    let restarted = Idem::new(ledger);
+    let again = restarted.call(&CHARGE, Some(&alice()), &charge(900, "x"), || processor.charge(900)).await.unwrap();
+    assert!(again.replayed && again.value == served.value, "{again:?}");
+    assert_eq!(processor.count(), 1);
+}
+
+/// A call still running at the deadline is counted, and its record stays in progress for its
+/// stale policy (here, `hold`: a repeat is told it is in flight, then unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_gives_up_at_its_deadline() {
+    let idem = Idem::new(MemoryLedger::new());
+    let started = Arc::new(tokio::sync::Notify::new());
+    let stuck = {
+        let (idem, started) = (idem.clone(), Arc::clone(&started));
+        tokio::spawn(async move {
+            idem.call(&CHARGE, Some(&alice()), &charge(902, "z"), || async {
+                started.notify_one();
+                std::future::pending::<Result<String, ToolError>>().await
+            })
+            .await
+        })
+    };
+    started.notified().await;
+    let drained = idem.drain(Duration::from_millis(50)).await;
+    assert_eq!(drained.still_running, 1);
+    stuck.abort();
+}

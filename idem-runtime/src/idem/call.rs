@@ -132,6 +132,8 @@ impl Idem {
         R: FnOnce(Operation) -> RFut,
         RFut: Future<Output = Reconciled<T, E>>,
     {
+        // Counted until the outcome is recorded; refused once the handle drains.
+        let _underway = self.inner.drain.enter()?;
         // Arguments → key.
         let tool = recipe.tool();
         self.register(recipe)?;

@@ -13,6 +13,7 @@ use crate::scope::Caller;
 
 use super::admin::{Admin, StatusError};
 use super::background::BACKGROUND_JOBS;
+use super::drain::{Drain, Drained};
 use super::keyring::Check;
 use super::keyring::Secrets;
 use super::settings::{Builder, Settings};
@@ -52,6 +53,8 @@ pub(super) struct Inner {
     pub(super) claims: Arc<super::coalesce::Claims>,
     /// The recipes seen per tool name: (namespace, where declared).
     pub(super) registry: std::sync::Mutex<Registry>,
+    /// Whether it still takes calls, and how many are under way.
+    pub(super) drain: Drain,
 }
 
 /// The recipes a handle has seen, per tool name: their namespace and where each is declared.
@@ -98,6 +101,7 @@ impl Idem {
                 waiting: Arc::default(),
                 claims: Arc::default(),
                 registry: std::sync::Mutex::default(),
+                drain: Drain::default(),
             }),
         }
     }
@@ -180,6 +184,16 @@ impl Idem {
     #[must_use]
     pub fn installed() -> Option<Self> {
         INSTALLED.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Stops the handle gracefully, for a shutdown (on SIGTERM, before the process exits): new
+    /// calls are refused from now on ([`Rejection::ShuttingDown`], safe to retry elsewhere), and
+    /// this waits up to `deadline` for the calls under way to end and record their outcomes —
+    /// keep serving meanwhile, so their answers reach their callers. A call still running at the
+    /// deadline keeps its record in progress, and its tool's stale policy decides once its lease
+    /// lapses. Every clone of the handle is drained.
+    pub async fn drain(&self, deadline: std::time::Duration) -> Drained {
+        self.inner.drain.run(deadline).await
     }
 
     /// The stored-result format under this handle's seal and size limit.
