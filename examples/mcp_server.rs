@@ -450,7 +450,12 @@ async fn main() -> Result<(), Stopped> {
                 ended = &mut serving => ended?.map_err(|error| Stopped(error))?,
                 // Stopped (SIGTERM, ctrl-c): the server keeps answering while the calls under way
                 // finish and record their outcomes; new ones are refused, safe to retry.
-                () = stop_requested() => drain(&idem).await,
+                () = stop_requested() => {
+                    drain(&idem).await;
+                    // The drained calls' answers are on their way to stdout: let the transport
+                    // write them before the process exits.
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
             }
         }
         Some(address) => {

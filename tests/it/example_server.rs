@@ -65,3 +65,120 @@ fn a_missing_secret_on_a_shared_ledger_says_how_to_set_it() {
     assert!(text.contains("IDEM_SECRET=1:") && text.contains("openssl rand -hex 32"), "{text}");
     assert!(!text.contains("Required {"), "Rust debug syntax: {text}");
 }
+
+/// A line-delimited MCP client over a spawned server's stdin and stdout (read on a thread of
+/// its own, so a server that never answers fails the test instead of hanging it).
+struct Stdio {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Stdio {
+    fn start(ledger: &str, args: &[&str]) -> Self {
+        use std::io::BufRead;
+        use std::process::Stdio as Pipe;
+        let mut child = Command::new(idem_tests::example_binary("mcp_server"))
+            .args(args)
+            .env("IDEM_DATABASE_URL", ledger)
+            .env_remove("IDEM_SECRET")
+            .env_remove("IDEM_SECRET_PREVIOUS")
+            .env("RUST_LOG", "off")
+            .stdin(Pipe::piped())
+            .stdout(Pipe::piped())
+            .stderr(Pipe::null())
+            .spawn()
+            .expect("start the example server");
+        let input = child.stdin.take().expect("its stdin");
+        let output = std::io::BufReader::new(child.stdout.take().expect("its stdout"));
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in output.lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut client = Self { child, input, lines };
+        client.send(
+            0,
+            "initialize",
+            &serde_json::json!({
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": { "name": "idem-test", "version": "0.0.0" }
+            }),
+        );
+        assert!(client.answer(0).get("result").is_some(), "initialized");
+        client.write(&serde_json::json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+        client
+    }
+
+    fn write(&mut self, message: &serde_json::Value) {
+        use std::io::Write;
+        let mut line = serde_json::to_vec(message).unwrap();
+        line.push(b'\n');
+        self.input.write_all(&line).unwrap();
+        self.input.flush().unwrap();
+    }
+
+    fn send(&mut self, id: u64, method: &str, params: &serde_json::Value) {
+        self.write(&serde_json::json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
+    }
+
+    /// The answer to request `id`; `None` if the server closed its stdout first.
+    fn answer(&mut self, id: u64) -> serde_json::Value {
+        self.try_answer(id).unwrap_or_else(|| panic!("the server closed its stdout before answering request {id}"))
+    }
+
+    /// The answer to request `id`; `None` if the server closed its stdout first, or said
+    /// nothing for 20 s.
+    fn try_answer(&mut self, id: u64) -> Option<serde_json::Value> {
+        while let Ok(line) = self.lines.recv_timeout(std::time::Duration::from_secs(20)) {
+            let message: serde_json::Value = serde_json::from_str(&line).ok()?;
+            if message["id"].as_u64() == Some(id) {
+                return Some(message);
+            }
+        }
+        None
+    }
+}
+
+/// Issue 28, item 2: SIGTERM — what systemd and Kubernetes send on every rolling restart —
+/// while a charge is running. The server drains: the running charge finishes, its caller gets
+/// its receipt, the process exits cleanly, and after the restart a repeat is replayed from the
+/// ledger. (Before, the process died within the charge and left its record "in progress" for an
+/// operator to resolve.)
+#[cfg(unix)]
+#[test]
+fn sigterm_mid_charge_leaves_the_charge_completed_and_replayable() {
+    let dir = std::env::temp_dir().join(format!("idem-drain-{}", idem_runtime::ledger::Token::random().get()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ledger = dir.join("ledger.sqlite3").display().to_string();
+    let charge =
+        serde_json::json!({ "name": "charge_card", "arguments": { "card": "tok_visa", "amount_cents": 4200 } });
+
+    let mut first = Stdio::start(&ledger, &["--processor-delay-ms", "1500"]);
+    first.send(1, "tools/call", &charge);
+    // The charge is under way (the processor takes 1.5 s): stop the server now.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let killed = Command::new("kill").args(["-TERM", &first.child.id().to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let answered = first.try_answer(1);
+    drop(first.input);
+    let exited = first.child.wait().expect("the server exits");
+
+    let mut second = Stdio::start(&ledger, &[]);
+    second.send(1, "tools/call", &charge);
+    let repeat = second.answer(1);
+    drop(second.input);
+    let _ = second.child.wait();
+    std::fs::remove_dir_all(&dir).ok();
+
+    let answered = answered.expect("the running charge was answered before the server stopped");
+    assert_eq!(answered["result"]["isError"], serde_json::json!(false), "{answered}");
+    assert!(exited.success(), "a drained server exits cleanly: {exited:?}");
+    let outcome = &repeat["result"]["_meta"]["dev.idem/outcome"];
+    assert_eq!(outcome["replayed"], serde_json::json!(true), "the repeat after the restart is replayed: {repeat}");
+    assert_eq!(repeat["result"]["structuredContent"], answered["result"]["structuredContent"], "the same receipt");
+}
