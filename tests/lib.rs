@@ -231,3 +231,34 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
     );
     binary
 }
+
+/// What a test's `tracing` subscriber writes, kept to be read back.
+#[derive(Clone, Default)]
+pub struct CapturedLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    /// A plain-text `fmt` subscriber writing here (INFO and above).
+    pub fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+        let writer = self.clone();
+        tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish()
+    }
+
+    /// Everything written so far.
+    ///
+    /// # Panics
+    /// If a writer panicked while holding it, or wrote bytes that are not UTF-8.
+    #[must_use]
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

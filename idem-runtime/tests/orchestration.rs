@@ -1093,33 +1093,16 @@ fn errors_keep_their_cause_and_their_words() {
     assert!(status.source().is_some_and(|source| source.is::<std::io::Error>()), "transparent: the cause itself");
 }
 
-/// Collects what a `tracing_subscriber::fmt` layer writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+#[path = "support/log.rs"]
+mod log;
 
 /// Issue 28, item 3: a won claim is logged at INFO with its ref and the key its handler
 /// forwards, so an operator can check the downstream system even for a holder that died
 /// before it logged anything else.
 #[tokio::test]
 async fn a_won_claim_logs_the_key_its_handler_forwards() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let captured = log::Captured::default();
+    let _logging = tracing::subscriber::set_default(captured.subscriber(tracing::Level::INFO));
     let idem = Idem::new(MemoryLedger::new());
     let forwarded = std::sync::Mutex::new(None);
     let served = idem
@@ -1130,7 +1113,7 @@ async fn a_won_claim_logs_the_key_its_handler_forwards() {
         .await
         .unwrap();
     let forwarded = forwarded.lock().unwrap().clone().expect("the handler ran");
-    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logged = captured.text();
     let line =
         logged.lines().find(|line| line.contains("claimed")).unwrap_or_else(|| panic!("no claim line:\n{logged}"));
     assert!(line.contains(" INFO "), "{line}");
@@ -1165,12 +1148,27 @@ async fn a_drain_lets_the_running_call_finish_and_refuses_new_ones() {
         let idem = idem.clone();
         async move { idem.drain(Duration::from_secs(10)).await }
     });
-    // The drain has closed the handle once a new call is refused.
+    // The drain has closed the handle once a new call is refused (a call that came before it
+    // runs, as it should); the refused one runs nothing.
+    let mut amount = 901;
     let refused = loop {
-        match idem.call(&CHARGE, Some(&alice()), &charge(901, "y"), || processor.charge(901)).await {
-            Err(error) if error.code() == "shutting_down" => break error,
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let answer = idem
+            .call(&CHARGE, Some(&alice()), &charge(amount, "y"), || async {
+                ran.store(true, Ordering::SeqCst);
+                Ok::<_, ToolError>("other".to_owned())
+            })
+            .await;
+        match answer {
+            Err(error) if error.code() == "shutting_down" => {
+                assert!(!ran.load(Ordering::SeqCst), "a refused call ran its handler");
+                break error;
+            }
             Err(other) => panic!("{other:?}"),
-            Ok(_) => tokio::task::yield_now().await,
+            Ok(_) => {
+                amount += 1;
+                tokio::task::yield_now().await;
+            }
         }
     };
     assert!(
@@ -1182,7 +1180,7 @@ async fn a_drain_lets_the_running_call_finish_and_refuses_new_ones() {
     let served = running.await.unwrap().expect("the running call finishes");
     let drained = drain.await.unwrap();
     assert_eq!(drained.still_running, 0);
-    assert_eq!(processor.count(), 1, "the refused call ran nothing");
+    assert_eq!(processor.count(), 1, "the running charge ran once");
     // After the restart, a repeat is replayed from the recorded outcome.
     let restarted = Idem::new(ledger);
     let again = restarted.call(&CHARGE, Some(&alice()), &charge(900, "x"), || processor.charge(900)).await.unwrap();

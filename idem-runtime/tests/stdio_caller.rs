@@ -105,19 +105,9 @@ fn idem_meta<'a>(result: &'a Value, field: &str) -> Option<&'a Value> {
     result.pointer(&format!("/_meta/dev.idem~1outcome/{field}"))
 }
 
-/// Collects what a `tracing_subscriber::fmt` layer writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+#[path = "support/log.rs"]
+mod log;
+use log::Captured;
 
 #[test]
 fn a_stdio_server_without_a_local_caller_is_caught_before_it_serves() {
@@ -136,8 +126,7 @@ fn a_stdio_server_without_a_local_caller_is_caught_before_it_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_without_a_caller_says_whose_move_it_is() {
     let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+    let subscriber = captured.subscriber(tracing::Level::INFO);
     // The server runs on other threads: the subscriber must be global (this binary's only test
     // that installs one).
     tracing::subscriber::set_global_default(subscriber).unwrap();
@@ -156,7 +145,7 @@ async fn a_call_without_a_caller_says_whose_move_it_is() {
     assert_eq!(idem_meta(&refused, "executed"), Some(&json!(false)));
     let status = wire.call("idem_status", json!({ "ref": "0123456789abcdef" })).await;
     assert_eq!(text(&status), NO_LOCAL_CALLER, "the status tool too: {status}");
-    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logged = captured.text();
     assert!(
         logged.lines().any(|line| line.contains(" WARN ")
             && line.ends_with(

@@ -19,18 +19,6 @@ idem_tests::ledger_conformance!(postgres);
 /// ("relation … already exists, skipping" came five times, at INFO, on every start).
 #[tokio::test]
 async fn a_restart_on_an_existing_ledger_logs_no_notices() {
-    use std::sync::Mutex;
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let url = std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
     // The first start may create the tables; the second finds them.
     if let Err(error) = idem_runtime::ledger::sea::SeaOrmLedger::connect(&url).await {
@@ -38,13 +26,11 @@ async fn a_restart_on_an_existing_ledger_logs_no_notices() {
         assert!(!ci, "ledger_postgres: no server at {url} (CI=true): {error}");
         return eprintln!("SKIPPED ledger_postgres::a_restart_on_an_existing_ledger_logs_no_notices: {error}");
     }
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
-    let logging = tracing::subscriber::set_default(subscriber);
+    let captured = idem_tests::CapturedLog::default();
+    let logging = tracing::subscriber::set_default(captured.subscriber());
     let again = idem_runtime::ledger::sea::SeaOrmLedger::connect(&url).await.expect("connect again");
     drop(logging);
-    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logged = captured.text();
     assert!(logged.contains("idem ledger: postgres"), "the line naming the ledger:\n{logged}");
     assert!(!logged.contains("already exists"), "notices at startup:\n{logged}");
     drop(again);
