@@ -469,7 +469,7 @@ fn status_failure(error: StatusError) -> Failure {
 fn stats_json(stats: &LedgerStats) -> Value {
     json!({
         "in_progress": stats.in_progress,
-        "stale": stats.stale,
+        "lapsed_leases": stats.stale,
         "completed": stats.completed,
         "failed": stats.failed,
         "unknown": stats.unknown,
@@ -627,8 +627,11 @@ fn report_text(report: &StatusReport, target: &Target, now: u64) -> String {
         format!("expires     {}", when(report.expires_at, now)),
     ];
     if report.state == State::InProgress {
-        let lease =
-            if report.lease_expired { "lapsed: the holder is presumed dead" } else { "live: the holder is running" };
+        let lease = if report.lease_expired {
+            "lapsed: the holder is presumed dead"
+        } else {
+            "live: the holder is running, or died less than a lease ago (wait, then look again)"
+        };
         lines.push(format!("lease       {lease}"));
     }
     if report.superseded {

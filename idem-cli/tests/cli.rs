@@ -122,6 +122,8 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Unknown, sh
         assert_eq!(count("total"), 2, "{stats}");
     }
     assert!(stats["oldest_unknown_ms"].as_u64().is_some(), "{stats}");
+    // Issue 28, item 7: the JSON names what the text says, "with a lapsed lease".
+    assert!(stats["lapsed_leases"].as_u64().is_some() && stats.get("stale").is_none(), "{stats}");
     assert!(count("size_bytes") > 0, "{stats}");
     let text = idem(env, &["stats"]);
     assert!(text.status.success(), "{}", stderr(&text));
@@ -295,11 +297,10 @@ fn errors_say_what_to_do() {
     failed(&idem(&[("IDEM_DATABASE_URL", &missing)], &["stats"]), 1, "no ledger at");
     assert!(!Path::new(&missing).exists(), "idem created a ledger at a wrong path");
     // A server that does not answer.
-    failed(
-        &idem(&[("IDEM_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")], &["stats"]),
-        1,
-        "check IDEM_DATABASE_URL",
-    );
+    let unreachable = idem(&[("IDEM_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")], &["stats"]);
+    failed(&unreachable, 1, "check IDEM_DATABASE_URL");
+    // Issue 28, item 7: the URL came from the environment, not from code.
+    assert!(!stderr(&unreachable).contains("given in code"), "{}", stderr(&unreachable));
     // In --json mode the error is also an object on stdout.
     let output = idem(&[], &["stats", "--json"]);
     let error: Value = serde_json::from_slice(&output.stdout).unwrap();

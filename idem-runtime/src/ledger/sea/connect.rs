@@ -121,7 +121,7 @@ impl SeaOrmLedger {
     pub async fn connect_existing(url: &str) -> Result<Self, LedgerError> {
         let given = Given::parse(url);
         let url = given.url().replace("mode=rwc", "mode=rw");
-        let location = Location::of_url(&url, Origin::Code);
+        let location = Location::of_url(&url, Origin::Given);
         let options = Self::connect_options(&url);
         let db = Database::connect(options).await.map_err(|error| location.refused(failed(error), Some(&url)))?;
         let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));

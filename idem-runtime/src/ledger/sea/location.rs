@@ -29,6 +29,9 @@ pub(super) enum Origin {
     Code,
     /// A connection the application opened and wrapped (`from_connection`).
     Connection,
+    /// A location given to a tool that opens an existing ledger (`connect_existing`: the
+    /// operator's `idem`, whose own words say where it came from).
+    Given,
 }
 
 impl Origin {
@@ -39,6 +42,7 @@ impl Origin {
             Self::Default => "IDEM_DATABASE_URL unset: the default",
             Self::Code => "given in code",
             Self::Connection => "opened by the application",
+            Self::Given => "as given",
         }
     }
 
@@ -50,6 +54,7 @@ impl Origin {
                 "or set IDEM_DATABASE_URL to a location this user may write (a plain file path will do)"
             }
             Self::Code => "or connect to another location",
+            Self::Given => "or give another location",
         }
     }
 }
