@@ -784,6 +784,73 @@ pub async fn resolve_settles_unknown(ledger: Arc<dyn Ledger>) {
     assert_eq!(claim(&*ledger, &repeat(&dead, T0 + LEASE + 2)).await.won(), Some(Won::Fresh));
 }
 
+/// Issue 28, item 8: a "nothing happened" verdict on an operation past its window stays readable
+/// for the verdict's retention (`keep_until`), as a "completed" one does — it vanished at once.
+pub async fn a_verdict_past_the_window_stays_readable(ledger: Arc<dyn Ledger>) {
+    for resolution in [Resolution::NothingHappened, Resolution::Completed(b"found".to_vec())] {
+        let lost = request(T0);
+        claim(&*ledger, &lost).await;
+        complete(&*ledger, &lost, Outcome::Unknown).await;
+        let late = T0 + WINDOW + 10;
+        ledger.resolve(lost.tenant, address(&lost), resolution.clone(), late, late + GRACE).await.unwrap();
+        let read = ledger.inspect(lost.tenant, lost.key.reference(), Some(lost.window_end), late + 1).await.unwrap();
+        let state = if resolution == Resolution::NothingHappened { State::Failed } else { State::Completed };
+        assert_eq!(read.map(|report| report.state), Some(state), "{resolution:?}: readable after the verdict");
+    }
+}
+
+/// A correction (`Resolution::Replace`): replaces a completed result only while it is still the
+/// bytes the operator's check read, and nothing else — never an unsettled record, never a
+/// result that changed meanwhile.
+pub async fn a_correction_replaces_only_the_result_it_names(ledger: Arc<dyn Ledger>) {
+    let done = request(T0);
+    claim(&*ledger, &done).await;
+    complete(&*ledger, &done, Outcome::Completed(b"misfit".to_vec())).await;
+    let replace = |unreadable: &[u8], result: &[u8]| Resolution::Replace {
+        unreadable: unreadable.to_vec(),
+        result: result.to_vec(),
+    };
+    assert_eq!(
+        ledger.resolve(done.tenant, address(&done), replace(b"other", b"right"), T0 + 1, T0 + 1).await,
+        Err(LedgerError::NotResolvable { state: State::Completed }),
+        "a result other than the one checked is never replaced"
+    );
+    ledger.resolve(done.tenant, address(&done), replace(b"misfit", b"right"), T0 + 1, T0 + 1).await.unwrap();
+    assert_eq!(claim(&*ledger, &repeat(&done, T0 + 2)).await, Claim::Replay { result: b"right".to_vec() });
+    assert_eq!(
+        ledger.resolve(done.tenant, address(&done), replace(b"misfit", b"again"), T0 + 3, T0 + 3).await,
+        Err(LedgerError::NotResolvable { state: State::Completed }),
+        "a second correction of the same bytes finds them gone"
+    );
+    let unknown = request(T0);
+    claim(&*ledger, &unknown).await;
+    complete(&*ledger, &unknown, Outcome::Unknown).await;
+    assert_eq!(
+        ledger.resolve(unknown.tenant, address(&unknown), replace(b"", b"right"), T0 + 1, T0 + 1).await,
+        Err(LedgerError::NotResolvable { state: State::Unknown }),
+        "an unsettled operation takes a verdict, not a correction"
+    );
+}
+
+/// keep_tool_facts / tool_facts: what a server keeps of a tool for its operator reads back, and
+/// a later write replaces an earlier one (a new build's result shape), never the other way round.
+pub async fn tool_facts_keep_the_latest(ledger: Arc<dyn Ledger>) {
+    let namespace = format!("conformance-{}", idem_runtime::ledger::Token::random().get());
+    let facts = |tool| {
+        let ledger = Arc::clone(&ledger);
+        let namespace = namespace.clone();
+        async move { ledger.tool_facts(&namespace, tool).await.unwrap() }
+    };
+    assert_eq!(facts("charge").await, None);
+    ledger.keep_tool_facts(&namespace, "charge", r#"{"stale":"hold"}"#, T0).await.unwrap();
+    assert_eq!(facts("charge").await.as_deref(), Some(r#"{"stale":"hold"}"#));
+    ledger.keep_tool_facts(&namespace, "charge", r#"{"stale":"takeover"}"#, T0 + 10).await.unwrap();
+    assert_eq!(facts("charge").await.as_deref(), Some(r#"{"stale":"takeover"}"#));
+    ledger.keep_tool_facts(&namespace, "charge", r#"{"stale":"reconcile"}"#, T0 + 5).await.unwrap();
+    assert_eq!(facts("charge").await.as_deref(), Some(r#"{"stale":"takeover"}"#), "an older build's facts do not win");
+    assert_eq!(facts("refund").await, None, "per tool");
+}
+
 /// sweep: deletes expired records in bounded batches and never a record under a live lease.
 pub async fn sweep_is_bounded_and_spares_live_leases(ledger: Arc<dyn Ledger>) {
     // Times near zero: no other case has records this old. Clear any left by an earlier run.

@@ -42,6 +42,8 @@ pub enum Call {
     SecretCheck,
     /// [`Ledger::tool_owners`]
     ToolOwners,
+    /// [`Ledger::keep_tool_facts`] and [`Ledger::tool_facts`]
+    ToolFacts,
 }
 
 /// What a [`Tap`] does with one call.
@@ -204,6 +206,22 @@ impl<T: Tap> Ledger for Tapped<T> {
         since: u64,
     ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
         self.gate(Call::ToolOwners, move || self.inner.tool_owners(namespace, tool, owner, now, since))
+    }
+    fn keep_tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        facts: &'a str,
+        now: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.gate(Call::ToolFacts, move || self.inner.keep_tool_facts(namespace, tool, facts, now))
+    }
+    fn tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, LedgerError>> {
+        self.gate(Call::ToolFacts, move || self.inner.tool_facts(namespace, tool))
     }
     fn default_secret(&self) -> Result<Secret, SecretError> {
         self.inner.default_secret()

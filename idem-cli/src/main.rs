@@ -18,9 +18,9 @@ use comfy_table::{Table, presets};
 use idem_runtime::ledger::sea::{DATABASE_URL_ENV, SeaOrmLedger, ToolOwner};
 use idem_runtime::secret::{self, SECRET_ENV, Secret};
 use idem_runtime::{
-    Builder, Idem, StatusError, StatusReport, admin::PendingCursor, admin::PendingFilter, admin::PendingOperation,
-    admin::PendingPage, ledger::Ledger, ledger::LedgerError, ledger::LedgerStats, ledger::Resolution, ledger::State,
-    recipe::parse_window, settings::DEFAULT_LEASE,
+    Builder, Idem, StatusError, StatusReport, admin::About, admin::PendingCursor, admin::PendingFilter,
+    admin::PendingOperation, admin::PendingPage, admin::ToolFacts, ledger::Ledger, ledger::LedgerError,
+    ledger::LedgerStats, ledger::Resolution, ledger::State, recipe::parse_window, settings::DEFAULT_LEASE,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
@@ -260,10 +260,11 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             let idem = with_secret(operator(ledger), file.as_deref())?;
             let report = idem.admin().inspect(&target.tenant, &target.reference).await.map_err(status_failure)?;
             let report = report.ok_or_else(|| not_found(target))?;
+            let about = idem.admin().about(&report).await;
             Ok(if cli.json {
-                report_json(&report, &target.tenant).to_string()
+                report_json(&report, &about, &target.tenant).to_string()
             } else {
-                report_text(&report, target, now)
+                report_text(&report, &about, target, now)
             })
         }
         Command::Resolve { target, completed, nothing_happened } => {
@@ -289,7 +290,14 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
                 }
             };
             let idem = with_secret(operator(ledger), file.as_deref())?;
+            // What the verdict is checked against, and what it replaces: said after it lands.
+            let before = idem.admin().inspect(&target.tenant, &target.reference).await.ok().flatten();
+            let about = match &before {
+                Some(report) => idem.admin().about(report).await,
+                None => About::default(),
+            };
             idem.admin().resolve(&target.tenant, &target.reference, resolution).await.map_err(|error| match error {
+                StatusError::Misfit { .. } => Failure { message: error.to_string(), code: 2 },
                 StatusError::Ledger(LedgerError::NotFound) => not_found(target),
                 StatusError::Ledger(LedgerError::NotResolvable { state }) => Failure {
                     message: format!(
@@ -309,12 +317,22 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
                 other => status_failure(other),
             })?;
             let verdict = if *nothing_happened { "nothing_happened" } else { "completed" };
+            let corrected = before.as_ref().is_some_and(|report| report.state == State::Completed);
+            let checked = about.facts.as_ref().is_some_and(|facts| facts.result_schema.is_some());
+            let unchecked = if *nothing_happened || checked {
+                ""
+            } else {
+                "\nnote: its tool declared no result shape, so the verdict was not checked: make sure it is the \
+                 tool's result as the tool returns it (a repeat that cannot read it is refused as unreadable)"
+            };
             Ok(if cli.json {
                 json!({
                     "operation": target.reference,
                     "ref": target.reference.split('@').next(),
                     "tenant": target.tenant,
                     "resolved": verdict,
+                    "corrected": corrected,
+                    "checked": checked || *nothing_happened,
                 })
                 .to_string()
             } else if *nothing_happened {
@@ -322,9 +340,15 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
                     "resolved {} (tenant {}): nothing happened; the next repeat runs the tool again",
                     target.reference, target.tenant
                 )
+            } else if corrected {
+                format!(
+                    "corrected {} (tenant {}): its stored result was one no repeat could read; repeats now replay \
+                     this result{unchecked}",
+                    target.reference, target.tenant
+                )
             } else {
                 format!(
-                    "resolved {} (tenant {}): completed; repeats now replay this result",
+                    "resolved {} (tenant {}): completed; repeats now replay this result{unchecked}",
                     target.reference, target.tenant
                 )
             })
@@ -520,7 +544,10 @@ fn pending_json(page: &PendingPage) -> Value {
                 "subject": label.and_then(|label| label.subject.as_ref()),
                 "tool": label.map(|label| &label.tool),
                 "state": operation.state.as_str(),
-                "lease_expired": operation.lease_expired,
+                // A fact about the lease, whatever the state: `lease_until_ms` is in the past.
+                "lease_expired": operation.lease_until <= page.now,
+                // In progress under a lapsed lease: what `pending` prints as "holder dead".
+                "holder_dead": operation.lease_expired,
                 "superseded": operation.superseded,
                 "created_at_ms": operation.created_at,
                 "age_ms": page.now.saturating_sub(operation.created_at),
@@ -599,8 +626,16 @@ fn result_value(report: &StatusReport) -> Value {
     })
 }
 
-fn report_json(report: &StatusReport, tenant: &str) -> Value {
+fn report_json(report: &StatusReport, about: &About, tenant: &str) -> Value {
+    let label = about.label.as_ref();
+    let facts = about.facts.as_ref();
     json!({
+        "tool": label.map(|label| label.tool.as_str()),
+        "subject": label.and_then(|label| label.subject.as_deref()),
+        "namespace": label.and_then(|label| label.namespace.as_deref()),
+        "result_schema": facts.and_then(|facts| facts.result_schema.as_ref()),
+        "expected_shape": facts.and_then(ToolFacts::expected_shape),
+        "stale": facts.map(|facts| facts.stale.as_str()),
         "address": report.address().to_string(),
         "ref": report.reference.to_string(),
         "idempotency_key": report.idempotency_key(),
@@ -615,12 +650,19 @@ fn report_json(report: &StatusReport, tenant: &str) -> Value {
     })
 }
 
-fn report_text(report: &StatusReport, target: &Target, now: u64) -> String {
+fn report_text(report: &StatusReport, about: &About, target: &Target, now: u64) -> String {
+    let label = about.label.as_ref();
+    let facts = about.facts.as_ref();
     let mut lines = vec![
         format!("operation   {}", report.address()),
         format!("ref         {}", report.reference),
         format!("forwarded   {} (the idempotency key its handler forwarded downstream)", report.idempotency_key()),
+        format!("tool        {}", label.map_or("(not recorded)", |label| label.tool.as_str())),
         format!("tenant      {}", target.tenant),
+        format!(
+            "subject     {}",
+            label.map_or("(not recorded)", |label| label.subject.as_deref().unwrap_or("(the whole tenant)"))
+        ),
         format!("state       {}", report.state),
         format!("created     {}", when(report.created_at, now)),
         format!("window end  {}", when(report.window_end, now)),
@@ -640,7 +682,31 @@ fn report_text(report: &StatusReport, target: &Target, now: u64) -> String {
     if report.result.is_some() {
         lines.push(format!("result      {}", result_value(report)));
     }
-    if report.state == State::Unknown || report.lease_expired {
+    let shape = facts.and_then(ToolFacts::expected_shape);
+    lines.push(format!(
+        "expects     {}",
+        shape.as_deref().unwrap_or("(its tool declared no result shape: a --completed verdict is not checked)")
+    ));
+    // A stored result that does not fit is one no repeat could read: a verdict may replace it.
+    let unreadable = report.state == State::Completed
+        && facts.is_some_and(|facts| {
+            let stored = result_value(report);
+            stored.get("ok").is_some_and(|value| facts.check(value).is_err())
+        });
+    if unreadable {
+        lines.push(format!(
+            "next        its result does not fit the shape, so every repeat is refused as unreadable; give the right \
+             one: idem resolve {} --tenant {} --completed JSON",
+            report.address(),
+            target.tenant
+        ));
+    } else if report.state == State::InProgress && facts.is_some_and(ToolFacts::recovers_by_itself) {
+        let stale = facts.map_or("", |facts| facts.stale.as_str());
+        lines.push(format!(
+            "next        nothing to do: its tool recovers a dead holder's operation by itself (stale = \"{stale}\"); the \
+             next repeat after the lease lapses takes it over"
+        ));
+    } else if report.state == State::Unknown || report.lease_expired {
         lines.push(format!(
             "next        check the downstream system for the forwarded key, then: idem resolve {} --tenant {} --completed JSON | --nothing-happened",
             report.address(), target.tenant

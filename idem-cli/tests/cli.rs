@@ -246,7 +246,14 @@ fn session(env: &[(&str, &str)], tenant: &str, done: &Ref, unknown: &Unknown, sh
         env,
         &["resolve", &unknown_at, "--tenant", tenant, "--completed", r#"{"charge":"ch_2"}"#, "--json"],
     ));
-    assert_eq!(resolved, json!({ "operation": unknown_at, "ref": unknown, "tenant": tenant, "resolved": "completed" }));
+    // A hand-built recipe declares no result shape: the verdict is not checked, and says so.
+    assert_eq!(
+        resolved,
+        json!({
+            "operation": unknown_at, "ref": unknown, "tenant": tenant, "resolved": "completed",
+            "checked": false, "corrected": false,
+        })
+    );
     let shown = ok_json(&idem(env, &["show", &unknown, "--tenant", tenant, "--json"]));
     assert_eq!(
         (shown["state"].as_str(), &shown["result"]),
@@ -453,4 +460,150 @@ async fn an_empty_database_is_refused_and_left_empty() {
         assert!(stderr(&output).contains("no idem ledger in this database"), "{args:?}: {}", stderr(&output));
     }
     assert_eq!(tables, 0, "the CLI created tables in a database that held no ledger");
+}
+
+/// What the operator's verdict must look like, end to end: a charge's result is a typed receipt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+struct Receipt {
+    charge_id: String,
+    amount_cents: u64,
+}
+
+/// Runs on each call of [`charge_card`]: the downstream's count of charges, and whether the
+/// next one times out.
+static CHARGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+#[idem_runtime::idempotent(key = "order_id", ignore = "time_out", idem = idem, caller = Caller::new("acme", "alice"))]
+async fn charge_card(idem: &Idem, order_id: String, time_out: bool) -> Result<Receipt, ToolError> {
+    let _ = (idem, &order_id);
+    CHARGES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if time_out {
+        return Err(ToolError::Timeout("the processor did not answer".to_owned()));
+    }
+    Ok(Receipt { charge_id: "ch_1".to_owned(), amount_cents: 4200 })
+}
+
+/// Issue 28, item 1: a "completed" verdict of the wrong shape bricked the operation (every
+/// repeat refused as unreadable, no second verdict allowed, nothing showing the shape). Now
+/// `show` prints the shape and the tool, a misfit verdict is refused with nothing stored, the
+/// right one replays; and a misfit stored before the shape was known — which no repeat could
+/// read — is corrected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verdict_must_fit_the_result_and_a_misfit_one_can_be_corrected() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = scratch();
+    let file = dir.join("ledger.sqlite3");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let env = [("IDEM_DATABASE_URL", url.as_str())];
+    let server = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    let timed_out = charge_card(&server, "A-1".to_owned(), true).await;
+    assert!(matches!(timed_out, Err(ToolError::Timeout(_))), "{timed_out:?}");
+    let pending = ok_json(&idem(&env, &["pending", "--json"]));
+    let address = pending["operations"][0]["address"].as_str().expect("the unknown charge").to_owned();
+
+    let shown = idem(&env, &["show", &address, "--tenant", "acme"]);
+    let text = stdout(&shown);
+    assert!(text.contains("tool        charge_card") && text.contains("subject     alice"), "{text}");
+    assert!(text.contains(r#"expects     {"amount_cents": integer, "charge_id": string}"#), "{text}");
+
+    // The README's verdict, of another shape: refused, and nothing stored.
+    let misfit = idem(&env, &["resolve", &address, "--tenant", "acme", "--completed", r#"{"charge":"ch_2"}"#]);
+    failed(
+        &misfit,
+        2,
+        r#"the verdict does not fit charge_card's result, so no repeat could read it: the result lacks the member "charge_id""#,
+    );
+    assert!(
+        stderr(&misfit).contains(r#"It expects {"amount_cents": integer, "charge_id": string}"#),
+        "{}",
+        stderr(&misfit)
+    );
+    assert_eq!(ok_json(&idem(&env, &["show", &address, "--tenant", "acme", "--json"]))["state"], "unknown");
+
+    // The right shape lands, and a repeat replays it without charging again.
+    let right = r#"{"charge_id":"ch_2","amount_cents":4200}"#;
+    let resolved = ok_json(&idem(&env, &["resolve", &address, "--tenant", "acme", "--completed", right, "--json"]));
+    assert_eq!((resolved["resolved"].as_str(), resolved["checked"].as_bool()), (Some("completed"), Some(true)));
+    let charges = CHARGES.load(SeqCst);
+    let repeat = charge_card(&server, "A-1".to_owned(), false).await.expect("the verdict replays");
+    assert_eq!(repeat, Receipt { charge_id: "ch_2".to_owned(), amount_cents: 4200 });
+    assert_eq!(CHARGES.load(SeqCst), charges, "the repeat was answered from the verdict, not charged again");
+
+    // A ledger from before shapes were kept: a misfit verdict goes in unchecked, and every
+    // repeat is refused as unreadable...
+    let timed_out = charge_card(&server, "A-2".to_owned(), true).await;
+    assert!(matches!(timed_out, Err(ToolError::Timeout(_))), "{timed_out:?}");
+    let pending = ok_json(&idem(&env, &["pending", "--json"]));
+    let address = pending["operations"][0]["address"].as_str().expect("the second unknown charge").to_owned();
+    let db = sea_orm::Database::connect(&url).await.unwrap();
+    sea_orm::ConnectionTrait::execute_unprepared(&db, "DELETE FROM idem_tool_facts").await.unwrap();
+    let unchecked = idem(&env, &["resolve", &address, "--tenant", "acme", "--completed", r#"{"charge":"ch_3"}"#]);
+    assert!(unchecked.status.success(), "{}", stderr(&unchecked));
+    assert!(
+        stdout(&unchecked).contains("declared no result shape, so the verdict was not checked"),
+        "{}",
+        stdout(&unchecked)
+    );
+    let refused = charge_card(&server, "A-2".to_owned(), false).await.expect_err("an unreadable verdict");
+    assert!(format!("{refused:?}").contains("its stored result cannot be read"), "{refused:?}");
+    // ...until a server of this version starts (and keeps the shape): the operator sees the
+    // misfit and corrects it, since no repeat was ever answered with it.
+    let restarted = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    charge_card(&restarted, "A-1".to_owned(), false).await.expect("a replay, which keeps the tool's facts");
+    let text = stdout(&idem(&env, &["show", &address, "--tenant", "acme"]));
+    assert!(text.contains("its result does not fit the shape, so every repeat is refused as unreadable"), "{text}");
+    let corrected = idem(&env, &["resolve", &address, "--tenant", "acme", "--completed", right]);
+    assert!(stdout(&corrected).contains("corrected"), "{}\n{}", stdout(&corrected), stderr(&corrected));
+    let charges = CHARGES.load(SeqCst);
+    let repeat = charge_card(&restarted, "A-2".to_owned(), false).await.expect("the corrected verdict replays");
+    assert_eq!(repeat.charge_id, "ch_2");
+    assert_eq!(CHARGES.load(SeqCst), charges, "answered from the corrected verdict");
+    // A readable verdict is never replaced: a repeat may have been answered with it.
+    let again = idem(
+        &env,
+        &["resolve", &address, "--tenant", "acme", "--completed", r#"{"charge_id":"ch_9","amount_cents":1}"#],
+    );
+    failed(&again, 4, "a settled record is never overwritten");
+}
+
+/// Issue 28, item 7: right after a holder died and its `hold` tool flipped the operation to
+/// "unknown", `pending --json` said `lease_expired: false` beside a `lease_until_ms` in the past.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_json_says_a_lease_in_the_past_expired() {
+    let dir = scratch();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display());
+    let ledger = SeaOrmLedger::connect(&url).await.unwrap();
+    let server = Idem::builder(ledger).lease(std::time::Duration::from_millis(60)).build().unwrap();
+    let alice = Caller::new("acme", "alice");
+    let args = json!({ "order_id": "K-1" });
+    // The holder dies mid-call: its task is gone, its lease is never renewed.
+    let holder = {
+        let (server, alice, args) = (server.clone(), alice.clone(), args.clone());
+        tokio::spawn(async move {
+            server
+                .call(&CHARGE, Some(&alice), &args, || async {
+                    std::future::pending::<()>().await;
+                    Ok::<Value, ToolError>(Value::Null)
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    holder.abort();
+    // Another replica repeats the call once the dead holder's lease has lapsed.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let other = Idem::builder(SeaOrmLedger::connect(&url).await.unwrap())
+        .lease(std::time::Duration::from_millis(60))
+        .build()
+        .unwrap();
+    let repeat = other.call(&CHARGE, Some(&alice), &args, || async { Ok::<Value, ToolError>(Value::Null) }).await;
+    assert!(format!("{repeat:?}").contains("outcome unknown"), "{repeat:?}");
+    let pending = ok_json(&idem(&[("IDEM_DATABASE_URL", &url)], &["pending", "--json"]));
+    let operation = &pending["operations"][0];
+    assert_eq!(operation["state"], "unknown", "{pending}");
+    let now =
+        u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    assert!(operation["lease_until_ms"].as_u64().unwrap() < now, "{pending}");
+    assert_eq!(operation["lease_expired"], true, "{pending}");
+    assert_eq!(operation["holder_dead"], false, "unknown, not in progress: nobody holds it: {pending}");
 }

@@ -422,6 +422,11 @@ fn wrap_body(
         #status_check
         let mut #idem_args = #private::Arguments::new();
         #owner
+        {
+            // The `Ok` type's JSON Schema, if it has one: what an operator's verdict must fit.
+            use #private::shape_kinds::*;
+            #idem_args.result_schema((&&#private::ShapeOf::<#ret>::NEW).idem_result_schema());
+        }
         #(#statements)*
         let #handle: ::core::option::Option<#krate::__private::Idem> = #handle_expr;
         #run

@@ -113,9 +113,10 @@ pub use scope::{Caller, CallerError};
 /// The operator's verbs ([`Admin`], from [`Idem::admin`]) and what they take and answer.
 pub mod admin {
     pub use crate::idem::{
-        Admin, CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage, Sweeper, SweeperStats,
+        About, Admin, CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage, Sweeper, SweeperStats,
+        ToolFacts,
     };
-    pub use crate::ledger::{LedgerStats, Resolution};
+    pub use crate::ledger::{Label, LedgerStats, Resolution};
 }
 
 /// What a handle is built with ([`Builder`], from [`Idem::builder`]) and the defaults of its settings.
@@ -279,4 +280,11 @@ pub mod __private {
     #[cfg(feature = "rmcp")]
     pub use crate::mcp::{Backing, ToolContext, ToolOutcome, backed_meta, output_schema, recipe_meta};
     pub use crate::{HasIdem, Idem, Recipe, ScopeRule, StalePolicy};
+    /// The traits `ShapeOf` is asked through: the result's JSON Schema when rmcp's schemars
+    /// knows its type, else none.
+    pub mod shape_kinds {
+        pub use crate::macro_support::NoShapeKind as _;
+        #[cfg(feature = "rmcp")]
+        pub use crate::mcp::macro_support::ShapeKind as _;
+    }
 }

@@ -132,6 +132,12 @@ impl Arguments {
         self.arguments.owner = Some(path.to_owned());
     }
 
+    /// The JSON Schema of the handler's `Ok` value (from [`ShapeOf`]), kept in the ledger for
+    /// its operator.
+    pub fn result_schema(&mut self, schema: Option<fn() -> serde_json::Value>) {
+        self.arguments.result_schema = schema;
+    }
+
     /// One named argument.
     pub fn insert<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) {
         if let Err(error) = self.arguments.all.insert(name, value) {
@@ -449,3 +455,23 @@ pub mod kinds {
         UnserializableKind as _,
     };
 }
+
+/// Asks whether a handler's return type `R` is a `Result` whose `Ok` type has a JSON Schema:
+/// `(&&ShapeOf::<R>::NEW).idem_result_schema()`, with `__private::shape_kinds` in scope. The schema is
+/// what an operator's verdict is checked against.
+pub struct ShapeOf<R: ?Sized>(std::marker::PhantomData<fn() -> Box<R>>);
+
+impl<R: ?Sized> ShapeOf<R> {
+    /// The probe.
+    pub const NEW: Self = Self(std::marker::PhantomData);
+}
+
+/// The fallback of [`ShapeOf`]: no schema.
+pub trait NoShapeKind {
+    /// None: the type has no schema.
+    fn idem_result_schema(&self) -> Option<fn() -> serde_json::Value> {
+        None
+    }
+}
+
+impl<R: ?Sized> NoShapeKind for ShapeOf<R> {}

@@ -232,7 +232,8 @@ impl fmt::Display for Rejection {
             Self::UnreadableResult { reference, detail } => write!(
                 f,
                 "ref {reference} completed earlier, but its stored result cannot be read by this version of \
-                 the tool ({detail}). Do not retry; call `{STATUS_TOOL}` with ref {reference}"
+                 the tool ({detail}). Nothing ran again. Do not retry: its operator can correct the stored \
+                 result (`idem show {reference}`); call `{STATUS_TOOL}` with ref {reference}"
             ),
         }
     }

@@ -195,8 +195,9 @@ async fn handler_transaction_commits_with_the_result(backend: &str) {
 const SECRET_CHECK: usize = 2;
 
 /// What a handle sends the ledger at a tool's first call to record its handler and read the
-/// tool's other handlers (again at most once a minute): one write and one read.
-const OWNER_CHECK: usize = 2;
+/// tool's other handlers (again at most once a minute): one write and one read; then, once per
+/// process, one write of the tool's facts for its operator (its result shape, its stale policy).
+const OWNER_CHECK: usize = 3;
 
 /// A handle on the ledger at `url` (migrated first, outside the count) and the number of
 /// statements its connection has sent, counted by sea-orm's metric callback.
@@ -484,4 +485,37 @@ async fn a_blocking_handler_keeps_its_lease(backend: &str) {
         return;
     }
     panic!("{backend}: the test's task never got to ask while the handler was blocked");
+}
+
+/// Found by the issue 28 walkthrough: a handle idle for longer than a lease judged a dead
+/// holder's operation on a stale clock measurement — "in flight" to the first repeat after the
+/// quiet spell, though the holder's lease had long lapsed. It measures again on that call now,
+/// so the repeat is told what the tool's stale policy says (`hold`: "outcome unknown").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_handle_measures_its_clock_before_judging_a_dead_holder() {
+    let Some(url) = url("sqlite", "an_idle_handle_measures_its_clock_before_judging_a_dead_holder").await else {
+        return;
+    };
+    let idem = idem_runtime::Idem::builder(SeaOrmLedger::connect(&url).await.unwrap())
+        .lease(std::time::Duration::from_millis(60))
+        .build()
+        .unwrap();
+    let args = json!({ "order_id": unique("idle") });
+    // The holder dies mid-call: its task is gone, its lease is never renewed.
+    let holder = {
+        let (idem, args) = (idem.clone(), args.clone());
+        tokio::spawn(async move {
+            idem.call(&PLACE, Some(&alice()), &args, || async {
+                std::future::pending::<()>().await;
+                Ok::<_, Error>(())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    holder.abort();
+    // A quiet spell of five leases: nothing refreshes the handle's clock measurement.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let repeat = idem.call(&PLACE, Some(&alice()), &args, || async { Ok::<_, Error>(()) }).await;
+    assert!(matches!(&repeat, Err(Error::Idem(code)) if code == "outcome_unknown"), "{repeat:?}");
 }

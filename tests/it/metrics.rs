@@ -1,7 +1,7 @@
 //! Metrics (feature `metrics`) through the facade's test recorder, `metrics-util`'s
 //! `DebuggingRecorder`, set for this test's thread only (a current-thread runtime: every task
-//! of the call runs on it): the counters after a fresh call, a replay, a conflict and an
-//! in-flight repeat; the latency histograms; the in-progress gauge while a handler runs.
+//! of the call runs on it): the counters after a fresh call, a replay, a conflict, an
+//! in-flight repeat and an unreadable stored result; the latency histograms; the in-progress gauge while a handler runs.
 
 use std::collections::BTreeMap;
 
@@ -149,6 +149,14 @@ async fn counters_after_a_fresh_call_a_replay_a_conflict_and_an_in_flight_repeat
     );
     assert_eq!(counter(&m, "idem_completions_total{outcome=completed,tool=ship}"), 2);
     assert!(gauge(&m, "idem_operations_in_progress{tool=ship}").abs() < f64::EPSILON, "nothing runs now");
+
+    // Issue 28, item 1: a stored result the handler cannot read back (here: another type) is
+    // refused and counted as `unreadable_result` — not as a replay, as it was.
+    let first = json!({ "parcel": parcel, "to": "Berlin" });
+    let unreadable = idem.call(&SHIP, Some(&alice), &first, || async { Ok::<u64, Error>(1) }).await;
+    assert!(matches!(&unreadable, Err(Error(code)) if code == "unreadable_result"), "{unreadable:?}");
+    let m = read(&snapshotter, &mut totals);
+    assert_eq!([calls("replayed"), calls("unreadable_result")].map(|name| counter(&m, &name)), [1, 1], "{m:?}");
 }
 
 /// Issue 28, item 5: what a Prometheus user alerts on. Latencies are histograms with buckets
@@ -180,5 +188,44 @@ async fn a_prometheus_scrape_has_buckets_and_every_outcome_at_zero() {
     for outcome in idem_runtime::metrics::COMPLETION_OUTCOMES {
         let series = format!("idem_completions_total{{tool=\"ship\",outcome=\"{outcome}\"}}");
         assert!(scrape.contains(&series), "{series} in:\n{scrape}");
+    }
+}
+
+/// Issue 28, item 5: the ledger gauges an operator alerts on (unknown operations, the oldest
+/// one's age, lapsed leases, the sweep backlog), refreshed by the sweeper that carries them.
+#[tokio::test(flavor = "current_thread")]
+async fn the_sweeper_carries_the_ledger_gauges() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = ::metrics::set_default_local_recorder(&recorder);
+    let mut totals = BTreeMap::new();
+    let idem = Idem::new(MemoryLedger::new());
+    let alice = Caller::new("acme", "alice");
+    let unknown = idem
+        .call(&SHIP, Some(&alice), &json!({ "parcel": "lost" }), || async {
+            Err::<String, _>(Unknowable("the carrier did not answer".to_owned()))
+        })
+        .await;
+    assert!(unknown.is_err());
+    let sweeper = idem.admin().spawn_sweeper_with_gauges(std::time::Duration::from_millis(20), 100);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let stats = sweeper.stop().await;
+    assert!(stats.sweeps >= 1, "{stats:?}");
+    let m = read(&snapshotter, &mut totals);
+    assert!((gauge(&m, "idem_ledger_unknown_operations{}") - 1.0).abs() < f64::EPSILON, "{m:?}");
+    assert!(gauge(&m, "idem_ledger_oldest_unknown_seconds{}") >= 0.0, "{m:?}");
+    assert!(gauge(&m, "idem_ledger_lapsed_leases{}").abs() < f64::EPSILON, "{m:?}");
+    assert!(gauge(&m, "idem_ledger_sweep_backlog{}").abs() < f64::EPSILON, "{m:?}");
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Unknowable(String);
+
+impl IdempotentError for Unknowable {
+    fn classify(&self) -> ErrorClass {
+        ErrorClass::Unknown
+    }
+    fn from_rejection(rejection: Rejection) -> Self {
+        Self(rejection.code().to_owned())
     }
 }

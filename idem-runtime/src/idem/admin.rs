@@ -5,10 +5,11 @@
 //! verdicts and the sweep act on time, so only on a settled clock.
 
 use crate::key::{Address, AddressError, Ref, RefError, TenantTag};
-use crate::ledger::{LedgerError, LedgerStats, Resolution, StatusReport};
+use crate::ledger::{Label, LedgerError, LedgerStats, Resolution, State, StatusReport, open_label};
 use crate::secret::SecretError;
 
 use super::Idem;
+use super::facts::ToolFacts;
 use super::keyring::Check;
 use super::time::{clamp, millis};
 
@@ -24,6 +25,15 @@ pub enum StatusError {
     Ledger(LedgerError),
     /// The handle has no usable secret.
     Secret(SecretError),
+    /// A "completed" verdict the operation's tool could not read back: nothing was stored.
+    Misfit {
+        /// The tool.
+        tool: String,
+        /// Where and how the verdict does not fit.
+        reason: String,
+        /// The result's shape on one line ([`ToolFacts::expected_shape`]).
+        expected: String,
+    },
 }
 
 impl std::fmt::Display for StatusError {
@@ -33,6 +43,12 @@ impl std::fmt::Display for StatusError {
             Self::Address(error) => error.fmt(f),
             Self::Ledger(error) => error.fmt(f),
             Self::Secret(error) => error.fmt(f),
+            Self::Misfit { tool, reason, expected } => write!(
+                f,
+                "the verdict does not fit {tool}'s result, so no repeat could read it: {reason}. It expects \
+                 {expected}. Nothing was stored: give the result as the tool returns it (`idem show` prints \
+                 the shape)"
+            ),
         }
     }
 }
@@ -45,6 +61,7 @@ impl std::error::Error for StatusError {
             Self::Address(error) => error.source(),
             Self::Ledger(error) => error.source(),
             Self::Secret(error) => error.source(),
+            Self::Misfit { .. } => None,
         }
     }
 }
@@ -116,32 +133,84 @@ impl Admin<'_> {
     /// never on a newer one of the same key. It stays readable (and a completed one replayable)
     /// for the verdict retention at least.
     ///
+    /// A "completed" verdict must fit the tool's result shape, when its handles declared one
+    /// ([`Admin::about`]): one that does not is refused before anything is stored
+    /// ([`StatusError::Misfit`]). A completed operation whose stored result does not fit (an
+    /// earlier verdict, stored before the shape was known) has answered no repeat — each was
+    /// refused as unreadable — so a fitting "completed" verdict replaces it.
+    ///
     /// # Errors
-    /// A malformed address (a ref alone included), no operation at that address, or one that
-    /// is not unknown.
+    /// A malformed address (a ref alone included), no operation at that address, one that
+    /// is not unknown, or a verdict that does not fit.
     pub async fn resolve(self, tenant: &str, address: &str, resolution: Resolution) -> Result<(), StatusError> {
         let address: Address = address.parse()?;
         let keyring = self.idem.keyring(Check::Compare).await?;
         // A resolve acts on time (is the holder's lease over?): only on a settled clock.
         let now = self.idem.trusted_time().await?;
         let keep_until = clamp(now.saturating_add(millis(self.idem.inner.settings.verdict_retention)));
-        let resolution = match resolution {
-            Resolution::Completed(plain) => {
-                let sealed =
-                    self.idem.results().seal(plain).map_err(|error| LedgerError::corrupt(error.to_string()))?;
-                Resolution::Completed(sealed)
-            }
-            other => other,
-        };
+        let results = self.idem.results();
         let mut answer = Err(LedgerError::NotFound);
         for secret in keyring.all() {
             let tenant = TenantTag::of(secret, tenant);
-            answer = self.idem.inner.ledger.resolve(tenant, address, resolution.clone(), now, keep_until).await;
-            if answer != Err(LedgerError::NotFound) {
-                break;
-            }
+            let ledger = &self.idem.inner.ledger;
+            let Some(report) = ledger.inspect(tenant, address.reference, Some(address.window_end), now).await? else {
+                continue;
+            };
+            let resolution = match &resolution {
+                Resolution::Completed(plain) => {
+                    let about = self.about(&report).await;
+                    if let (Some(facts), Some(label)) = (&about.facts, &about.label) {
+                        let misfit = |reason| StatusError::Misfit {
+                            tool: label.tool.clone(),
+                            reason,
+                            expected: facts.expected_shape().unwrap_or_default(),
+                        };
+                        facts.check(&ok_value(plain).unwrap_or_default()).map_err(misfit)?;
+                    }
+                    let sealed =
+                        results.seal(plain.clone()).map_err(|error| LedgerError::corrupt(error.to_string()))?;
+                    match (&report.state, &report.result, &about.facts) {
+                        // A completed operation whose result no repeat could read: replaced.
+                        (State::Completed, Some(stored), Some(facts))
+                            if results
+                                .open(stored.clone(), report.reference)
+                                .ok()
+                                .and_then(|plain| ok_value(&plain))
+                                .is_some_and(|value| facts.check(&value).is_err()) =>
+                        {
+                            Resolution::Replace { unreadable: stored.clone(), result: sealed }
+                        }
+                        _ => Resolution::Completed(sealed),
+                    }
+                }
+                other => other.clone(),
+            };
+            answer = ledger.resolve(tenant, address, resolution, now, keep_until).await;
+            break;
         }
         Ok(answer?)
+    }
+
+    /// Who and what an operation was — its tool, tenant, subject and namespace, opened from its
+    /// sealed label — and what the ledger keeps of its tool ([`ToolFacts`]: the result's shape,
+    /// the stale policy). Either is `None` where the ledger keeps none (the memory ledger keeps
+    /// no labels; a tool's facts are kept from its first call by a handle of this version).
+    pub async fn about(self, report: &StatusReport) -> About {
+        let mut about = About::default();
+        let Ok(keyring) = self.idem.keyring(Check::Compare).await else { return about };
+        about.label = report.label.as_deref().and_then(|sealed| open_label(keyring.all(), sealed));
+        if let Some(label) = &about.label {
+            let settings = &self.idem.inner.settings;
+            let namespace = label
+                .namespace
+                .as_deref()
+                .or(settings.namespace.as_deref())
+                .unwrap_or(super::settings::DEFAULT_NAMESPACE);
+            // A ledger made before tools' facts were kept has no such table: no facts.
+            let kept = self.idem.inner.ledger.tool_facts(namespace, &label.tool).await;
+            about.facts = kept.ok().flatten().as_deref().and_then(ToolFacts::from_json);
+        }
+        about
     }
 
     /// How many records the ledger holds, by state (see [`LedgerStats`]): what the
@@ -188,5 +257,23 @@ impl Admin<'_> {
         // A sweep deletes by time: only on a settled clock.
         let now = self.idem.trusted_time().await?;
         self.idem.inner.ledger.sweep(now, batch).await
+    }
+}
+
+/// What [`Admin::about`] tells of an operation beside its record.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct About {
+    /// Its tool, tenant, subject and namespace.
+    pub label: Option<Label>,
+    /// What the ledger keeps of its tool.
+    pub facts: Option<ToolFacts>,
+}
+
+/// The `ok` member of a stored result's JSON (`{"ok": value}`), if it is one.
+fn ok_value(plain: &[u8]) -> Option<serde_json::Value> {
+    match serde_json::from_slice::<serde_json::Value>(plain).ok()? {
+        serde_json::Value::Object(mut members) => members.remove("ok"),
+        _ => None,
     }
 }

@@ -28,6 +28,8 @@ pub(crate) struct CallArguments {
     /// The handler that serves the tool, as `#[idempotent]` names it at run time (a method's
     /// `Self` type is known only there); else the recipe's [`Recipe::owner`].
     pub(crate) owner: Option<String>,
+    /// The JSON Schema of the handler's `Ok` value, if `#[idempotent]` found one.
+    pub(crate) result_schema: Option<fn() -> serde_json::Value>,
 }
 
 impl CallArguments {
@@ -65,7 +67,7 @@ impl CallArguments {
             Some(_) => found.get(keys.len()).map(parse_canonical).transpose().map_err(invalid)?,
             None => None,
         };
-        Ok(Self { all, selected, within, owner: None })
+        Ok(Self { all, selected, within, owner: None, result_schema: None })
     }
 
     /// The key of these arguments under `secret`.

@@ -148,6 +148,7 @@ impl Idem {
             namespace: self.namespace(recipe),
             recipe,
             owner: arguments.owner.as_deref(),
+            result_schema: arguments.result_schema,
             now: self.ledger_now(),
             horizon: owners::horizon(
                 recipe.window_duration(),
@@ -238,11 +239,7 @@ impl Idem {
                     }
                     break (attempt, won, window_end);
                 }
-                Claim::Replay { result } => {
-                    tracing::info!(tool, %reference, "replay");
-                    watch.saw(reference, Seen::Replayed);
-                    return attempt.replay(result);
-                }
+                Claim::Replay { result } => return attempt.replayed(result, &watch, "replay"),
                 Claim::InFlight { .. } => {
                     let Some(deadline) = deadline else {
                         tracing::info!(tool, %reference, "in flight");
@@ -254,9 +251,7 @@ impl Idem {
                     attempt.complete_request(&at);
                     match self.wait_for(&attempt.request, deadline).await {
                         Waited::Replay(result) => {
-                            tracing::info!(tool, %reference, "replay after a wait");
-                            watch.saw(reference, Seen::Replayed);
-                            return attempt.replay(result.to_vec());
+                            return attempt.replayed(result.to_vec(), &watch, "replay after a wait");
                         }
                         Waited::Unknown => {
                             tracing::warn!(tool, %reference, "outcome unknown after a wait");
@@ -401,12 +396,10 @@ impl<'a> Attempt<'a> {
         let secret = &self.binding.secret;
         self.fingerprint.tag(secret);
         self.request.arg_tags = self.fingerprint.tags().to_vec();
-        self.request.label = self
-            .idem
-            .inner
-            .ledger
-            .keeps_labels()
-            .then(|| seal_label(secret, self.tool, at.scope.tenant_name(), at.scope.subject_name()));
+        self.request.label = self.idem.inner.ledger.keeps_labels().then(|| {
+            let namespace = self.idem.namespace(at.recipe);
+            seal_label(secret, namespace, self.tool, at.scope.tenant_name(), at.scope.subject_name())
+        });
         self.complete = true;
     }
 
@@ -676,6 +669,27 @@ impl<'a> Attempt<'a> {
             Ok(Some(report)) if report.state == State::Completed && report.window_end == window_end => report.result,
             _ => None,
         }
+    }
+
+    /// A repeat's answer from a stored result, logged and counted as what it was: a replay, or
+    /// an ERROR when the handler cannot read the result back (an operator's verdict of another
+    /// shape, a result sealed under another key) — refused, and nothing runs.
+    fn replayed<T: DeserializeOwned, E: IdempotentError>(
+        &self,
+        stored: Vec<u8>,
+        watch: &Watch<'_>,
+        what: &'static str,
+    ) -> Result<Served<Result<T, E>>, Rejection> {
+        let (tool, reference) = (self.tool, self.reference());
+        self.replay(stored)
+            .inspect(|_| {
+                tracing::info!(tool, %reference, "{what}");
+                watch.saw(reference, Seen::Replayed);
+            })
+            .inspect_err(|rejection| {
+                tracing::error!(tool, %reference, %rejection, "the stored result cannot be read back; the repeat is refused");
+                watch.saw(reference, Seen::Unreadable);
+            })
     }
 
     /// The answer from a stored result: the first run's, marked as a replay.

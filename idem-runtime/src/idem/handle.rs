@@ -16,15 +16,12 @@ use super::background::BACKGROUND_JOBS;
 use super::drain::{Drain, Drained};
 use super::keyring::Check;
 use super::keyring::Secrets;
-use super::settings::{Builder, Settings};
+use super::settings::{Builder, DEFAULT_NAMESPACE, Settings};
 use super::stored::Results;
 use super::time::LedgerTime;
 use super::wait::Waiting;
 
 static INSTALLED: std::sync::RwLock<Option<Idem>> = std::sync::RwLock::new(None);
-
-/// The namespace of keys when none is configured.
-const DEFAULT_NAMESPACE: &str = "default";
 
 /// The handle that runs handlers under recipes: a ledger, a clock and the limits. Cheap to clone;
 /// built once with [`Idem::builder`] (or [`Idem::new`] for the defaults), unchanged after.

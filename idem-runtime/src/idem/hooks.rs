@@ -16,8 +16,8 @@ use super::Idem;
 /// with [`Builder::hooks`](super::Builder::hooks). Every method does nothing unless overridden.
 ///
 /// Each call that reaches the ledger meets exactly one of `on_claim`, `on_takeover`,
-/// `on_reconcile` (its claim won: it runs), `on_replay`, `on_in_flight`, `on_conflict` or
-/// `on_unknown` (a repeat answered from the ledger); a call that won its claim then meets
+/// `on_reconcile` (its claim won: it runs), `on_replay`, `on_unreadable`, `on_in_flight`,
+/// `on_conflict` or `on_unknown` (a repeat answered from the ledger); a call that won its claim then meets
 /// `on_complete` once its outcome is sent to the ledger — unless the call itself is dropped
 /// first (its process dies, its future is cancelled): then the record stays in progress until
 /// its lease lapses, and a later call's `on_takeover`, `on_reconcile` or `on_unknown` says so. (A call refused before the ledger — no caller,
@@ -64,6 +64,10 @@ pub trait Hooks: Send + Sync + 'static {
     fn on_reconcile(&self, _event: &CallEvent<'_>) {}
     /// A repeat was answered with the stored result of an earlier call.
     fn on_replay(&self, _event: &CallEvent<'_>) {}
+    /// A repeat found a stored result its handler cannot read back (an operator's verdict of
+    /// another shape, a result sealed under another key) and was refused: nothing ran, and the
+    /// operation needs its operator.
+    fn on_unreadable(&self, _event: &CallEvent<'_>) {}
     /// A repeat found the operation running and was told so ("in flight").
     fn on_in_flight(&self, _event: &CallEvent<'_>) {}
     /// A call with the key of an operation made with other arguments was refused.
@@ -129,6 +133,7 @@ impl Completion {
 pub(super) enum Seen {
     Won(Won),
     Replayed,
+    Unreadable,
     InFlight,
     Conflict,
     Unknown,
@@ -142,6 +147,7 @@ impl Seen {
             Self::Won(Won::Takeover) => "takeover",
             Self::Won(Won::Reconcile) => "reconciled",
             Self::Replayed => "replayed",
+            Self::Unreadable => "unreadable_result",
             Self::InFlight => "in_flight",
             Self::Conflict => "conflict",
             Self::Unknown => "unknown",
@@ -179,6 +185,7 @@ impl<'a> Watch<'a> {
             Seen::Won(Won::Takeover) => hooks.on_takeover(event),
             Seen::Won(Won::Reconcile) => hooks.on_reconcile(event),
             Seen::Replayed => hooks.on_replay(event),
+            Seen::Unreadable => hooks.on_unreadable(event),
             Seen::InFlight => hooks.on_in_flight(event),
             Seen::Conflict => hooks.on_conflict(event),
             Seen::Unknown => hooks.on_unknown(event),

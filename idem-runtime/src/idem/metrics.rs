@@ -8,11 +8,20 @@
 //!
 //! | metric | kind | labels | what |
 //! |---|---|---|---|
-//! | `idem_calls_total` | counter | `tool`, `outcome` | each call that reached the ledger, once, by how its claim was answered: `claimed`, `takeover`, `reconciled` (it ran), `replayed`, `in_flight`, `conflict`, `unknown` (answered from the ledger), `ledger_unavailable` (nothing ran) |
+//! | `idem_calls_total` | counter | `tool`, `outcome` | each call that reached the ledger, once, by how its claim was answered: `claimed`, `takeover`, `reconciled` (it ran), `replayed`, `unreadable_result` (a stored result the handler cannot read back: refused), `in_flight`, `conflict`, `unknown` (answered from the ledger), `ledger_unavailable` (nothing ran) |
 //! | `idem_completions_total` | counter | `tool`, `outcome` | each outcome a won claim recorded: `completed`, `failed`, `unknown`, `given_back`, `superseded` ([`Completion`](crate::Completion)) |
 //! | `idem_claim_duration_seconds` | histogram | `tool` | how long a claim took the ledger to answer (a resend included) |
 //! | `idem_complete_duration_seconds` | histogram | `tool` | how long recording an outcome took (its quick retries included) |
 //! | `idem_operations_in_progress` | gauge | `tool` | operations this process runs now (claims won, not yet recorded) |
+//! | `idem_ledger_unknown_operations` | gauge | — | operations whose outcome is unknown (current and superseded): each needs its operator |
+//! | `idem_ledger_oldest_unknown_seconds` | gauge | — | how long ago the oldest of them was claimed (0 when there is none) |
+//! | `idem_ledger_lapsed_leases` | gauge | — | operations in progress whose holder's lease lapsed (presumed dead) |
+//! | `idem_ledger_sweep_backlog` | gauge | — | records past their retention that the sweep has not deleted yet |
+//!
+//! The `idem_ledger_*` gauges describe the whole ledger, not this process: they are refreshed by a
+//! sweeper spawned with [`Admin::spawn_sweeper_with_gauges`](crate::admin::Admin::spawn_sweeper_with_gauges),
+//! once per sweep, from one [`Admin::stats`](crate::admin::Admin::stats) (a scan of the ledger's
+//! tables: run it on one replica, or at a period the database can afford).
 //!
 //! Every `{tool, outcome}` series of the two counters exists, at zero, from a tool's first call on
 //! a handle ([`CALL_OUTCOMES`], [`COMPLETION_OUTCOMES`]). The durations are histograms: give
@@ -27,8 +36,17 @@ use std::time::Instant;
 pub const CALLS: &str = "idem_calls_total";
 /// Every `outcome` of [`CALLS`]: a fixed set, each series present (at zero) from a tool's first
 /// call on a handle, so an alert on the first `ledger_unavailable` has a series to watch.
-pub const CALL_OUTCOMES: [&str; 8] =
-    ["claimed", "takeover", "reconciled", "replayed", "in_flight", "conflict", "unknown", "ledger_unavailable"];
+pub const CALL_OUTCOMES: [&str; 9] = [
+    "claimed",
+    "takeover",
+    "reconciled",
+    "replayed",
+    "unreadable_result",
+    "in_flight",
+    "conflict",
+    "unknown",
+    "ledger_unavailable",
+];
 /// Every `outcome` of [`COMPLETIONS`], present at zero like [`CALL_OUTCOMES`].
 pub const COMPLETION_OUTCOMES: [&str; 5] = ["completed", "failed", "unknown", "given_back", "superseded"];
 /// Histogram buckets for the durations, in seconds, suited to ledger statements (half a
@@ -45,6 +63,14 @@ pub const CLAIM_SECONDS: &str = "idem_claim_duration_seconds";
 pub const COMPLETE_SECONDS: &str = "idem_complete_duration_seconds";
 /// Operations running in this process, by tool.
 pub const IN_PROGRESS: &str = "idem_operations_in_progress";
+/// The ledger's unknown operations (current and superseded).
+pub const LEDGER_UNKNOWN: &str = "idem_ledger_unknown_operations";
+/// How long ago the ledger's oldest unknown operation was claimed, in seconds.
+pub const LEDGER_OLDEST_UNKNOWN_SECONDS: &str = "idem_ledger_oldest_unknown_seconds";
+/// The ledger's operations in progress under a lapsed lease.
+pub const LEDGER_LAPSED_LEASES: &str = "idem_ledger_lapsed_leases";
+/// Records past their retention not swept yet.
+pub const LEDGER_SWEEP_BACKLOG: &str = "idem_ledger_sweep_backlog";
 
 /// Gives each metric its unit and help text in the installed recorder (exporters show them, as
 /// Prometheus's `# HELP` lines). Call it once after installing the recorder; optional.
@@ -59,6 +85,25 @@ pub fn describe() {
     describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "How long the ledger took to answer a claim.");
     describe_histogram!(COMPLETE_SECONDS, Unit::Seconds, "How long recording an outcome took.");
     describe_gauge!(IN_PROGRESS, Unit::Count, "Operations this process is running now.");
+    describe_gauge!(LEDGER_UNKNOWN, Unit::Count, "Operations in the ledger whose outcome is unknown.");
+    describe_gauge!(
+        LEDGER_OLDEST_UNKNOWN_SECONDS,
+        Unit::Seconds,
+        "How long ago the ledger's oldest unknown operation was claimed."
+    );
+    describe_gauge!(LEDGER_LAPSED_LEASES, Unit::Count, "Operations in progress whose holder's lease lapsed.");
+    describe_gauge!(LEDGER_SWEEP_BACKLOG, Unit::Count, "Records past their retention not swept yet.");
+}
+
+/// The ledger gauges from one count of the ledger, taken at `now` (the ledger's clock).
+#[allow(clippy::cast_precision_loss, reason = "gauges are floats; counts this large are not exact anyway")]
+pub(super) fn ledger(stats: &crate::ledger::LedgerStats, now: u64) {
+    let unknown = stats.unknown + stats.superseded_unknown;
+    ::metrics::gauge!(LEDGER_UNKNOWN).set(unknown as f64);
+    let oldest = stats.oldest_unknown.map_or(0, |at| now.saturating_sub(at));
+    ::metrics::gauge!(LEDGER_OLDEST_UNKNOWN_SECONDS).set(oldest as f64 / 1000.0);
+    ::metrics::gauge!(LEDGER_LAPSED_LEASES).set(stats.stale as f64);
+    ::metrics::gauge!(LEDGER_SWEEP_BACKLOG).set(stats.sweepable as f64);
 }
 
 /// A tool's first call on a handle: every outcome's series, at zero.

@@ -22,6 +22,8 @@ use crate::ledger::Ledger;
 use crate::recipe::Recipe;
 use crate::rejection::Rejection;
 
+use super::facts::ToolFacts;
+
 /// How long a handler's ownership, once confirmed by the ledger, is trusted before the ledger
 /// is asked again (which also records the handler as seen then).
 pub(crate) const RECHECK: Duration = Duration::from_secs(60);
@@ -45,7 +47,11 @@ struct Seen {
 
 impl Seen {
     fn is(&self, ledger: &Arc<dyn Ledger>, namespace: &str, tool: &str) -> bool {
-        self.namespace == namespace && self.tool == tool && std::ptr::addr_eq(self.ledger.as_ptr(), Arc::as_ptr(ledger))
+        // A dropped ledger's entry is not this ledger's, even if a new one took its address.
+        self.namespace == namespace
+            && self.tool == tool
+            && std::ptr::addr_eq(self.ledger.as_ptr(), Arc::as_ptr(ledger))
+            && self.ledger.strong_count() > 0
     }
 
     /// Another owner than `owner`, if any is known.
@@ -74,6 +80,9 @@ pub(super) struct Ownership<'a> {
     pub(super) recipe: &'a Recipe,
     /// The handler as the call names it (`#[idempotent]`), else the recipe's owner.
     pub(super) owner: Option<&'a str>,
+    /// The JSON Schema of the handler's result, if `#[idempotent]` found one: kept with the
+    /// tool's facts at its first check.
+    pub(super) result_schema: Option<fn() -> serde_json::Value>,
     /// The ledger's time as last measured (an owner's horizon is hours: no read of its own).
     pub(super) now: u64,
     /// How long after it was last seen an owner stops counting ([`horizon`]).
@@ -86,7 +95,7 @@ impl Ownership<'_> {
     /// Makes sure the call's handler is the only one seen serving its tool in its namespace on
     /// this ledger; refuses it otherwise.
     pub(super) async fn check(self) -> Result<(), Rejection> {
-        let Self { ledger, timed, namespace, recipe, owner, now, horizon, patience } = self;
+        let Self { ledger, timed, namespace, recipe, owner, result_schema, now, horizon, patience } = self;
         let tool = recipe.tool();
         let owner = owner_name(owner.or(recipe.owner_path()), tool);
         let refuse = |other: String| {
@@ -152,6 +161,18 @@ impl Ownership<'_> {
             tracing::error!(tool, %error, "the ledger could not say who serves this tool; handler not run");
             Rejection::ledger_unavailable(&error)
         })?;
+        let first = {
+            let seen = SEEN.read().unwrap_or_else(PoisonError::into_inner);
+            seen.iter().find(|entry| entry.is(ledger, namespace, tool)).is_none_or(|entry| entry.checked.is_none())
+        };
+        if first {
+            // What the operator is shown of the tool: once per process, and never in the way of
+            // a call (a verdict on a tool without facts is simply not checked).
+            let facts = ToolFacts::new(recipe.stale_policy(), result_schema.map(|schema| schema())).to_json();
+            if let Err(error) = timed.keep_tool_facts(namespace, tool, &facts, now).await {
+                tracing::warn!(tool, %error, "could not keep the tool's result shape for its operator");
+            }
+        }
         let mut seen = SEEN.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = seen.iter_mut().find(|entry| entry.is(ledger, namespace, tool)) {
             entry.recorded = recorded;

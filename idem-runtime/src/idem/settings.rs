@@ -38,6 +38,9 @@ const MIN_LEASE: Duration = Duration::from_millis(3);
 /// The shortest ledger timeout accepted.
 const MIN_LEDGER_TIMEOUT: Duration = Duration::from_millis(1);
 
+/// The namespace of keys when none is configured.
+pub(super) const DEFAULT_NAMESPACE: &str = "default";
+
 /// A handle's settings, checked together by [`Builder::build`] and fixed from then on.
 #[derive(Clone)]
 pub(super) struct Settings {

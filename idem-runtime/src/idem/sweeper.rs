@@ -133,6 +133,25 @@ impl Admin<'_> {
     /// # Panics
     /// If `every` is zero (the sweeper would never pause), or if called outside a Tokio runtime.
     pub fn spawn_sweeper(self, every: Duration, batch: usize) -> Sweeper {
+        self.spawn(every, batch, false)
+    }
+
+    /// [`Admin::spawn_sweeper`], and after each sweep the ledger gauges (`idem_ledger_unknown_operations`,
+    /// `idem_ledger_oldest_unknown_seconds`, `idem_ledger_lapsed_leases`,
+    /// `idem_ledger_sweep_backlog`: see [`metrics`](crate::metrics)) set from one
+    /// [`Admin::stats`] — what an operator alerts on without a cron job running `idem stats`.
+    /// The count scans the ledger's tables once per sweep: run it on one replica (the gauges
+    /// describe the whole ledger), at a period the database can afford. A count that fails is
+    /// logged at `warn` and leaves the gauges as they were.
+    ///
+    /// # Panics
+    /// As [`Admin::spawn_sweeper`].
+    #[cfg(feature = "metrics")]
+    pub fn spawn_sweeper_with_gauges(self, every: Duration, batch: usize) -> Sweeper {
+        self.spawn(every, batch, true)
+    }
+
+    fn spawn(self, every: Duration, batch: usize, gauges: bool) -> Sweeper {
         assert!(
             !every.is_zero(),
             "a sweeper needs a period: give `spawn_sweeper` a non-zero `every`, such as 5 minutes"
@@ -144,6 +163,7 @@ impl Admin<'_> {
             every,
             batch: batch.max(1),
             counters: Arc::clone(&counters),
+            gauges,
         };
         let task = tokio::spawn(run.run(stopped));
         Sweeper { stop: Some(stop), task: Some(task), counters }
@@ -156,6 +176,8 @@ struct Run {
     every: Duration,
     batch: usize,
     counters: Arc<Counters>,
+    /// Whether each sweep is followed by a count that sets the ledger gauges.
+    gauges: bool,
 }
 
 /// How one sweep ended.
@@ -185,6 +207,9 @@ impl Run {
                     if swept > 0 {
                         tracing::info!(swept, "swept expired records");
                     }
+                    if self.gauges {
+                        self.count().await;
+                    }
                 }
                 Pass::Failed(swept, error) => {
                     failures = failures.saturating_add(1);
@@ -206,6 +231,21 @@ impl Run {
             let period = self.every.saturating_mul(1 << failures.min(MAX_BACKOFF_DOUBLINGS));
             // A quarter either way: period * 3/4 + [0, period / 2).
             pause = (period / 4).saturating_mul(3).saturating_add(random_below(period / 2));
+        }
+    }
+
+    /// Sets the ledger gauges from one count of the ledger.
+    async fn count(&self) {
+        let Some(inner) = self.handle.upgrade() else { return };
+        let idem = Idem { inner };
+        match idem.admin().stats().await {
+            #[cfg(feature = "metrics")]
+            Ok(stats) => super::metrics::ledger(&stats, idem.ledger_now()),
+            #[cfg(not(feature = "metrics"))]
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "could not count the ledger for its gauges; they keep their last values")
+            }
         }
     }
 

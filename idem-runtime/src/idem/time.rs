@@ -47,7 +47,8 @@ impl Idem {
     /// Now on the ledger's clock, and whether it can be acted on. The first call measures the
     /// skew against the ledger's clock; after that a measurement older than a third of the lease
     /// is refreshed in the background (one extra statement per handle that often, never per
-    /// call, and never on a call's path), and one older than the whole lease is not acted on.
+    /// call), and one older than the whole lease — the handle sat idle — is measured again on
+    /// the call that finds it so (while another call measures, it is not acted on).
     ///
     /// # Errors
     /// The ledger's clock has never been read: no time is stated on an unmeasured clock (a
@@ -88,6 +89,17 @@ impl Idem {
             }
         };
         let age = local - skew.at;
+        let fresh = age < millis(self.inner.settings.lease).max(1);
+        if !fresh && let Some(measuring) = Measuring::start(&self.inner.time.measuring) {
+            // Idle for a lease or more (no call refreshed it): too old to act on. Measure now,
+            // once per idle spell, rather than answer this call on no time — a dead holder's
+            // lapsed lease would read as "in flight" to the first repeat after a quiet spell.
+            let _measuring = measuring;
+            return Ok(match self.measure().await {
+                Ok(skew) => (self.now_ms().saturating_add_signed(skew.offset), skew.trusted),
+                Err(_) => (local.saturating_add_signed(skew.offset), false),
+            });
+        }
         if age >= millis(self.inner.settings.lease / 3).max(1)
             && let Some(measuring) = Measuring::start(&self.inner.time.measuring)
         {
@@ -97,7 +109,6 @@ impl Idem {
                 let _ = idem.measure().await;
             });
         }
-        let fresh = age < millis(self.inner.settings.lease).max(1);
         Ok((local.saturating_add_signed(skew.offset), skew.trusted && fresh))
     }
 

@@ -124,13 +124,14 @@ pub(crate) const fn won_stale(policy: StalePolicy) -> Won {
     }
 }
 
-/// When a record that settles at `now` as `state` may be swept: a completed result stays at
-/// least until `keep_until` even if its window ended meanwhile (a slow handler, an operator's
-/// verdict the next day), a failed one until its window ends, an unknown one as claimed.
+/// When a record that settles at `now` as `state` may be swept: a completed or failed one stays
+/// at least until `keep_until` even if its window ended meanwhile (a slow handler, an operator's
+/// verdict the next day: it stays readable for the verdict retention), and otherwise until its
+/// window ends; an unknown one as claimed. A failed record in its window does not stand in a
+/// repeat's way, so keeping it longer runs nothing twice.
 pub(crate) fn settled_expiry(state: State, window_end: u64, expires_at: u64, keep_until: u64) -> u64 {
     match state {
-        State::Completed => window_end.max(keep_until),
-        State::Failed => window_end,
+        State::Completed | State::Failed => window_end.max(keep_until),
         State::InProgress | State::Unknown => expires_at.max(keep_until),
     }
 }

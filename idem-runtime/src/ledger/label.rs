@@ -20,8 +20,10 @@ use crate::secret::Secret;
 const VERSION: u8 = 1;
 /// Bytes of IV (the truncated MAC of the plaintext) after the version.
 const IV: usize = 16;
-/// The longest name kept, in bytes; a longer one is cut (on a character boundary) and ends
-/// with `…`. Bounds a record's size whatever a caller's identity looks like.
+/// The longest tool or subject name kept, in bytes; a longer one is cut (on a character
+/// boundary) and ends with `…`. Bounds a record's size whatever a caller's identity looks like.
+/// The tenant is kept whole: it is what an operator names to reach the record (`--tenant`), and
+/// a cut one would name no tenant.
 const MAX_NAME: usize = 128;
 
 /// Who and what an operation was: what [`seal`] keeps and [`open`] gives back.
@@ -33,14 +35,17 @@ pub struct Label {
     pub tenant: String,
     /// The caller's subject, or `None` for an operation of the whole tenant (`scope = "tenant"`).
     pub subject: Option<String>,
+    /// The namespace its key was derived in; `None` in a label sealed before labels kept it.
+    pub namespace: Option<String>,
 }
 
 /// `label` sealed under `secret`.
-pub(crate) fn seal(secret: &Secret, tool: &str, tenant: &str, subject: Option<&str>) -> Vec<u8> {
+pub(crate) fn seal(secret: &Secret, namespace: &str, tool: &str, tenant: &str, subject: Option<&str>) -> Vec<u8> {
     let plain = Value::Array(vec![
         Value::String(short(tool)),
-        Value::String(short(tenant)),
+        Value::String(tenant.to_owned()),
         subject.map_or(Value::Null, |subject| Value::String(short(subject))),
+        Value::String(short(namespace)),
     ])
     .to_string();
     let iv = secret.mac("idem/v2/label-iv", &[plain.as_bytes()]);
@@ -68,12 +73,19 @@ pub(crate) fn open<'s>(secrets: impl IntoIterator<Item = &'s Secret>, sealed: &[
             return None;
         }
         let Value::Array(parts) = serde_json::from_slice(&plain).ok()? else { return None };
-        match parts.as_slice() {
-            [Value::String(tool), Value::String(tenant), subject] => {
-                Some(Label { tool: tool.clone(), tenant: tenant.clone(), subject: subject.as_str().map(str::to_owned) })
+        let (tool, tenant, subject, namespace) = match parts.as_slice() {
+            [Value::String(tool), Value::String(tenant), subject] => (tool, tenant, subject, None),
+            [Value::String(tool), Value::String(tenant), subject, Value::String(namespace)] => {
+                (tool, tenant, subject, Some(namespace.clone()))
             }
-            _ => None,
-        }
+            _ => return None,
+        };
+        Some(Label {
+            tool: tool.clone(),
+            tenant: tenant.clone(),
+            subject: subject.as_str().map(str::to_owned),
+            namespace,
+        })
     })
 }
 
@@ -113,9 +125,15 @@ mod tests {
 
     #[test]
     fn a_label_opens_under_its_secret_and_not_another() {
-        let sealed = seal(&secret(1), "charge_card", "acme", Some("alice"));
+        let sealed = seal(&secret(1), "payments", "charge_card", "acme", Some("alice"));
         let label = open([&secret(1)], &sealed).unwrap();
-        assert_eq!(label, Label { tool: "charge_card".into(), tenant: "acme".into(), subject: Some("alice".into()) });
+        let expected = Label {
+            tool: "charge_card".into(),
+            tenant: "acme".into(),
+            subject: Some("alice".into()),
+            namespace: Some("payments".into()),
+        };
+        assert_eq!(label, expected);
         assert_eq!(open([&secret(2)], &sealed), None);
         // A rotation: the label opens under the previous secret still honoured.
         assert_eq!(open([&secret(2), &secret(1)], &sealed), Some(label));
@@ -123,7 +141,7 @@ mod tests {
 
     #[test]
     fn a_label_says_nothing_in_the_clear_and_a_tampered_one_does_not_open() {
-        let sealed = seal(&secret(1), "charge_card", "acme-corporation", None);
+        let sealed = seal(&secret(1), "payments", "charge_card", "acme-corporation", None);
         for word in ["charge_card", "acme", "corporation"] {
             assert!(!sealed.windows(word.len()).any(|window| window == word.as_bytes()), "{word} in the clear");
         }
@@ -138,10 +156,14 @@ mod tests {
     }
 
     #[test]
-    fn long_names_are_cut_on_a_character_boundary() {
+    fn long_names_are_cut_on_a_character_boundary_but_the_tenant_is_kept_whole() {
         let long = "é".repeat(200);
-        let label = open([&secret(1)], &seal(&secret(1), "t", &long, None)).unwrap();
-        assert!(label.tenant.len() <= MAX_NAME, "{}", label.tenant.len());
-        assert!(label.tenant.ends_with('…') && label.tenant.starts_with("éé"));
+        let label = open([&secret(1)], &seal(&secret(1), "ns", &long, &long, Some(&long))).unwrap();
+        for cut in [&label.tool, label.subject.as_ref().unwrap()] {
+            assert!(cut.len() <= MAX_NAME, "{}", cut.len());
+            assert!(cut.ends_with('…') && cut.starts_with("éé"));
+        }
+        // The operator names the tenant to reach the record (`--tenant`): a cut one names none.
+        assert_eq!(label.tenant, long);
     }
 }

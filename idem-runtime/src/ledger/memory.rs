@@ -79,6 +79,7 @@ impl Record {
             lease_expired: self.view().lease_expired(now),
             result: self.result.clone(),
             superseded,
+            label: self.label.clone(),
         }
     }
 
@@ -112,6 +113,8 @@ struct Records {
     checks: HashMap<u32, [u8; 32]>,
     /// When each handler was last seen serving each tool: (namespace, tool) → owner → time.
     owners: HashMap<(String, String), std::collections::BTreeMap<String, u64>>,
+    /// Each tool's facts and when they were written: (namespace, tool) → (time, facts).
+    facts: HashMap<(String, String), (u64, String)>,
 }
 
 /// A [`Ledger`] in a mutex-guarded ordered map.
@@ -494,14 +497,26 @@ impl Ledger for MemoryLedger {
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         let mut records = self.lock();
         let Records { current, superseded, .. } = &mut *records;
-        let result = match Self::at(current, superseded, tenant, address, now) {
-            None => Err(LedgerError::NotFound),
-            Some((_, record, _)) if !record.resolvable(now) => Err(LedgerError::NotResolvable { state: record.state }),
-            Some((_, record, _)) => {
-                match resolution {
-                    Resolution::Completed(bytes) => record.settle(State::Completed, Some(bytes), keep_until),
-                    Resolution::NothingHappened => record.settle(State::Failed, None, keep_until),
+        let result = match (Self::at(current, superseded, tenant, address, now), resolution) {
+            (None, _) => Err(LedgerError::NotFound),
+            (Some((_, record, _)), Resolution::Replace { unreadable, result }) => {
+                if record.state == State::Completed && record.result.as_deref() == Some(&unreadable[..]) {
+                    record.result = Some(result);
+                    record.expires_at = record.expires_at.max(keep_until);
+                    Ok(())
+                } else {
+                    Err(LedgerError::NotResolvable { state: record.state })
                 }
+            }
+            (Some((_, record, _)), _) if !record.resolvable(now) => {
+                Err(LedgerError::NotResolvable { state: record.state })
+            }
+            (Some((_, record, _)), Resolution::Completed(bytes)) => {
+                record.settle(State::Completed, Some(bytes), keep_until);
+                Ok(())
+            }
+            (Some((_, record, _)), Resolution::NothingHappened) => {
+                record.settle(State::Failed, None, keep_until);
                 Ok(())
             }
         };
@@ -567,6 +582,32 @@ impl Ledger for MemoryLedger {
         *seen = (*seen).max(now);
         let owners = owners.iter().filter(|(_, seen)| **seen >= since).map(|(owner, _)| owner.clone()).collect();
         Box::pin(async move { Ok(owners) })
+    }
+
+    fn keep_tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        facts: &'a str,
+        now: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        let mut records = self.lock();
+        let kept =
+            records.facts.entry((namespace.to_owned(), tool.to_owned())).or_insert_with(|| (now, facts.to_owned()));
+        if kept.0 <= now {
+            *kept = (now, facts.to_owned());
+        }
+        Box::pin(async { Ok(()) })
+    }
+
+    fn tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, LedgerError>> {
+        let records = self.lock();
+        let facts = records.facts.get(&(namespace.to_owned(), tool.to_owned())).map(|(_, facts)| facts.clone());
+        Box::pin(async move { Ok(facts) })
     }
 
     /// A random secret per process: the records die with it.

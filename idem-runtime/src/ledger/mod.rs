@@ -308,6 +308,16 @@ pub enum Resolution {
     Completed(Vec<u8>),
     /// It did not happen; let the next repeat run.
     NothingHappened,
+    /// A correction: the operation is completed with `unreadable` as its stored result (compared
+    /// byte for byte), which no repeat could read; store `result` instead. What
+    /// [`Admin::resolve`](crate::admin::Admin::resolve) sends for a "completed" verdict on such
+    /// an operation — never for one whose result a repeat may have been answered with.
+    Replace {
+        /// The stored result it replaces, as the ledger holds it.
+        unreadable: Vec<u8>,
+        /// The result to store.
+        result: Vec<u8>,
+    },
 }
 
 /// What a status lookup reports.
@@ -332,6 +342,9 @@ pub struct StatusReport {
     /// Whether this is an unsettled operation that a newer one with the same key superseded
     /// after its window ended: kept for the operator until its retention passes.
     pub superseded: bool,
+    /// The sealed [`Label`] (who and what the operation was), on a ledger that keeps labels:
+    /// [`Admin::about`](crate::admin::Admin::about) opens it.
+    pub label: Option<Vec<u8>>,
 }
 
 impl StatusReport {
@@ -599,6 +612,30 @@ pub trait Ledger: Send + Sync + 'static {
         since: u64,
     ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>>;
 
+    /// Keeps what operators are shown of `tool` in `namespace` — its facts (JSON: the result's
+    /// shape, the stale policy), written by the handles that serve it at its first call — as
+    /// seen at `now`: a later write replaces an earlier one (a new build's facts win), an
+    /// earlier one changes nothing. The default keeps none: verdicts on such a ledger are not
+    /// checked against the result's shape.
+    fn keep_tool_facts<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _tool: &'a str,
+        _facts: &'a str,
+        _now: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The facts kept for `tool` in `namespace` ([`Ledger::keep_tool_facts`]), if any.
+    fn tool_facts<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _tool: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, LedgerError>> {
+        Box::pin(async { Ok(None) })
+    }
+
     /// The secret a handle on this ledger keys with when none is configured (in code or in
     /// `IDEM_SECRET`). The default refuses: a ledger that replicas share needs one secret given
     /// to all of them. [`MemoryLedger`](memory::MemoryLedger) uses a random secret per process
@@ -699,6 +736,22 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
         since: u64,
     ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
         (**self).tool_owners(namespace, tool, owner, now, since)
+    }
+    fn keep_tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        facts: &'a str,
+        now: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        (**self).keep_tool_facts(namespace, tool, facts, now)
+    }
+    fn tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, LedgerError>> {
+        (**self).tool_facts(namespace, tool)
     }
     fn default_secret(&self) -> Result<Secret, SecretError> {
         (**self).default_secret()

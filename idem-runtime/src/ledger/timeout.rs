@@ -131,6 +131,22 @@ impl Ledger for Timeout {
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
         self.bound(self.inner.secret_check(version, check))
     }
+    fn keep_tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        facts: &'a str,
+        now: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        self.bound(self.inner.keep_tool_facts(namespace, tool, facts, now))
+    }
+    fn tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, LedgerError>> {
+        self.bound(self.inner.tool_facts(namespace, tool))
+    }
     fn default_secret(&self) -> Result<Secret, SecretError> {
         self.inner.default_secret()
     }

@@ -263,3 +263,20 @@ impl<T> ExtractorKind for &&&Probe<'_, T> where
 
 /// Stands for the server type when asking whether a type is one of rmcp's extractors.
 pub struct AnyServer;
+
+/// The preferred level of [`ShapeOf`](crate::macro_support::ShapeOf): a `Result` whose `Ok` type
+/// has a JSON Schema (what rmcp's `Json<T>` needs too).
+pub trait ShapeKind {
+    /// The schema of the `Ok` type.
+    fn idem_result_schema(&self) -> Option<fn() -> serde_json::Value>;
+}
+
+impl<T: schemars::JsonSchema, E> ShapeKind for &crate::macro_support::ShapeOf<Result<T, E>> {
+    fn idem_result_schema(&self) -> Option<fn() -> serde_json::Value> {
+        Some(schema_of::<T>)
+    }
+}
+
+fn schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(T)).unwrap_or(serde_json::Value::Bool(true))
+}

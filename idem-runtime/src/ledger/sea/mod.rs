@@ -433,6 +433,24 @@ impl Ledger for SeaOrmLedger {
         Box::pin(self.secret_check_now(version, check))
     }
 
+    fn keep_tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        facts: &'a str,
+        now: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(self.keep_tool_facts_now(namespace, tool, facts, now))
+    }
+
+    fn tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, LedgerError>> {
+        Box::pin(self.tool_facts_now(namespace, tool))
+    }
+
     /// SQLite in a file: a secret generated once and kept beside the file as
     /// `<file>.secret`, readable by its owner only. SQLite in memory: a random one per process.
     /// PostgreSQL and MySQL: none — replicas share the ledger and must share a configured

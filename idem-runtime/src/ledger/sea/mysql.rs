@@ -48,23 +48,23 @@ pub(super) static STATEMENTS: Statements = Statements {
                       WHERE `key` = ? AND token = ? AND state IN (1, 4)",
         },
     },
-    lookup: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+    lookup: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
              WHERE `key` = ?",
     find: Visible {
-        tenant: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+        tenant: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                  WHERE `key` >= ? AND `key` <= ? AND tenant = ? \
                  AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY `key` LIMIT 1",
-        subject: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+        subject: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                   WHERE `key` >= ? AND `key` <= ? AND tenant = ? AND subject IN (?, ?) \
                   AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY `key` LIMIT 1",
     },
     find_superseded: Visible {
-        tenant: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+        tenant: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_superseded \
                  WHERE `key` >= ? AND `key` <= ? AND tenant = ? ORDER BY window_end DESC LIMIT 1",
-        subject: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+        subject: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_superseded \
                   WHERE `key` >= ? AND `key` <= ? AND tenant = ? AND subject IN (?, ?) ORDER BY window_end DESC LIMIT 1",
     },
-    find_superseded_at: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result \
+    find_superseded_at: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label \
                          FROM idem_superseded WHERE `key` >= ? AND `key` <= ? AND tenant = ? \
                          AND window_end = ? LIMIT 1",
     resolve: Tables {
@@ -73,6 +73,12 @@ pub(super) static STATEMENTS: Statements = Statements {
         superseded: "UPDATE idem_superseded SET state = ?, result = ?, expires_at = ? \
                      WHERE `key` = ? AND window_end = ? AND tenant = ? \
                      AND (state = 4 OR (state = 1 AND lease_until <= ?))",
+    },
+    replace: Tables {
+        records: "UPDATE idem_records SET result = ?, expires_at = GREATEST(expires_at, ?) \
+                  WHERE `key` = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?",
+        superseded: "UPDATE idem_superseded SET result = ?, expires_at = GREATEST(expires_at, ?) \
+                  WHERE `key` = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?",
     },
     sweep: Tables {
         records: "DELETE FROM idem_records \
@@ -102,6 +108,11 @@ pub(super) static STATEMENTS: Statements = Statements {
     owners_of: "SELECT owner FROM idem_tools WHERE namespace = ? AND tool = ? AND seen_at >= ? ORDER BY owner",
     all_owners: "SELECT namespace, tool, owner, seen_at FROM idem_tools ORDER BY namespace, tool, owner",
     forget_owners: "DELETE FROM idem_tools WHERE namespace = ? AND tool = ?",
+    // `facts` first: it compares the kept time before `seen_at` is updated.
+    keep_facts: "INSERT INTO idem_tool_facts (namespace, tool, facts, seen_at) VALUES (?, ?, ?, ?) \
+                 ON DUPLICATE KEY UPDATE facts = IF(VALUES(seen_at) >= seen_at, VALUES(facts), facts), \
+                 seen_at = GREATEST(seen_at, VALUES(seen_at))",
+    facts_of: "SELECT facts FROM idem_tool_facts WHERE namespace = ? AND tool = ?",
     // No index serves it: an operator's occasional scan, not a call's path.
     pending: "SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT `key`, tenant, state, created_at, window_end, expires_at, lease_until, label, CAST(0 AS SIGNED) AS superseded FROM idem_records \
@@ -125,6 +136,13 @@ pub(super) static MIGRATION: Migration = Migration {
                 owner VARCHAR(255) NOT NULL,
                 seen_at BIGINT NOT NULL,
                 PRIMARY KEY (namespace, tool, owner)
+            ) ENGINE=InnoDB",
+        "CREATE TABLE IF NOT EXISTS idem_tool_facts (
+                namespace VARCHAR(191) NOT NULL,
+                tool VARCHAR(191) NOT NULL,
+                facts MEDIUMTEXT NOT NULL,
+                seen_at BIGINT NOT NULL,
+                PRIMARY KEY (namespace, tool)
             ) ENGINE=InnoDB",
         "CREATE TABLE IF NOT EXISTS idem_records (
                 `key` BINARY(32) NOT NULL PRIMARY KEY,

@@ -104,14 +104,17 @@ impl SeaOrmLedger {
     ) -> Result<(), LedgerError> {
         let resolve = &self.statements().resolve;
         let Some((found, superseded)) = self.at(tenant, address, now).await? else { return Err(LedgerError::NotFound) };
+        let (state, result) = match resolution {
+            Resolution::Completed(bytes) => (State::Completed, Some(bytes)),
+            Resolution::NothingHappened => (State::Failed, None),
+            Resolution::Replace { unreadable, result } => {
+                return self.replace_now(tenant, (found, superseded), &unreadable, result, keep_until).await;
+            }
+        };
         if !found.resolvable(now) {
             return Err(LedgerError::NotResolvable { state: found.state });
         }
         let text = if superseded { resolve.superseded } else { resolve.records };
-        let (state, result) = match resolution {
-            Resolution::Completed(bytes) => (State::Completed, Some(bytes)),
-            Resolution::NothingHappened => (State::Failed, None),
-        };
         let expires_at = settled_expiry(state, found.window_end, found.expires_at, keep_until);
         let values = vec![
             state_value(state),
@@ -181,6 +184,55 @@ impl SeaOrmLedger {
         let values = vec![text(namespace), text(tool)];
         let forget = Statement::from_sql_and_values(self.backend(), self.statements().forget_owners, values);
         Ok(self.db.execute_raw(forget).await.map_err(failed)?.rows_affected())
+    }
+
+    /// [`Resolution::Replace`]: the completed record's result, if it is still `unreadable`.
+    async fn replace_now(
+        &self,
+        tenant: TenantTag,
+        (found, superseded): (Found, bool),
+        unreadable: &[u8],
+        result: Vec<u8>,
+        keep_until: u64,
+    ) -> Result<(), LedgerError> {
+        if found.state != State::Completed || found.result.as_deref() != Some(unreadable) {
+            return Err(LedgerError::NotResolvable { state: found.state });
+        }
+        let replace = &self.statements().replace;
+        let text = if superseded { replace.superseded } else { replace.records };
+        let values = vec![
+            Value::Bytes(Some(result)),
+            millis(keep_until),
+            key_value(&found.key),
+            millis(found.window_end),
+            tenant_value(tenant),
+            Value::Bytes(Some(unreadable.to_vec())),
+        ];
+        let statement = Statement::from_sql_and_values(self.backend(), text, values);
+        let done = self.db.execute_raw(statement).await.map_err(failed)?;
+        // Nothing replaced: another operator corrected it first.
+        if done.rows_affected() == 1 { Ok(()) } else { Err(LedgerError::NotResolvable { state: State::Completed }) }
+    }
+
+    pub(super) async fn keep_tool_facts_now(
+        &self,
+        namespace: &str,
+        tool: &str,
+        facts: &str,
+        now: u64,
+    ) -> Result<(), LedgerError> {
+        let text = |text: &str| Value::String(Some(text.to_owned()));
+        let values = vec![text(namespace), text(tool), text(facts), millis(now)];
+        let statement = Statement::from_sql_and_values(self.backend(), self.statements().keep_facts, values);
+        self.db.execute_raw(statement).await.map_err(failed).map(drop)
+    }
+
+    pub(super) async fn tool_facts_now(&self, namespace: &str, tool: &str) -> Result<Option<String>, LedgerError> {
+        let text = |text: &str| Value::String(Some(text.to_owned()));
+        let values = vec![text(namespace), text(tool)];
+        let read = Statement::from_sql_and_values(self.backend(), self.statements().facts_of, values);
+        let row = self.db.query_one_raw(read).await.map_err(failed)?;
+        row.map(|row| row.try_get_by_index::<String>(0).map_err(corrupt)).transpose()
     }
 
     pub(super) async fn tool_owners_now(

@@ -60,24 +60,24 @@ pub(super) static STATEMENTS: Statements = Statements {
                       WHERE key = $5 AND token = $6 AND state IN (1, 4)",
         },
     },
-    lookup: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+    lookup: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
              WHERE key = $1",
     find: Visible {
-        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                  WHERE key >= $1 AND key <= $2 AND tenant = $3 \
                  AND NOT (expires_at <= $4 AND state IN (2, 3)) ORDER BY key LIMIT 1",
-        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                   WHERE key >= $1 AND key <= $2 AND tenant = $3 AND subject IN ($4, $5) \
                   AND NOT (expires_at <= $6 AND state IN (2, 3)) ORDER BY key LIMIT 1",
     },
     find_superseded: Visible {
-        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_superseded \
                  WHERE key >= $1 AND key <= $2 AND tenant = $3 ORDER BY window_end DESC LIMIT 1",
-        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_superseded \
                   WHERE key >= $1 AND key <= $2 AND tenant = $3 AND subject IN ($4, $5) \
                   ORDER BY window_end DESC LIMIT 1",
     },
-    find_superseded_at: "SELECT key, state, created_at, window_end, expires_at, lease_until, result \
+    find_superseded_at: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label \
                          FROM idem_superseded WHERE key >= $1 AND key <= $2 AND tenant = $3 \
                          AND window_end = $4 LIMIT 1",
     resolve: Tables {
@@ -87,6 +87,12 @@ pub(super) static STATEMENTS: Statements = Statements {
         superseded: "UPDATE idem_superseded SET state = $1, result = $2, expires_at = $3 \
                      WHERE key = $4 AND window_end = $5 AND tenant = $6 \
                      AND (state = 4 OR (state = 1 AND lease_until <= $7))",
+    },
+    replace: Tables {
+        records: "UPDATE idem_records SET result = $1, expires_at = GREATEST(expires_at, $2) \
+                  WHERE key = $3 AND window_end = $4 AND tenant = $5 AND state = 2 AND result = $6",
+        superseded: "UPDATE idem_superseded SET result = $1, expires_at = GREATEST(expires_at, $2) \
+                  WHERE key = $3 AND window_end = $4 AND tenant = $5 AND state = 2 AND result = $6",
     },
     // The subquery locks the rows it picks and skips those another transaction holds (another
     // replica's sweep, a claim or renewal under way): concurrent sweeps take disjoint batches
@@ -122,6 +128,10 @@ pub(super) static STATEMENTS: Statements = Statements {
     owners_of: "SELECT owner FROM idem_tools WHERE namespace = $1 AND tool = $2 AND seen_at >= $3 ORDER BY owner",
     all_owners: "SELECT namespace, tool, owner, seen_at FROM idem_tools ORDER BY namespace, tool, owner",
     forget_owners: "DELETE FROM idem_tools WHERE namespace = $1 AND tool = $2",
+    keep_facts: "INSERT INTO idem_tool_facts (namespace, tool, facts, seen_at) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (namespace, tool) DO UPDATE SET facts = excluded.facts, seen_at = excluded.seen_at \
+                 WHERE idem_tool_facts.seen_at <= excluded.seen_at",
+    facts_of: "SELECT facts FROM idem_tool_facts WHERE namespace = $1 AND tool = $2",
     // No index serves it: an operator's occasional scan, not a call's path.
     pending: "SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 0::bigint AS superseded FROM idem_records \
@@ -147,6 +157,13 @@ pub(super) static MIGRATION: Migration = Migration {
                 owner text NOT NULL,
                 seen_at bigint NOT NULL,
                 PRIMARY KEY (namespace, tool, owner)
+            )",
+        "CREATE TABLE IF NOT EXISTS idem_tool_facts (
+                namespace text NOT NULL,
+                tool text NOT NULL,
+                facts text NOT NULL,
+                seen_at bigint NOT NULL,
+                PRIMARY KEY (namespace, tool)
             )",
         "CREATE TABLE IF NOT EXISTS idem_records (
                 tenant bigint NOT NULL,

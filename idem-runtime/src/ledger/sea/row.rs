@@ -66,6 +66,7 @@ pub(super) struct Found {
     pub(super) expires_at: u64,
     pub(super) lease_until: u64,
     pub(super) result: Option<Vec<u8>>,
+    pub(super) label: Option<Vec<u8>>,
 }
 
 impl Found {
@@ -81,6 +82,7 @@ impl Found {
             expires_at: int(4)?,
             lease_until: int(5)?,
             result: row.try_get_by_index::<Option<Vec<u8>>>(6).map_err(corrupt)?,
+            label: row.try_get_by_index::<Option<Vec<u8>>>(7).map_err(corrupt)?.filter(|label| !label.is_empty()),
         })
     }
 
@@ -113,6 +115,7 @@ impl Found {
             lease_expired: self.view().lease_expired(now),
             result: self.result,
             superseded,
+            label: self.label,
         }
     }
 }

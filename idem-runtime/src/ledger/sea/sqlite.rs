@@ -50,23 +50,23 @@ pub(super) static STATEMENTS: Statements = Statements {
                       WHERE key = ? AND token = ? AND state IN (1, 4)",
         },
     },
-    lookup: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+    lookup: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
              WHERE key = ?",
     find: Visible {
-        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                  WHERE key >= ? AND key <= ? AND tenant = ? \
                  AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY key LIMIT 1",
-        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_records \
+        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                   WHERE key >= ? AND key <= ? AND tenant = ? AND subject IN (?, ?) \
                   AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY key LIMIT 1",
     },
     find_superseded: Visible {
-        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_superseded \
                  WHERE key >= ? AND key <= ? AND tenant = ? ORDER BY window_end DESC LIMIT 1",
-        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result FROM idem_superseded \
+        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_superseded \
                   WHERE key >= ? AND key <= ? AND tenant = ? AND subject IN (?, ?) ORDER BY window_end DESC LIMIT 1",
     },
-    find_superseded_at: "SELECT key, state, created_at, window_end, expires_at, lease_until, result \
+    find_superseded_at: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label \
                          FROM idem_superseded WHERE key >= ? AND key <= ? AND tenant = ? \
                          AND window_end = ? LIMIT 1",
     resolve: Tables {
@@ -75,6 +75,12 @@ pub(super) static STATEMENTS: Statements = Statements {
         superseded: "UPDATE idem_superseded SET state = ?, result = ?, expires_at = ? \
                      WHERE key = ? AND window_end = ? AND tenant = ? \
                      AND (state = 4 OR (state = 1 AND lease_until <= ?))",
+    },
+    replace: Tables {
+        records: "UPDATE idem_records SET result = ?, expires_at = MAX(expires_at, ?) \
+                  WHERE key = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?",
+        superseded: "UPDATE idem_superseded SET result = ?, expires_at = MAX(expires_at, ?) \
+                  WHERE key = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?",
     },
     sweep: Tables {
         records: "DELETE FROM idem_records WHERE key IN (SELECT key FROM idem_records \
@@ -105,6 +111,10 @@ pub(super) static STATEMENTS: Statements = Statements {
     owners_of: "SELECT owner FROM idem_tools WHERE namespace = ? AND tool = ? AND seen_at >= ? ORDER BY owner",
     all_owners: "SELECT namespace, tool, owner, seen_at FROM idem_tools ORDER BY namespace, tool, owner",
     forget_owners: "DELETE FROM idem_tools WHERE namespace = ? AND tool = ?",
+    keep_facts: "INSERT INTO idem_tool_facts (namespace, tool, facts, seen_at) VALUES (?, ?, ?, ?) \
+                 ON CONFLICT (namespace, tool) DO UPDATE SET facts = excluded.facts, seen_at = excluded.seen_at \
+                 WHERE idem_tool_facts.seen_at <= excluded.seen_at",
+    facts_of: "SELECT facts FROM idem_tool_facts WHERE namespace = ? AND tool = ?",
     // No index serves it: an operator's occasional scan, not a call's path.
     pending: "SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, superseded FROM (\
              SELECT key, tenant, state, created_at, window_end, expires_at, lease_until, label, 0 AS superseded FROM idem_records \
@@ -129,6 +139,13 @@ pub(super) static MIGRATION: Migration = Migration {
                 seen_at INTEGER NOT NULL,
                 PRIMARY KEY (namespace, tool, owner)
             ) WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS idem_tool_facts (
+                namespace TEXT NOT NULL,
+                tool TEXT NOT NULL,
+                facts TEXT NOT NULL,
+                seen_at INTEGER NOT NULL,
+                PRIMARY KEY (namespace, tool)
+            )",
         "CREATE TABLE IF NOT EXISTS idem_records (
                 key BLOB PRIMARY KEY NOT NULL,
                 tenant INTEGER NOT NULL,

@@ -50,6 +50,9 @@ pub struct Statements {
     /// An operator's answer to an unsettled record: state, result, expiry, then key, window
     /// end, tenant, now.
     pub resolve: Tables<&'static str>,
+    /// An operator's correction of a completed result no repeat could read: the new result,
+    /// the verdict's expiry (kept if later), then key, window end, tenant, the stored result.
+    pub replace: Tables<&'static str>,
     /// Deletes expired records, at most a limit: now three times and the limit, then (where
     /// [`Statements::sweep_rechecks`]) now three times again. `expires_at` is never before
     /// `window_end`: naming both lets the current table's sweep range-scan its `window_end`
@@ -85,6 +88,10 @@ pub struct Statements {
     pub all_owners: &'static str,
     /// Forgets a tool's owners (`idem tools forget`): namespace, tool.
     pub forget_owners: &'static str,
+    /// Keeps a tool's facts unless newer ones are kept: namespace, tool, facts, now.
+    pub keep_facts: &'static str,
+    /// A tool's facts: namespace, tool.
+    pub facts_of: &'static str,
     /// The unsettled records an operator looks at (`idem pending`), current and superseded,
     /// oldest first, with a flag saying which table each came from. For each table in turn:
     /// two states, now, whether every tenant (1) or only the two tenant tags that follow, the
