@@ -8,8 +8,9 @@
 //! The demo bearer tokens take any `tenant:subject` at its word, so the server refuses to listen
 //! on an address that is not loopback: replace `demo_tokens()` with real validation first.
 //!
-//! Options: `--processor-delay-ms N` makes the fake card processor slow (so "in flight" can be
-//! seen); `--metrics ADDR` serves idem's metrics (feature `metrics`) in Prometheus's text format
+//! Options (`--help` lists them): `--processor-delay-ms N` makes the fake card processor slow (so
+//! "in flight" can be seen); `--lease-ms N` sets how long a claim is held without renewal (how
+//! soon a dead replica's operations are taken over or held); `--metrics ADDR` serves idem's metrics (feature `metrics`) in Prometheus's text format
 //! at `http://ADDR/metrics` (port 0: any free port; the log names it). The ledger is `IDEM_DATABASE_URL` (a URL or a SQLite file path), by default the SQLite
 //! file `idem/mcp_server/ledger.sqlite3` in your data directory (`~/.local/share` on Linux); the
 //! first log line names it. Logs go to stderr (on stdio, stdout is the transport); `RUST_LOG`
@@ -268,6 +269,7 @@ impl ServerHandler for Payments {
 struct Options {
     http: Option<String>,
     processor_delay: Duration,
+    lease: Option<Duration>,
     metrics: Option<String>,
 }
 
@@ -278,6 +280,20 @@ fn demo_tokens() -> mcp::Validator {
         let (tenant, subject) = token.split_once(':')?;
         Caller::try_new(tenant, subject).ok()
     })
+}
+
+/// How often expired records are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(300);
+
+/// The background sweeper, running until the returned guard is dropped. With `--metrics`, each
+/// sweep also sets the ledger gauges (unknown operations, the oldest one's age, lapsed leases,
+/// the sweep backlog) from one count of the ledger.
+fn sweeper(idem: &Idem, gauges: bool) -> idem_runtime::admin::Sweeper {
+    if gauges {
+        idem.admin().spawn_sweeper_with_gauges(SWEEP_EVERY, 1000)
+    } else {
+        idem.admin().spawn_sweeper(SWEEP_EVERY, 1000)
+    }
 }
 
 /// How long a stopping server waits for the calls under way (systemd and Kubernetes wait 90 s
@@ -312,11 +328,13 @@ async fn drain(idem: &Idem) {
 const USAGE: &str = "\
 mcp_server: a payments sandbox MCP server whose side-effecting tools are safe to repeat
 
-usage: mcp_server [--http ADDR] [--processor-delay-ms N] [--metrics ADDR]
+usage: mcp_server [--http ADDR] [--processor-delay-ms N] [--lease-ms N] [--metrics ADDR]
 
   (no flag)               serve on stdio, acting for IDEM_LOCAL_CALLER (tenant:subject, default local:user)
   --http ADDR             serve streamable HTTP at http://ADDR/mcp (loopback only; bearer tokens tenant:subject)
   --processor-delay-ms N  make the fake card processor take N ms (to see \"in flight\" answers)
+  --lease-ms N            how long a call's claim is held without renewal (default 30000): after a replica
+                          dies, its operations wait this long before a repeat takes them over or holds them
   --metrics ADDR          serve idem's metrics in Prometheus's text format at http://ADDR/metrics
   -h, --help              print this and exit
 
@@ -330,7 +348,7 @@ environment:
 
 /// The options, or `None` when `--help` was asked for (and printed).
 fn options() -> Result<Option<Options>, String> {
-    let mut options = Options { http: None, processor_delay: Duration::ZERO, metrics: None };
+    let mut options = Options { http: None, processor_delay: Duration::ZERO, lease: None, metrics: None };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -343,12 +361,17 @@ fn options() -> Result<Option<Options>, String> {
                 let ms = args.next().and_then(|ms| ms.parse().ok()).ok_or("--processor-delay-ms needs a number")?;
                 options.processor_delay = Duration::from_millis(ms);
             }
+            "--lease-ms" => {
+                let ms = args.next().and_then(|ms| ms.parse().ok()).ok_or("--lease-ms needs a number")?;
+                options.lease = Some(Duration::from_millis(ms));
+            }
             "--metrics" => {
                 options.metrics = Some(args.next().ok_or("--metrics needs an address, e.g. 127.0.0.1:9464")?);
             }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`; use --http ADDR, --processor-delay-ms N and --metrics ADDR (--help says more)"
+                    "unknown argument `{other}`; use --http ADDR, --processor-delay-ms N, --lease-ms N and --metrics ADDR \
+                     (--help says more)"
                 ));
             }
         }
@@ -429,13 +452,17 @@ async fn main() -> Result<(), Stopped> {
     let (tenant, subject) = local.split_once(':').ok_or("IDEM_LOCAL_CALLER must be `tenant:subject`")?;
     // Keys are keyed with IDEM_SECRET, or on the SQLite default with a secret kept beside the
     // ledger file; on PostgreSQL or MySQL without IDEM_SECRET this stops here and says how.
-    let idem = Idem::builder(ledger);
+    let mut idem = Idem::builder(ledger);
+    if let Some(lease) = options.lease {
+        idem = idem.lease(lease);
+    }
     let delay = options.processor_delay;
     match options.http {
         None => {
             // Nothing authenticates a request over stdio: the server acts for this caller.
             let idem = idem.local_caller(Caller::try_new(tenant, subject)?).build()?;
             idem.check_secret().await?;
+            let _sweeper = sweeper(&idem, options.metrics.is_some());
             mcp::check_stdio(&idem)?;
             let server = Payments::new(idem.clone(), delay)?;
             // The router this server serves has `idem_status`, which idem's answers name.
@@ -473,6 +500,7 @@ async fn main() -> Result<(), Stopped> {
             use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
             let idem = idem.build()?;
             idem.check_secret().await?;
+            let _sweeper = sweeper(&idem, options.metrics.is_some());
             // One server value for every request: the fake downstream is shared, as a real one would be.
             let server = Payments::new(idem.clone(), delay)?;
             mcp::check_status_served(&server)?;
