@@ -460,6 +460,11 @@ async fn an_empty_database_is_refused_and_left_empty() {
         assert!(stderr(&output).contains("no idem ledger in this database"), "{args:?}: {}", stderr(&output));
     }
     assert_eq!(tables, 0, "the CLI created tables in a database that held no ledger");
+    // Issue 28, item 7: a database that does not exist is named so, without PostgreSQL's
+    // source line ("… does not exist at line 948").
+    let missing = idem(&[("IDEM_DATABASE_URL", &format!("{server}/{name}_missing"))], &["stats"]);
+    failed(&missing, 1, &format!("database \"{name}_missing\" does not exist. Check that"));
+    assert!(!stderr(&missing).contains(" at line "), "{}", stderr(&missing));
 }
 
 /// What the operator's verdict must look like, end to end: a charge's result is a typed receipt.

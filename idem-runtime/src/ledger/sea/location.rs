@@ -231,7 +231,7 @@ impl Location {
     /// "cannot open <place> (<who chose it>): <cause>. <what to do>", no password in it.
     pub(super) fn cannot(&self, cause: &str, raw: Option<&str>) -> String {
         let cause = scrub(cause, raw);
-        let cause = cause.trim_end_matches('.');
+        let cause = without_source_line(cause.trim_end_matches('.'));
         let origin = self.origin;
         let (said, remedy) = (origin.said(), origin.remedy());
         match &self.place {
@@ -464,5 +464,14 @@ mod tests {
         let none = env(&[]);
         let error = default_path_for("linux", &none, exe).unwrap_err();
         assert_eq!(error, "neither XDG_DATA_HOME nor HOME is set to an absolute path");
+    }
+}
+
+/// `cause` without the PostgreSQL server's source line the driver appends to its errors
+/// (`database "x" does not exist at line 948`): a place in PostgreSQL's C code, not the user's.
+fn without_source_line(cause: &str) -> &str {
+    match cause.rsplit_once(" at line ") {
+        Some((words, line)) if !line.is_empty() && line.bytes().all(|byte| byte.is_ascii_digit()) => words,
+        _ => cause,
     }
 }
