@@ -612,3 +612,35 @@ async fn pending_json_says_a_lease_in_the_past_expired() {
     assert_eq!(operation["lease_expired"], true, "{pending}");
     assert_eq!(operation["holder_dead"], false, "unknown, not in progress: nobody holds it: {pending}");
 }
+
+/// Issue 28, item 7: `show`'s "next" line told the operator to resolve even an operation of a
+/// `takeover` tool, which recovers by itself once its dead holder's lease lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_says_a_takeover_tool_recovers_by_itself() {
+    static SHIP: Recipe = Recipe::new("ship_parcel", &["parcel"]).stale(idem_runtime::StalePolicy::Takeover);
+    let dir = scratch();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display());
+    let server = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    let holder = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            server
+                .call(&SHIP, Some(&Caller::new("acme", "alice")), &json!({ "parcel": "P-1" }), || async {
+                    std::future::pending::<()>().await;
+                    Ok::<Value, ToolError>(Value::Null)
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    holder.abort();
+    let env = [("IDEM_DATABASE_URL", url.as_str())];
+    let pending = ok_json(&idem(&env, &["pending", "--json"]));
+    let address = pending["operations"][0]["address"].as_str().expect("the running operation").to_owned();
+    let text = stdout(&idem(&env, &["show", &address, "--tenant", "acme"]));
+    assert!(
+        text.contains("next        nothing to do: its tool recovers a dead holder's operation by itself"),
+        "{text}"
+    );
+    assert!(!text.contains("idem resolve"), "{text}");
+}
