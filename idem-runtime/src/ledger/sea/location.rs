@@ -374,6 +374,15 @@ fn decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// `cause` without the PostgreSQL server's source line the driver appends to its errors
+/// (`database "x" does not exist at line 948`): a place in PostgreSQL's C code, not the user's.
+fn without_source_line(cause: &str) -> &str {
+    match cause.rsplit_once(" at line ") {
+        Some((words, line)) if !line.is_empty() && line.bytes().all(|byte| byte.is_ascii_digit()) => words,
+        _ => cause,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,14 +473,5 @@ mod tests {
         let none = env(&[]);
         let error = default_path_for("linux", &none, exe).unwrap_err();
         assert_eq!(error, "neither XDG_DATA_HOME nor HOME is set to an absolute path");
-    }
-}
-
-/// `cause` without the PostgreSQL server's source line the driver appends to its errors
-/// (`database "x" does not exist at line 948`): a place in PostgreSQL's C code, not the user's.
-fn without_source_line(cause: &str) -> &str {
-    match cause.rsplit_once(" at line ") {
-        Some((words, line)) if !line.is_empty() && line.bytes().all(|byte| byte.is_ascii_digit()) => words,
-        _ => cause,
     }
 }
