@@ -22,9 +22,11 @@ const VERSION: u8 = 1;
 const IV: usize = 16;
 /// The longest tool or subject name kept, in bytes; a longer one is cut (on a character
 /// boundary) and ends with `…`. Bounds a record's size whatever a caller's identity looks like.
-/// The tenant is kept whole: it is what an operator names to reach the record (`--tenant`), and
-/// a cut one would name no tenant.
 const MAX_NAME: usize = 128;
+/// The longest tenant kept whole, in bytes: the tenant is what an operator names to reach the
+/// record (`--tenant`), and a cut one names no tenant — so it is cut only past this, which no
+/// real tenant name reaches, to keep a record's size bounded all the same.
+const MAX_TENANT: usize = 1024;
 
 /// Who and what an operation was: what [`seal`] keeps and [`open`] gives back.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -43,7 +45,7 @@ pub struct Label {
 pub(crate) fn seal(secret: &Secret, namespace: &str, tool: &str, tenant: &str, subject: Option<&str>) -> Vec<u8> {
     let plain = Value::Array(vec![
         Value::String(short(tool)),
-        Value::String(tenant.to_owned()),
+        Value::String(if tenant.len() <= MAX_TENANT { tenant.to_owned() } else { cut(tenant, MAX_TENANT) }),
         subject.map_or(Value::Null, |subject| Value::String(short(subject))),
         Value::String(short(namespace)),
     ])
@@ -105,10 +107,12 @@ fn constant_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// `name`, cut to [`MAX_NAME`] bytes on a character boundary (marked with `…`).
 fn short(name: &str) -> String {
-    if name.len() <= MAX_NAME {
-        return name.to_owned();
-    }
-    let mut end = MAX_NAME - '…'.len_utf8();
+    if name.len() <= MAX_NAME { name.to_owned() } else { cut(name, MAX_NAME) }
+}
+
+/// `name` cut to `max` bytes on a character boundary, ending with `…`.
+fn cut(name: &str, max: usize) -> String {
+    let mut end = max - '…'.len_utf8();
     while !name.is_char_boundary(end) {
         end -= 1;
     }
@@ -165,5 +169,9 @@ mod tests {
         }
         // The operator names the tenant to reach the record (`--tenant`): a cut one names none.
         assert_eq!(label.tenant, long);
+        // Past any real tenant's length, it is cut all the same: a record's size stays bounded.
+        let huge = "t".repeat(5000);
+        let label = open([&secret(1)], &seal(&secret(1), "ns", "tool", &huge, None)).unwrap();
+        assert!(label.tenant.len() <= MAX_TENANT && label.tenant.ends_with('…'), "{}", label.tenant.len());
     }
 }
