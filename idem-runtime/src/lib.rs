@@ -85,6 +85,8 @@
 mod bytes;
 pub mod canonical;
 pub mod clock;
+#[cfg(feature = "http")]
+pub mod http;
 mod idem;
 pub mod key;
 pub mod ledger;

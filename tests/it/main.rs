@@ -11,6 +11,7 @@
 mod architecture;
 mod example_server;
 mod hooks;
+mod http_layer;
 mod layout;
 mod ledger_durable;
 mod ledger_memory;

@@ -1,0 +1,333 @@
+//! [`Idempotent`]: the service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around yours.
+//! One request: pick its route, check its key and principal, read its body within the limit, and
+//! drive it through the engine (`Idem::call`) with the wrapped service as the handler.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// What the service answered the first run, for its client (every header), or its error.
+type Answered<E> = Arc<Mutex<Option<Result<Response<Bytes>, E>>>>;
+use std::task::{Context, Poll};
+
+use base64::Engine;
+use bytes::{Bytes, BytesMut};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::Config;
+use super::answer::{self, StoredResponse, Unstored};
+use super::key::client_key;
+use crate::recipe::Recipe;
+
+/// The error of a body: anything a service's body may fail with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body the wrapped service is given and the layer answers with: the original body of a
+/// request the layer passes through (streaming), or the bytes it read or stored.
+pub struct LayerBody(UnsyncBoxBody<Bytes, BoxError>);
+
+impl LayerBody {
+    fn new<B>(body: B) -> Self
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Self(body.map_err(Into::into).boxed_unsync())
+    }
+
+    fn full(bytes: Bytes) -> Self {
+        Self(http_body_util::Full::new(bytes).map_err(|never| match never {}).boxed_unsync())
+    }
+}
+
+impl std::fmt::Debug for LayerBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerBody").finish_non_exhaustive()
+    }
+}
+
+impl Body for LayerBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.get_mut().0).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.0.size_hint()
+    }
+}
+
+/// The service [`IdempotencyLayer`](super::IdempotencyLayer) makes of yours.
+#[derive(Clone)]
+pub struct Idempotent<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> std::fmt::Debug for Idempotent<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotent").finish_non_exhaustive()
+    }
+}
+
+impl<S> Idempotent<S> {
+    pub(super) const fn new(inner: S, config: Arc<Config>) -> Self {
+        Self { inner, config }
+    }
+}
+
+/// What a protected request is keyed and fingerprinted by: the recipe keys `route` and `key`
+/// (under the principal's scope and the tool, `METHOD template`); every member is fingerprinted.
+#[derive(Serialize)]
+struct Arguments {
+    key: String,
+    method: String,
+    route: String,
+    path: String,
+    query: String,
+    body: Value,
+}
+
+/// The body as the fingerprint sees it: its JSON, canonicalised, when it is JSON; its bytes
+/// (base64) otherwise; `null` when empty.
+fn body_value(headers: &http::HeaderMap, bytes: &Bytes) -> Value {
+    if bytes.is_empty() {
+        return Value::Null;
+    }
+    let json = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| {
+            let media = media.trim();
+            media.eq_ignore_ascii_case("application/json") || media.ends_with("+json")
+        });
+    if json && let Ok(value) = serde_json::from_slice::<Value>(bytes) {
+        return serde_json::json!({ "json": value });
+    }
+    serde_json::json!({ "bytes": base64::engine::general_purpose::STANDARD.encode(bytes) })
+}
+
+/// A response of the layer's own, boxed.
+fn boxed(response: Response<Bytes>) -> Response<LayerBody> {
+    response.map(LayerBody::full)
+}
+
+/// Reads `body` whole, or says it is longer than `max`.
+async fn read_within<B>(body: B, max: usize) -> Result<Bytes, Option<BoxError>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut read = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| Some(error.into()))?;
+        if let Ok(data) = frame.into_data() {
+            if read.len() + data.len() > max {
+                return Err(None);
+            }
+            read.extend_from_slice(&data);
+        }
+    }
+    Ok(read.freeze())
+}
+
+impl<S, ReqBody, ResBody> tower_service::Service<Request<ReqBody>> for Idempotent<S>
+where
+    S: tower_service::Service<Request<LayerBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<LayerBody>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service that was polled ready serves this request; a fresh clone waits for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+        Box::pin(handle(config, inner, request))
+    }
+}
+
+/// Which recipe keeps `parts`' request, under which route name, and the statuses that mean
+/// nothing happened; `None` when the layer does not protect it.
+fn route_of(config: &Config, parts: &http::request::Parts) -> Option<(&'static Recipe, String, Vec<StatusCode>)> {
+    let path = parts.uri.path();
+    if let Some(route) = config.routes.iter().find(|route| route.matches(&parts.method, path)) {
+        return Some((route.recipe, route.template.clone(), route.nothing_happened.clone()));
+    }
+    let (_, recipe) = config.methods.iter().find(|(method, _)| *method == parts.method)?;
+    let route = parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| path.to_owned(), |matched| matched.as_str().to_owned());
+    Some((recipe, route, config.default_route.nothing_happened.clone()))
+}
+
+async fn handle<S, ReqBody, ResBody>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<LayerBody>, S::Error>
+where
+    S: tower_service::Service<Request<LayerBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let Some((recipe, route, nothing_happened)) = route_of(&config, &parts) else {
+        // Not protected: through, streaming both ways.
+        let response = inner.call(Request::from_parts(parts, LayerBody::new(body))).await?;
+        return Ok(response.map(LayerBody::new));
+    };
+    let key = match client_key(&parts.headers) {
+        Ok(key) => key,
+        Err(error) => return Ok(boxed(answer::bad_key(&error))),
+    };
+    let Some(caller) = (config.principal)(&parts) else {
+        return Ok(boxed(answer::problem(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "No authenticated principal",
+            "an Idempotency-Key is kept per principal, and this request has none: authenticate, then send it again",
+            false,
+        )));
+    };
+    let too_large = || {
+        let detail = format!("the body is larger than the {} bytes this endpoint accepts", config.max_request_bytes);
+        boxed(answer::problem(StatusCode::PAYLOAD_TOO_LARGE, "too-large", "Request body too large", &detail, false))
+    };
+    if let Some(length) = parts.headers.get(http::header::CONTENT_LENGTH)
+        && length
+            .to_str()
+            .ok()
+            .and_then(|length| length.parse::<u64>().ok())
+            .is_some_and(|length| usize::try_from(length).map_or(true, |length| length > config.max_request_bytes))
+    {
+        return Ok(too_large());
+    }
+    let bytes = match read_within(body, config.max_request_bytes).await {
+        Ok(bytes) => bytes,
+        Err(None) => return Ok(too_large()),
+        Err(Some(error)) => {
+            let detail = format!("the request body could not be read: {error}");
+            return Ok(boxed(answer::problem(
+                StatusCode::BAD_REQUEST,
+                "unreadable-body",
+                "Unreadable body",
+                &detail,
+                false,
+            )));
+        }
+    };
+    let arguments = Arguments {
+        key,
+        method: parts.method.as_str().to_owned(),
+        route,
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().unwrap_or("").to_owned(),
+        body: body_value(&parts.headers, &bytes),
+    };
+    // What the service answered, for this client: all its headers (the store keeps the
+    // allow-listed ones), or its error.
+    // The handler's future owns what it uses (a future borrowing this one's locals would not be
+    // `Send` for every lifetime, as a boxed service future must be).
+    let answered: Answered<S::Error> = Arc::default();
+    let (kept, shared) = (Arc::clone(&answered), Arc::clone(&config));
+    let run = move || async move {
+        let (answered, config, mut inner) = (kept, shared, inner);
+        let request = Request::from_parts(parts, LayerBody::full(bytes));
+        let response = match std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+            Ok(()) => inner.call(request).await,
+            Err(error) => Err(error),
+        };
+        let keep = |answer| *answered.lock().unwrap_or_else(PoisonError::into_inner) = Some(answer);
+        let response = match response {
+            Ok(response) => response,
+            Err(error) => {
+                keep(Err(error));
+                return Err(Unstored::MaybeHappened);
+            }
+        };
+        let (head, body) = response.into_parts();
+        // The whole body reaches the client; past the limit it is not stored.
+        let body = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => {
+                let error: BoxError = error.into();
+                tracing::error!(%error, "the service's response body failed; recording the outcome as unknown");
+                keep(Ok(Response::from_parts(head, Bytes::new())));
+                return Err(Unstored::MaybeHappened);
+            }
+        };
+        let stored = StoredResponse::of(head.status, &head.headers, &config.stored_headers, &body);
+        let status = head.status;
+        let oversized = body.len() > config.max_response_bytes;
+        keep(Ok(Response::from_parts(head, body)));
+        if nothing_happened.contains(&status) {
+            return Err(Unstored::NothingHappened);
+        }
+        if oversized {
+            tracing::error!(
+                size = stored_len(&stored),
+                max = config.max_response_bytes,
+                "the response is too large to store; recording the outcome as unknown"
+            );
+            return Err(Unstored::MaybeHappened);
+        }
+        Ok(stored)
+    };
+    let answer = config.idem.call(recipe, Some(&caller), &arguments, run).await;
+    let kept = answered.lock().unwrap_or_else(PoisonError::into_inner).take();
+    match (answer, kept) {
+        // The first run: the service's own response, every header.
+        (Ok(served), Some(Ok(response))) if !served.replayed => Ok(boxed(response)),
+        (Ok(served), _) => Ok(boxed(served.value.into_response(served.replayed))),
+        (Err(Unstored::Refused(rejection)), _) => Ok(boxed(answer::refused(&rejection))),
+        (Err(_), Some(Ok(response))) => Ok(boxed(response)),
+        (Err(_), Some(Err(error))) => Err(error),
+        (Err(_), None) => Ok(boxed(answer::problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "outcome-unknown",
+            "The request's outcome is unknown",
+            "the service did not answer",
+            false,
+        ))),
+    }
+}
+
+fn stored_len(stored: &StoredResponse) -> usize {
+    match &stored.body {
+        answer::StoredBody::Text(text) => text.len(),
+        answer::StoredBody::Base64(encoded) => encoded.len(),
+    }
+}

@@ -1,0 +1,252 @@
+//! The HTTP door (issue 29): `IdempotencyLayer` on a real axum server bound to a local port,
+//! driven by a real HTTP client (reqwest), on every ledger (memory, SQLite, PostgreSQL,
+//! MariaDB). Each rule of the IETF draft is a case below; the service behind the layer counts
+//! what it really executed — the far side of the boundary.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::routing::post;
+use idem_runtime::http::{IdempotencyLayer, Route};
+use idem_runtime::ledger::Token;
+use idem_runtime::{Caller, current_operation};
+use serde_json::{Value, json};
+
+/// What the service behind the layer really did.
+#[derive(Default)]
+struct Effects {
+    charges: AtomicUsize,
+    limited: AtomicUsize,
+    failures: AtomicUsize,
+    big: AtomicUsize,
+}
+
+async fn charge(
+    State(effects): State<Arc<Effects>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> impl axum::response::IntoResponse {
+    if headers.contains_key("x-slow") {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let n = effects.charges.fetch_add(1, Ordering::SeqCst) + 1;
+    let forwarded = current_operation().map(|operation| operation.idempotency_key());
+    (
+        StatusCode::CREATED,
+        [("location", format!("/payments/ch_{n}")), ("x-trace", format!("run-{n}"))],
+        Json(json!({ "charge": format!("ch_{n}"), "amount": body["amount"], "forwarded": forwarded })),
+    )
+}
+
+/// Refuses its first request with 429 before doing anything, then charges.
+async fn limited(State(effects): State<Arc<Effects>>) -> (StatusCode, &'static str) {
+    if effects.limited.fetch_add(1, Ordering::SeqCst) == 0 {
+        (StatusCode::TOO_MANY_REQUESTS, "slow down")
+    } else {
+        (StatusCode::CREATED, "done")
+    }
+}
+
+/// A response larger than the layer stores.
+async fn big(State(effects): State<Arc<Effects>>) -> (StatusCode, String) {
+    effects.big.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, "b".repeat(8 * 1024))
+}
+
+async fn fails(State(effects): State<Arc<Effects>>) -> (StatusCode, &'static str) {
+    effects.failures.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::INTERNAL_SERVER_ERROR, "the processor broke after charging")
+}
+
+/// An axum server with the layer, on `idem`, at a local port: its base URL and its effects.
+async fn serve(idem: idem_runtime::Idem) -> (String, Arc<Effects>) {
+    let effects = Arc::new(Effects::default());
+    let principal = |parts: &axum::http::request::Parts| {
+        let user = parts.headers.get("x-user")?.to_str().ok()?;
+        Caller::try_new("shop", user).ok()
+    };
+    let layer = IdempotencyLayer::new(idem, principal)
+        .route(Method::POST, "/payments", Route::new().window(Duration::from_secs(600)))
+        .route(Method::POST, "/limited", Route::new().nothing_happened_on(&[StatusCode::TOO_MANY_REQUESTS]))
+        .max_request_bytes(1024)
+        .max_response_bytes(4096);
+    let app = axum::Router::new()
+        .route("/payments", post(charge).get(|| async { "a list" }))
+        .route("/limited", post(limited))
+        .route("/fails", post(fails))
+        .route("/big", post(big))
+        .layer(layer)
+        .with_state(Arc::clone(&effects));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{address}"), effects)
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", Token::random().get())
+}
+
+/// The problem document of a refusal, checked for its media type and members.
+async fn problem(response: reqwest::Response, status: u16, kind: &str) -> Value {
+    assert_eq!(response.status().as_u16(), status);
+    let media = response.headers().get("content-type").and_then(|value| value.to_str().ok()).unwrap_or_default();
+    assert_eq!(media, "application/problem+json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["type"], format!("urn:idem:problem:{kind}"), "{body}");
+    assert!(body["title"].is_string() && body["detail"].is_string() && body["status"] == status, "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_drafts_rules_on_every_ledger() {
+    for (backend, ledger) in idem_tests::every_ledger("http_layer").await {
+        let idem = idem_tests::idem_shared(ledger);
+        let (base, effects) = serve(idem.clone()).await;
+        let client = reqwest::Client::new();
+        let payments = format!("{base}/payments");
+        let charge = |key: Option<String>, user: Option<&str>, body: &str| {
+            let mut request = client.post(&payments).header("content-type", "application/json").body(body.to_owned());
+            if let Some(key) = key {
+                request = request.header("idempotency-key", key);
+            }
+            if let Some(user) = user {
+                request = request.header("x-user", user);
+            }
+            request.send()
+        };
+        let quoted = |key: &str| Some(format!("\"{key}\""));
+
+        // Refused before anything is claimed: a missing, unquoted, empty or too long key; no
+        // principal; a body over the limit.
+        problem(charge(None, Some("alice"), r#"{"amount":100}"#).await.unwrap(), 400, "missing-idempotency-key").await;
+        for bad in ["k-unquoted".to_owned(), "\"\"".to_owned(), format!("\"{}\"", "k".repeat(256)), "42".to_owned()] {
+            let response = charge(Some(bad), Some("alice"), r#"{"amount":100}"#).await.unwrap();
+            problem(response, 400, "invalid-idempotency-key").await;
+        }
+        problem(charge(quoted(&unique("k")), None, r#"{"amount":100}"#).await.unwrap(), 401, "unauthenticated").await;
+        let big = format!(r#"{{"amount":100,"memo":"{}"}}"#, "x".repeat(2048));
+        problem(charge(quoted(&unique("k")), Some("alice"), &big).await.unwrap(), 413, "too-large").await;
+        assert_eq!(effects.charges.load(Ordering::SeqCst), 0, "{backend}: nothing ran for a refused request");
+
+        // The first request runs and is answered with everything the service said.
+        let key = unique("k");
+        let first = charge(quoted(&key), Some("alice"), r#"{"amount":100}"#).await.unwrap();
+        assert_eq!(first.status(), 201, "{backend}");
+        assert!(first.headers().get("idempotent-replayed").is_none());
+        assert_eq!(first.headers()["x-trace"], "run-1");
+        let first_body: Value = first.json().await.unwrap();
+        assert!(first_body["forwarded"].as_str().is_some_and(|key| key.len() == 64), "{first_body}");
+
+        // A repeat — the same JSON, spelled differently — gets the stored response, marked, with
+        // the allow-listed headers only.
+        let repeat = charge(quoted(&key), Some("alice"), r#"{ "amount" : 100 }"#).await.unwrap();
+        assert_eq!(repeat.status(), 201, "{backend}");
+        assert_eq!(repeat.headers()["idempotent-replayed"], "true");
+        assert_eq!(repeat.headers()["location"], "/payments/ch_1");
+        assert_eq!(repeat.headers()["content-type"], "application/json");
+        assert!(repeat.headers().get("x-trace").is_none(), "not an allow-listed header");
+        assert_eq!(repeat.json::<Value>().await.unwrap(), first_body);
+        assert_eq!(effects.charges.load(Ordering::SeqCst), 1, "{backend}: a repeat ran nothing");
+
+        // The same key with another payload: 422, nothing run.
+        let other = charge(quoted(&key), Some("alice"), r#"{"amount":200}"#).await.unwrap();
+        problem(other, 422, "key-reused").await;
+        // Another principal's identical request is its own operation.
+        let bob = charge(quoted(&key), Some("bob"), r#"{"amount":100}"#).await.unwrap();
+        assert_eq!(bob.status(), 201);
+        assert!(bob.headers().get("idempotent-replayed").is_none());
+        assert_eq!(effects.charges.load(Ordering::SeqCst), 2, "{backend}: bob's request ran once");
+
+        // A storm of 100 identical requests: one execution; the others are told 409 (in
+        // progress, with Retry-After) or, once it completed, get the replay.
+        let storm = unique("storm");
+        let requests = (0..100).map(|_| {
+            client
+                .post(&payments)
+                .header("content-type", "application/json")
+                .header("idempotency-key", format!("\"{storm}\""))
+                .header("x-user", "alice")
+                .header("x-slow", "1")
+                .body(r#"{"amount":7}"#)
+                .send()
+        });
+        let answers = futures_join_all(requests).await;
+        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+        for answer in answers {
+            let answer = answer.unwrap();
+            if answer.status() == 409 {
+                assert_eq!(answer.headers()["retry-after"], "1");
+            }
+            *statuses.entry(answer.status().as_u16()).or_default() += 1;
+        }
+        assert_eq!(
+            effects.charges.load(Ordering::SeqCst),
+            3,
+            "{backend}: 100 identical requests, one run: {statuses:?}"
+        );
+        assert!(statuses.keys().all(|status| [201, 409].contains(status)), "{statuses:?}");
+
+        // A 5xx after which the effect may have happened is stored and replayed, never re-run.
+        let failing = |key: String| {
+            client.post(format!("{base}/fails")).header("idempotency-key", key).header("x-user", "alice").send()
+        };
+        let key = format!("\"{}\"", unique("f"));
+        assert_eq!(failing(key.clone()).await.unwrap().status(), 500);
+        let replayed = failing(key).await.unwrap();
+        assert_eq!(
+            (replayed.status().as_u16(), &replayed.headers()["idempotent-replayed"]),
+            (500, &"true".parse().unwrap())
+        );
+        assert_eq!(effects.failures.load(Ordering::SeqCst), 1, "{backend}: a stored 500 is not re-run");
+
+        // A status the route declares "nothing happened" reaches the client, and the retry runs.
+        let limited = |key: String| {
+            client.post(format!("{base}/limited")).header("idempotency-key", key).header("x-user", "alice").send()
+        };
+        let key = format!("\"{}\"", unique("l"));
+        assert_eq!(limited(key.clone()).await.unwrap().status(), 429);
+        assert_eq!(limited(key.clone()).await.unwrap().status(), 201);
+        assert_eq!(limited(key).await.unwrap().headers()["idempotent-replayed"], "true");
+        assert_eq!(effects.limited.load(Ordering::SeqCst), 2, "{backend}: the 429 was not stored");
+
+        // A response too large to store reaches its client whole; the operation is recorded
+        // "outcome unknown", and the retry is told so rather than run again.
+        let large = |key: String| {
+            client.post(format!("{base}/big")).header("idempotency-key", key).header("x-user", "alice").send()
+        };
+        let key = format!("\"{}\"", unique("b"));
+        let first = large(key.clone()).await.unwrap();
+        assert_eq!((first.status().as_u16(), first.text().await.unwrap().len()), (201, 8 * 1024));
+        problem(large(key).await.unwrap(), 409, "outcome-unknown").await;
+        assert_eq!(effects.big.load(Ordering::SeqCst), 1, "{backend}: an unstored response is not re-run");
+
+        // A method the layer does not protect passes through, key or not.
+        let list = client.get(&payments).send().await.unwrap();
+        assert_eq!((list.status().as_u16(), list.text().await.unwrap()), (200, "a list".to_owned()));
+
+        // A draining server refuses new requests with 503 and Retry-After: nothing ran.
+        idem.drain(Duration::from_secs(1)).await;
+        let refused = charge(quoted(&unique("d")), Some("alice"), r#"{"amount":1}"#).await.unwrap();
+        assert_eq!(refused.headers()["retry-after"], "1");
+        problem(refused, 503, "unavailable").await;
+        assert_eq!(effects.charges.load(Ordering::SeqCst), 3, "{backend}: nothing ran while draining");
+    }
+}
+
+/// Every future, run concurrently.
+async fn futures_join_all<F: std::future::Future + Send + 'static>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F::Output: Send,
+{
+    let tasks: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut outputs = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        outputs.push(task.await.unwrap());
+    }
+    outputs
+}
