@@ -250,3 +250,106 @@ where
     }
     outputs
 }
+
+/// A reqwest client as a tower service, under `ForwardKeyLayer`.
+type ForwardingClient = idem_runtime::http::ForwardKey<Reqwest>;
+
+/// A tower client service over reqwest: what `ForwardKeyLayer` wraps in these tests.
+#[derive(Clone)]
+struct Reqwest(reqwest::Client);
+
+impl tower_service::Service<axum::http::Request<String>> for Reqwest {
+    type Response = reqwest::Response;
+    type Error = reqwest::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<reqwest::Response, reqwest::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<String>) -> Self::Future {
+        let client = self.0.clone();
+        Box::pin(async move { client.execute(reqwest::Request::try_from(request)?).await })
+    }
+}
+
+/// Issue 29, item 3: a handler's outbound request carries its operation's key with no code of
+/// its own (`ForwardKeyLayer`), so when a dead holder's operation is taken over and runs again,
+/// the downstream — behind an `IdempotencyLayer` — replays its first response instead of charging
+/// twice. The downstream counts its charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takeover_forwards_the_same_key_and_the_downstream_replays() {
+    use idem_runtime::http::ForwardKeyLayer;
+    use idem_runtime::{Recipe, StalePolicy};
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    static BOOK: Recipe = Recipe::new("book_trip", &["trip"]).stale(StalePolicy::Takeover);
+    let (base, effects) = serve(idem_tests::idem(idem_runtime::MemoryLedger::new())).await;
+    let upstream =
+        idem_tests::builder(idem_runtime::MemoryLedger::new()).lease(Duration::from_millis(100)).build().unwrap();
+    let client = ForwardKeyLayer.layer(Reqwest(reqwest::Client::new()));
+    let alice = Caller::new("travel", "alice");
+    let trip = json!({ "trip": unique("trip") });
+    let book = |client: ForwardingClient, linger: bool| {
+        let base = base.clone();
+        async move {
+            let mut client = client;
+            let request = axum::http::Request::post(format!("{base}/payments"))
+                .header("content-type", "application/json")
+                .header("x-user", "travel-agent")
+                .body(r#"{"amount":900}"#.to_owned())
+                .unwrap();
+            let response = client.call(request).await.map_err(|error| Failed(error.to_string()))?;
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let body: Value = response.json().await.map_err(|error| Failed(error.to_string()))?;
+            if linger {
+                // Work after the downstream call, during which this holder dies.
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, Failed>((body, replayed))
+        }
+    };
+    let holder = {
+        let (upstream, alice, trip, first) =
+            (upstream.clone(), alice.clone(), trip.clone(), book(client.clone(), true));
+        tokio::spawn(async move { upstream.call(&BOOK, Some(&alice), &trip, || first).await })
+    };
+    // The downstream charged once; then the holder dies before recording.
+    for _ in 0..100 {
+        if effects.charges.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    holder.abort();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // The repeat takes the lapsed lease over and runs the handler again, same forwarded key.
+    let again = upstream.call(&BOOK, Some(&alice), &trip, || book(client.clone(), false)).await.unwrap();
+    let (body, replayed) = again.value;
+    assert!(replayed, "the downstream answered the takeover's request from its record: {body}");
+    assert_eq!(body["charge"], "ch_1");
+    assert_eq!(effects.charges.load(Ordering::SeqCst), 1, "one charge at the downstream");
+
+    // Outside an operation, nothing is added: the downstream refuses the keyless request.
+    let mut bare = client;
+    let request = axum::http::Request::post(format!("{base}/payments"))
+        .header("content-type", "application/json")
+        .header("x-user", "travel-agent")
+        .body(r#"{"amount":1}"#.to_owned())
+        .unwrap();
+    assert_eq!(bare.call(request).await.unwrap().status(), 400);
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Failed(String);
+
+impl idem_runtime::IdempotentError for Failed {
+    fn classify(&self) -> idem_runtime::ErrorClass {
+        idem_runtime::ErrorClass::Unknown
+    }
+    fn from_rejection(rejection: idem_runtime::Rejection) -> Self {
+        Self(rejection.to_string())
+    }
+}

@@ -53,6 +53,7 @@
 //! `status` and `detail`.
 
 mod answer;
+mod forward;
 mod key;
 mod service;
 
@@ -62,8 +63,9 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode};
 
 pub use self::answer::IDEMPOTENT_REPLAYED;
+pub use self::forward::{ForwardKey, ForwardKeyLayer, forwarded_key};
 pub use self::key::{IDEMPOTENCY_KEY, MAX_KEY_CHARS};
-pub use self::service::Idempotent;
+pub use self::service::{BoxError, Idempotent, LayerBody};
 
 use crate::Idem;
 use crate::recipe::{Recipe, StalePolicy};
