@@ -252,7 +252,13 @@ async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend
     assert_eq!(swept, EXPIRED as u64, "each expired record is deleted exactly once in total: {stats:?}");
     assert_eq!(ledgers[0].sweep(now_ms(), 100_000).await.unwrap(), 0, "nothing expired is left");
     assert_kept(&*ledgers[0], &live).await;
-    assert!(stats.iter().filter(|s| s.swept > 0).count() >= 2, "the work is shared, not one replica's: {stats:?}");
+    // Through a database each batch is a statement, and the sweepers interleave. The memory
+    // ledger answers a batch under one lock in microseconds: on a loaded machine one sweeper can
+    // finish all 5,000 before the others first wake (seen once in a full parallel run), which
+    // says nothing about sharing — so there only the exact total above is asserted.
+    if backend != "memory" {
+        assert!(stats.iter().filter(|s| s.swept > 0).count() >= 2, "the work is shared, not one replica's: {stats:?}");
+    }
 }
 
 /// A stopped sweeper deletes nothing more: records that expire after its stop stay.
