@@ -68,7 +68,8 @@ impl<T> Attr<T> {
 
 /// The accepted options, for the "unknown option" message.
 pub const OPTIONS: &str = "`key`, `window`, `ignore`, `stale`, `reconcile`, `scope`, `within`, `task`, `inherent`, \
-                           `name`, `replay_note`, `wait`, `input_key`, `single_use_state`, `idem`, `caller`, `crate`";
+                           `name`, `replay_note`, `wait`, `input_key`, `single_use_state`, `client_key`, `idem`, \
+                           `caller`, `crate`";
 
 /// `#[idempotent(...)]` as written.
 pub struct Args {
@@ -86,6 +87,7 @@ pub struct Args {
     pub wait: Attr<LitStr>,
     pub input_key: Attr<LitStr>,
     pub single_use_state: Attr<LitBool>,
+    pub client_key: Attr<LitStr>,
     pub idem: Attr<Expr>,
     pub caller: Attr<Expr>,
     pub krate: Attr<Path>,
@@ -108,6 +110,7 @@ impl Args {
             wait: Attr::none("wait"),
             input_key: Attr::none("input_key"),
             single_use_state: Attr::none("single_use_state"),
+            client_key: Attr::none("client_key"),
             idem: Attr::none("idem"),
             caller: Attr::none("caller"),
             krate: Attr::none("crate"),
@@ -148,6 +151,7 @@ fn parse_one(cx: &mut Ctxt, args: &mut Args, meta: &ParseNestedMeta<'_>) -> syn:
         "wait" => return set_string(cx, meta, span, &mut args.wait),
         "input_key" => return set_string(cx, meta, span, &mut args.input_key),
         "single_use_state" => return set_bool(cx, meta, span, &mut args.single_use_state, true),
+        "client_key" => return set_string(cx, meta, span, &mut args.client_key),
         "reconcile" => args.reconcile.set(span, meta.value()?.parse()?),
         "idem" => args.idem.set(span, meta.value()?.parse()?),
         "caller" => args.caller.set(span, meta.value()?.parse()?),

@@ -30,7 +30,7 @@ use syn::{Ident, ReturnType, Type};
 use crate::attr::Ctxt;
 use crate::handler::Handler;
 use crate::tool::{ToolAttr, is_tool};
-use crate::valid::{Recipe, Stale};
+use crate::valid::{ClientKey, Recipe, Stale};
 
 mod arguments;
 
@@ -106,6 +106,13 @@ pub fn expand(cx: &mut Ctxt, recipe: &Recipe, mut item: Handler, audited: bool) 
             span,
             "`replay_note` only applies to an rmcp tool (a method with `#[tool(...)]` below `#[idempotent]`), \
              whose answers a model reads; remove it here",
+        );
+    }
+    if !is_tool && let Some(span) = recipe.client_key.1 {
+        cx.error(
+            span,
+            "`client_key` only applies to an rmcp tool (a method with `#[tool(...)]` below `#[idempotent]`), whose \
+             requests carry `_meta`; remove it here",
         );
     }
     for (option, span) in [("input_key", recipe.input_key.1), ("single_use_state", recipe.single_use_state.1)] {
@@ -476,6 +483,11 @@ fn recipe_expr(recipe: &Recipe, tool_name: &str) -> TokenStream {
     }
     if recipe.single_use_state.0 {
         expr.extend(quote!(.single_use_state(true)));
+    }
+    match recipe.client_key.0 {
+        ClientKey::Ignored => {}
+        ClientKey::Optional => expr.extend(quote!(.client_key(#krate::__private::ClientKey::Optional))),
+        ClientKey::Required => expr.extend(quote!(.client_key(#krate::__private::ClientKey::Required))),
     }
     match recipe.stale {
         Stale::Hold => {}

@@ -26,6 +26,14 @@ pub enum Stale {
     Reconcile(Path),
 }
 
+/// Whether a client's own key joins the operation's identity.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ClientKey {
+    Ignored,
+    Optional,
+    Required,
+}
+
 /// A validated `#[idempotent]` attribute.
 pub struct Recipe {
     pub keys: Vec<ArgPath>,
@@ -48,6 +56,9 @@ pub struct Recipe {
     pub input_key: (Vec<String>, Option<Span>),
     /// Whether a continuation's `requestState` is accepted once (rmcp tools), with its span.
     pub single_use_state: (bool, Option<Span>),
+    /// `client_key = "optional" | "required"`: the client's `_meta["idempotency-key"]` joins the
+    /// key (rmcp tools), with its span.
+    pub client_key: (ClientKey, Option<Span>),
     pub idem: Option<Expr>,
     pub caller: Option<Expr>,
     pub krate: Path,
@@ -77,6 +88,7 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
             ("wait", args.wait.span()),
             ("input_key", args.input_key.span()),
             ("single_use_state", args.single_use_state.span()),
+            ("client_key", args.client_key.span()),
         ];
         for (option, span) in ledger_options {
             if let Some(span) = span {
@@ -147,9 +159,29 @@ pub fn validate(cx: &mut Ctxt, args: Args) -> Recipe {
         wait_secs,
         input_key: (args.input_key.get().map(|lit| input_paths(cx, lit)).unwrap_or_default(), args.input_key.span()),
         single_use_state: (args.single_use_state.get().is_some_and(LitBool::value), args.single_use_state.span()),
+        client_key: (client_key(cx, &args), args.client_key.span()),
         idem: args.idem.get().cloned(),
         caller: args.caller.get().cloned(),
         krate,
+    }
+}
+
+/// Reads `client_key = "optional" | "required"`.
+fn client_key(cx: &mut Ctxt, args: &Args) -> ClientKey {
+    let Some(lit) = args.client_key.get() else { return ClientKey::Ignored };
+    match lit.value().as_str() {
+        "optional" => ClientKey::Optional,
+        "required" => ClientKey::Required,
+        other => {
+            cx.error(
+                lit.span(),
+                format!(
+                    "unknown `client_key` mode `{other}`; use `\"required\"` (every call must send \
+                     `_meta[\"idempotency-key\"]`) or `\"optional\"` (a key the client sends joins the operation)"
+                ),
+            );
+            ClientKey::Ignored
+        }
     }
 }
 

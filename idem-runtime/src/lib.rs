@@ -195,6 +195,7 @@ pub mod settings {
 /// | `wait = "5s"` | a repeat that finds the operation in progress waits up to this long (`s` or `m`, 1 s to [`MAX_WAIT`](recipe::MAX_WAIT)) for it to settle: completed, it gets the stored result as a replay; failed with nothing done, it claims again and may run the handler; unknown, "outcome unknown"; still running, "in flight". No connection or lock is held while it waits (see [`Recipe::wait`]) | none: "in flight" at once |
 /// | `replay_note = false` | on an rmcp tool, leave out the line of text a replayed answer ends with ("this is the stored result of an earlier identical call … nothing was executed again"); `_meta["dev.idem/outcome"].replayed` still says it | `true`: hosts that drop `_meta` still show the model it was a replay |
 /// | `input_key = "pick.content.amount"` | on an rmcp tool that may ask for input (`mcp::Step`, feature `rmcp`): input-response paths (the input request's id, then fields of the client's response) whose values join the key, under names no argument can have (`$input.pick.content.amount`). Input responses are no part of the key otherwise: a confirmation does not change what is done. With one, the first round (without the response) and each continuation with another value are different operations | none |
+/// | `client_key = "required"` | on an rmcp tool: the client's own key in the request's `_meta["idempotency-key"]` (a non-empty string of at most 255 characters, as the Universal Commerce Protocol's MCP binding sends it) joins the operation's identity, beside the `key` paths and still under the caller's scope and the tool: the same client key with other arguments is a conflict, another one is another operation. `"required"` refuses a call without one (`invalid_client_key`, nothing runs); `"optional"` keys a call without one by its recipe alone | ignored |
 /// | `single_use_state = true` | on an rmcp tool that may ask for input: a continuation's `requestState` is accepted once, enforced through the ledger on every replica (a second continuation after a "nothing happened" failure is refused: `request_state_used`); a repeat of a completed continuation is still a replay | `false` |
 /// | `idem = self.payments_idem` | the [`Idem`] handle to use | [`HasIdem`] for methods, [`Idem::install`] for free functions |
 /// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Builder::local_caller`](crate::Builder::local_caller); none: refused |
@@ -281,6 +282,7 @@ pub mod __private {
     pub use crate::mcp::macro_support::*;
     #[cfg(feature = "rmcp")]
     pub use crate::mcp::{Backing, ToolContext, ToolOutcome, backed_meta, output_schema, recipe_meta};
+    pub use crate::recipe::ClientKey;
     pub use crate::{HasIdem, Idem, Recipe, ScopeRule, StalePolicy};
     /// The traits `ShapeOf` is asked through: the result's JSON Schema when rmcp's schemars
     /// knows its type, else none.

@@ -89,7 +89,32 @@ pub struct Recipe {
     input_key: &'static [&'static str],
     single_use_state: bool,
     state_ttl: Duration,
+    client_key: ClientKey,
 }
+
+/// Whether an MCP tool's calls carry a key of the client's own in the request's
+/// `_meta["idempotency-key"]` ([`CLIENT_KEY_META`]), as the Universal Commerce Protocol's MCP
+/// binding sends it ([`Recipe::client_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClientKey {
+    /// A client key in `_meta` is no part of the operation (the default).
+    #[default]
+    Ignored,
+    /// A client key, when sent, joins the operation's identity; a call without one is keyed by
+    /// the recipe alone.
+    Optional,
+    /// Every call must send one; a call without it is refused, in words, and runs nothing.
+    Required,
+}
+
+/// Where a client sends its own key: the request's `_meta` member of this name.
+pub const CLIENT_KEY_META: &str = "idempotency-key";
+
+/// The name a client's key joins the key under (`$meta.idempotency-key`): no argument can have it.
+pub(crate) const CLIENT_KEY_PATH: &str = "$meta.idempotency-key";
+
+/// The longest client key accepted, in characters.
+pub const MAX_CLIENT_KEY_CHARS: usize = 255;
 
 /// The name an input-response path joins the key under (`$input.pick.content.amount`): no
 /// argument can have it.
@@ -130,6 +155,7 @@ impl Recipe {
             input_key: &[],
             single_use_state: false,
             state_ttl: DEFAULT_STATE_TTL,
+            client_key: ClientKey::Ignored,
         }
     }
 
@@ -300,6 +326,17 @@ impl Recipe {
         self
     }
 
+    /// Let the client's own key (`_meta["idempotency-key"]`, a non-empty string of at most 255
+    /// characters) join the operation's identity — beside the recipe's key paths, still under the
+    /// caller's scope and the tool. The same client key with other arguments is a conflict (the
+    /// fingerprint covers every argument); another client key is another operation. With
+    /// [`ClientKey::Required`], a call without one is refused and runs nothing. MCP tools only.
+    #[must_use]
+    pub const fn client_key(mut self, mode: ClientKey) -> Self {
+        self.client_key = mode;
+        self
+    }
+
     /// How long the `requestState` idem sends with an input request stays valid (default
     /// [`DEFAULT_STATE_TTL`], ten minutes); a continuation after it is refused and told to
     /// start over.
@@ -307,6 +344,12 @@ impl Recipe {
     pub const fn state_ttl(mut self, ttl: Duration) -> Self {
         self.state_ttl = ttl;
         self
+    }
+
+    /// Whether a client's key in `_meta` joins the operation ([`Recipe::client_key`]).
+    #[must_use]
+    pub const fn client_key_mode(&self) -> ClientKey {
+        self.client_key
     }
 
     /// The input-response paths that join the key ([`Recipe::input_key`]).

@@ -92,6 +92,13 @@ pub enum Rejection {
     /// A continuation whose `requestState` was already used by an earlier continuation (the
     /// tool accepts each at most once: `single_use_state`); the handler did not run.
     RequestStateUsed,
+    /// The tool keys its operations by a key of the client's own (`_meta["idempotency-key"]`),
+    /// and the call sent none (when it is required) or one that is not a non-empty string of at
+    /// most 255 characters; the handler did not run.
+    ClientKey {
+        /// What is wrong with it, in words for the caller.
+        why: &'static str,
+    },
     /// The operation completed, but its stored result no longer decodes as the handler's result
     /// type (the code changed since it was stored).
     UnreadableResult {
@@ -113,8 +120,8 @@ impl Rejection {
 
     /// A stable machine-readable code: `in_flight`, `conflict`, `outcome_unknown`,
     /// `ledger_unavailable`, `no_caller`, `no_local_caller`, `shutting_down`, `invalid_arguments`,
-    /// `duplicate_tool`, `request_state_invalid`, `request_state_expired`, `request_state_used`
-    /// or `unreadable_result`.
+    /// `duplicate_tool`, `request_state_invalid`, `request_state_expired`, `request_state_used`,
+    /// `invalid_client_key` or `unreadable_result`.
     #[must_use]
     pub const fn code(&self) -> &'static str {
         match self {
@@ -131,6 +138,7 @@ impl Rejection {
             Self::RequestStateExpired => "request_state_expired",
             Self::RequestStateUsed => "request_state_used",
             Self::UnreadableResult { .. } => "unreadable_result",
+            Self::ClientKey { .. } => "invalid_client_key",
         }
     }
 
@@ -150,7 +158,8 @@ impl Rejection {
             | Self::DuplicateTool { .. }
             | Self::RequestStateInvalid { .. }
             | Self::RequestStateExpired
-            | Self::RequestStateUsed => None,
+            | Self::RequestStateUsed
+            | Self::ClientKey { .. } => None,
         }
     }
 
@@ -228,6 +237,12 @@ impl fmt::Display for Rejection {
             Self::RequestStateUsed => f.write_str(
                 "nothing was executed: this confirmation was already used; call the tool again without \
                  requestState and inputResponses to get a new one",
+            ),
+            Self::ClientKey { why } => write!(
+                f,
+                "nothing was executed: this tool keys each operation by a key of the client's own in \
+                 `_meta[\"idempotency-key\"]`, and {why}; send a unique string per operation (a UUID), the \
+                 same on every retry of it"
             ),
             Self::UnreadableResult { reference, detail } => write!(
                 f,

@@ -354,3 +354,77 @@ impl Bench {
         Ok(charge.card)
     }
 }
+
+/// A checkout whose client sends its own key, as the Universal Commerce Protocol's MCP binding
+/// does (`_meta["idempotency-key"]`).
+struct Checkout {
+    idem: Idem,
+    completed: AtomicUsize,
+}
+
+impl HasIdem for Checkout {
+    fn idem(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct Cart {
+    cart_id: String,
+    amount_cents: u64,
+}
+
+#[tool_router(server_handler)]
+#[audit_idempotent]
+impl Checkout {
+    #[idempotent(key = "()", client_key = "required")]
+    #[tool(description = "Complete a checkout")]
+    async fn complete_checkout(&self, Parameters(cart): Parameters<Cart>) -> Result<String, ShopError> {
+        let n = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(format!("checkout {} completed (#{n})", cart.cart_id))
+    }
+}
+
+/// Issue 29, item 4: the client's own key joins the operation (under the caller and the tool):
+/// the same key replays, the same key with other arguments is a conflict, another key is another
+/// operation, and a call without one (the recipe requires it) is refused in words, running nothing.
+#[tokio::test]
+async fn a_client_key_in_meta_names_the_operation() {
+    let checkout = Checkout {
+        idem: idem_tests::builder(MemoryLedger::new()).local_caller(Caller::new("shop", "agent")).build().unwrap(),
+        completed: AtomicUsize::new(0),
+    };
+    let mut wire = connect(checkout).await;
+    let listed = wire.request(2, "tools/list", json!({})).await;
+    assert_eq!(
+        listed.pointer("/result/tools/0/_meta/dev.idem~1recipe/clientKey"),
+        Some(&json!("required")),
+        "{listed}"
+    );
+
+    let call = |key: Value, amount: u64| {
+        json!({
+            "name": "complete_checkout",
+            "arguments": { "cart_id": "c-1", "amount_cents": amount },
+            "_meta": { "idempotency-key": key },
+        })
+    };
+    let text = |response: &Value| {
+        response.pointer("/result/content/0/text").and_then(Value::as_str).unwrap_or_default().to_owned()
+    };
+    let first = wire.request(3, "tools/call", call(json!("k-1"), 500)).await;
+    assert_eq!(text(&first), "checkout c-1 completed (#1)", "{first}");
+    let again = wire.request(4, "tools/call", call(json!("k-1"), 500)).await;
+    assert!(text(&again).starts_with("checkout c-1 completed (#1)"), "a replay: {again}");
+    let reused = wire.request(5, "tools/call", call(json!("k-1"), 900)).await;
+    assert!(text(&reused).contains("conflict"), "the same key with other arguments: {reused}");
+    let another = wire.request(6, "tools/call", call(json!("k-2"), 500)).await;
+    assert_eq!(text(&another), "checkout c-1 completed (#2)", "another key, another operation: {another}");
+    let keyless = json!({ "name": "complete_checkout", "arguments": { "cart_id": "c-1", "amount_cents": 500 } });
+    let refused = wire.request(7, "tools/call", keyless).await;
+    assert!(text(&refused).contains(r#"`_meta["idempotency-key"]`, and this call sent none"#), "{refused}");
+    let not_a_string = wire.request(8, "tools/call", call(json!(42), 500)).await;
+    assert!(text(&not_a_string).contains("not a string"), "{not_a_string}");
+    let calls = wire.request(9, "tools/call", call(json!("k-1"), 500)).await;
+    assert!(text(&calls).starts_with("checkout c-1 completed (#1)"), "{calls}");
+}

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::caller::{Context, caller_of, is_remote};
 use crate::idem::EchoedState;
+use crate::recipe::CLIENT_KEY_META;
 use crate::scope::Caller;
 
 /// The request an idempotent rmcp tool answers, as idem needs it: `#[idempotent]` adds a
@@ -52,6 +53,8 @@ pub struct ToolContext {
     tasks: bool,
     input_responses: Option<InputResponses>,
     state: Option<EchoedState>,
+    /// The request's `_meta["idempotency-key"]`, as sent.
+    client_key: Option<Value>,
 }
 
 impl ToolContext {
@@ -82,7 +85,20 @@ impl ToolContext {
     #[must_use]
     pub fn from_request(request: &Context) -> Self {
         let tasks = request.client_capabilities().is_some_and(|capabilities| capabilities.supports_tasks());
-        Self { caller: caller_of(request), remote: is_remote(request), tasks, ..Self::default() }
+        let client_key = request.meta.0.get(CLIENT_KEY_META).cloned();
+        Self { caller: caller_of(request), remote: is_remote(request), tasks, client_key, ..Self::default() }
+    }
+
+    /// As a request whose `_meta` carries the client's own key `key` (`"idempotency-key"`).
+    #[must_use]
+    pub fn with_client_key(mut self, key: impl Into<String>) -> Self {
+        self.client_key = Some(Value::String(key.into()));
+        self
+    }
+
+    /// The request's `_meta["idempotency-key"]`, as sent.
+    pub(crate) const fn client_key(&self) -> Option<&Value> {
+        self.client_key.as_ref()
     }
 
     /// As a continuation of a multi-round-trip request that answers with `responses` (the

@@ -20,7 +20,7 @@ use super::status::StatusNotServed;
 use super::task;
 use crate::idem::{Idem, Operation, Reconciled};
 use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Round, Storable};
-use crate::recipe::{INPUT_KEY_PREFIX, Recipe};
+use crate::recipe::{CLIENT_KEY_PATH, ClientKey, INPUT_KEY_PREFIX, MAX_CLIENT_KEY_CHARS, Recipe};
 use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
 use crate::scope::Caller;
 
@@ -74,6 +74,9 @@ where
         if let Some(value) = context.input_value(path) {
             arguments.select(&format!("{INPUT_KEY_PREFIX}{path}"), value);
         }
+    }
+    if let Err(rejection) = client_key(recipe, context, &mut arguments) {
+        return ToolOutcome::Refused(rejection);
     }
     // A continuation is checked inside the claim it wins: a repeat of a completed operation is
     // a replay before anything about its input is looked at.
@@ -279,4 +282,28 @@ impl<T: schemars::JsonSchema, E> ShapeKind for &crate::macro_support::ShapeOf<Re
 
 fn schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(T)).unwrap_or(serde_json::Value::Bool(true))
+}
+
+/// Joins the client's own key (`_meta["idempotency-key"]`) to the operation's key when the
+/// recipe takes one ([`Recipe::client_key`]); refuses a missing (required) or malformed one.
+fn client_key(recipe: &Recipe, context: &ToolContext, arguments: &mut Arguments) -> Result<(), Rejection> {
+    let mode = recipe.client_key_mode();
+    if mode == ClientKey::Ignored {
+        return Ok(());
+    }
+    match context.client_key() {
+        None if mode == ClientKey::Required => Err(Rejection::ClientKey { why: "this call sent none" }),
+        None => Ok(()),
+        Some(serde_json::Value::String(key)) if key.is_empty() => {
+            Err(Rejection::ClientKey { why: "this call sent an empty one" })
+        }
+        Some(serde_json::Value::String(key)) if key.chars().count() > MAX_CLIENT_KEY_CHARS => {
+            Err(Rejection::ClientKey { why: "this call sent one longer than 255 characters" })
+        }
+        Some(serde_json::Value::String(key)) => {
+            arguments.select(CLIENT_KEY_PATH, key);
+            Ok(())
+        }
+        Some(_) => Err(Rejection::ClientKey { why: "this call sent one that is not a string" }),
+    }
 }

@@ -10,7 +10,7 @@
 use rmcp::model::{JsonObject, MetaObject};
 use serde_json::{Value, json};
 
-use crate::recipe::{Recipe, ScopeRule, StalePolicy};
+use crate::recipe::{ClientKey, Recipe, ScopeRule, StalePolicy};
 
 /// The `_meta` key of idem's outcome on a tool result: `{"ref": "…", "replayed": false}` on an
 /// answer, `{"code": "in_flight", "ref": …, "executed": false, "retry": "no", …}` on a refusal.
@@ -73,6 +73,15 @@ pub fn recipe_json(recipe: &Recipe) -> Value {
     }
     if recipe.task_enabled() {
         object.insert("task".to_owned(), json!(true));
+    }
+    match recipe.client_key_mode() {
+        ClientKey::Ignored => {}
+        ClientKey::Optional => {
+            object.insert("clientKey".to_owned(), json!("optional"));
+        }
+        ClientKey::Required => {
+            object.insert("clientKey".to_owned(), json!("required"));
+        }
     }
     Value::Object(object)
 }
