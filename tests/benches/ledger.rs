@@ -6,7 +6,9 @@
 //! `IDEM_BENCH_OPS` sets the operations per measurement (default 2000); `IDEM_BENCH_ONLY=waiting`
 //! runs only the measurement of 1,000 repeats waiting on one operation (`wait`), and
 //! `IDEM_BENCH_ONLY=cpu` only the key derivation and the wrapped no-op (no database);
-//! `IDEM_BENCH_ONLY=storm` only the storms on the three databases.
+//! `IDEM_BENCH_ONLY=storm` only the storms on the three databases; `IDEM_BENCH_ONLY=http` only the
+//! HTTP layer (its overhead per request against the same axum handler without it, and a storm
+//! of 1,000 identical requests).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -617,6 +619,97 @@ async fn wrapped_noop(rows: &mut Vec<Row>) {
     );
 }
 
+/// An axum server on a local port whose `POST /pay` answers a small JSON receipt after counting
+/// the charge, with `IdempotencyLayer` on `idem` (or bare without one): its URL and its count.
+async fn http_server(idem: Option<Idem>, delay: Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use axum::routing::post;
+    let charges = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&charges);
+    let handler = move || {
+        let counted = Arc::clone(&counted);
+        async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            axum::Json(json!({ "charge": format!("ch_{n}"), "amount": 1250 }))
+        }
+    };
+    let mut app = axum::Router::new().route("/pay", post(handler));
+    if let Some(idem) = idem {
+        let principal = |_: &http::request::Parts| Some(caller());
+        app = app.layer(idem_runtime::http::IdempotencyLayer::new(idem, principal));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{address}/pay"), charges)
+}
+
+/// The HTTP layer: its overhead per request (a first request, and a replay) against the same
+/// axum handler without it, sequential over one keep-alive client, interleaved request by
+/// request; then 1,000 identical requests at once through it.
+async fn http_layer(rows: &mut Vec<Row>) {
+    let n = ops();
+    let client = reqwest::Client::new();
+    let (bare, _) = http_server(None, Duration::ZERO).await;
+    let (layered, _) = http_server(Some(idem_tests::idem(MemoryLedger::new())), Duration::ZERO).await;
+    let send = |url: &str, key: Option<String>| {
+        let mut request = client.post(url).header("content-type", "application/json").body(r#"{"amount":1250}"#);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", format!("\"{key}\""));
+        }
+        request.send()
+    };
+    let (mut bare_times, mut first_times, mut replay_times) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let start = Instant::now();
+        send(&bare, None).await.unwrap().bytes().await.unwrap();
+        bare_times.push(start.elapsed());
+        let start = Instant::now();
+        send(&layered, Some(format!("k-{i}"))).await.unwrap().bytes().await.unwrap();
+        first_times.push(start.elapsed());
+        let start = Instant::now();
+        send(&layered, Some(format!("k-{i}"))).await.unwrap().bytes().await.unwrap();
+        replay_times.push(start.elapsed());
+    }
+    let bare_p50 = percentile(&mut bare_times, 0.5);
+    for (what, times) in [("first request", &mut first_times), ("replay", &mut replay_times)] {
+        let p50 = percentile(times, 0.5);
+        row(
+            rows,
+            format!("HTTP layer, memory ledger: {what} p50 (vs the same axum handler without the layer)"),
+            format!("{:.0} µs", micros(p50)),
+            format!("{:.0} µs bare", micros(bare_p50)),
+            micros(p50) / micros(bare_p50).max(1.0),
+        );
+    }
+    // A storm: 1,000 identical requests at once; the handler takes 50 ms.
+    let (url, charges) = http_server(Some(idem_tests::idem(MemoryLedger::new())), Duration::from_millis(50)).await;
+    let start = Instant::now();
+    let requests: Vec<_> = (0..1000)
+        .map(|_| {
+            let request = send(&url, Some("storm".to_owned()));
+            tokio::spawn(async move { request.await.map(|response| response.status().as_u16()) })
+        })
+        .collect();
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for request in requests {
+        if let Ok(Ok(status)) = request.await {
+            *statuses.entry(status).or_default() += 1;
+        }
+    }
+    let elapsed = start.elapsed();
+    let executions = charges.load(std::sync::atomic::Ordering::SeqCst);
+    row(
+        rows,
+        format!("HTTP layer, memory ledger: storm of 1000 identical requests (executions: {executions}; statuses {statuses:?})"),
+        format!("{:.0} ms", elapsed.as_secs_f64() * 1e3),
+        "50 ms handler".to_owned(),
+        elapsed.as_secs_f64() / 0.05,
+    );
+}
+
 /// Statements a first call and a repeat send, counted on the connection (sea-orm's metric callback).
 async fn statements(rows: &mut Vec<Row>, name: &str, url: &str) {
     let Ok(_) = SeaOrmLedger::connect(url).await else { return };
@@ -773,6 +866,9 @@ async fn main() {
     if all || only.as_deref() == Some("cpu") {
         cpu(&mut rows);
         wrapped_noop(&mut rows).await;
+    }
+    if all || only.as_deref() == Some("http") {
+        http_layer(&mut rows).await;
     }
     let pg_url =
         std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
