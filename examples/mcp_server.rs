@@ -121,7 +121,53 @@ struct Payments {
     idem: Idem,
     downstream: Arc<Downstream>,
     processor_delay: Duration,
+    /// A card processor over HTTP (`--processor URL`); without one, the fake in `downstream`.
+    remote: Option<RemoteProcessor>,
     tool_router: ToolRouter<Self>,
+}
+
+/// A card processor over HTTP that honours `Idempotency-Key` (the `processor` example): each
+/// charge carries its operation's key, so the processor answers a second attempt of one
+/// operation from its own record instead of charging twice.
+#[derive(Clone)]
+struct RemoteProcessor {
+    charges: String,
+    client: reqwest::Client,
+}
+
+impl RemoteProcessor {
+    fn new(base: &str) -> Self {
+        Self { charges: format!("{}/charges", base.trim_end_matches('/')), client: reqwest::Client::new() }
+    }
+
+    /// Charges `charge` for `tenant` (the processor's merchant), under the running operation's key.
+    async fn charge(&self, tenant: &str, charge: &Charge) -> Result<Json<Receipt>, ToolError> {
+        let body = serde_json::json!({ "card": charge.card, "amount_cents": charge.amount_cents });
+        let mut request = self.client.post(&self.charges).bearer_auth(tenant).json(&body);
+        if let Some(key) = idem_runtime::http::forwarded_key() {
+            request = request.header(idem_runtime::http::IDEMPOTENCY_KEY, key);
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            // Never sent: nothing was charged.
+            Err(error) if error.is_connect() => {
+                return Err(ToolError::nothing_happened(format!("the processor could not be reached: {error}")));
+            }
+            Err(error) => return Err(ToolError::unknown(format!("the processor did not answer: {error}"))),
+        };
+        let status = response.status();
+        match status.as_u16() {
+            200 | 201 => response.json::<Receipt>().await.map(Json).map_err(|error| {
+                ToolError::unknown(format!("the processor charged, but its receipt could not be read: {error}"))
+            }),
+            402 => Err(ToolError::final_answer("the card was declined: insufficient funds")),
+            // In progress there, or its outcome unknown to it: not ours to guess.
+            409 => Err(ToolError::unknown("the processor is still charging this operation, or cannot say")),
+            // Refused before it acted (a bad request, a missing key): nothing was charged.
+            400..=499 => Err(ToolError::nothing_happened(format!("the processor refused the charge ({status})"))),
+            _ => Err(ToolError::unknown(format!("the processor failed ({status}); the charge may have been made"))),
+        }
+    }
 }
 
 impl HasIdem for Payments {
@@ -139,13 +185,19 @@ fn forwarded_key() -> String {
 impl Payments {
     fn new(idem: Idem, processor_delay: Duration) -> Result<Self, mcp::AuditError> {
         let tool_router = mcp::checked_router(Self::tool_router(), Self::idem_backed_tools())?;
-        Ok(Self { idem, downstream: Arc::default(), processor_delay, tool_router })
+        Ok(Self { idem, downstream: Arc::default(), processor_delay, remote: None, tool_router })
     }
 
     #[idempotent(key = "card, amount_cents", window = "15m")]
     #[tool(description = "Charge a card. Safe to repeat: a repeat returns the original receipt.")]
     async fn charge_card(&self, Parameters(charge): Parameters<Charge>) -> Result<Json<Receipt>, ToolError> {
         self.charge_card_now(charge).await
+    }
+
+    /// Charges go to the processor at `base` (`--processor URL`) instead of the fake one.
+    fn with_processor(mut self, base: &str) -> Self {
+        self.remote = Some(RemoteProcessor::new(base));
+        self
     }
 
     /// The charge itself, under the calling tool's operation (whose key it forwards).
@@ -156,6 +208,9 @@ impl Payments {
         let reference = forwarded_key();
         // The operation's caller, in scope while the handler runs.
         let tenant = idem_runtime::current_caller().map(|caller| caller.tenant().to_owned()).unwrap_or_default();
+        if let Some(remote) = &self.remote {
+            return remote.charge(&tenant, &charge).await;
+        }
         tokio::time::sleep(self.processor_delay).await;
         if charge.card == "tok_declined" {
             // The processor's answer to this operation: stored, and replayed to every repeat.
@@ -269,6 +324,7 @@ impl ServerHandler for Payments {
 struct Options {
     http: Option<String>,
     processor_delay: Duration,
+    processor: Option<String>,
     lease: Option<Duration>,
     metrics: Option<String>,
 }
@@ -328,10 +384,12 @@ async fn drain(idem: &Idem) {
 const USAGE: &str = "\
 mcp_server: a payments sandbox MCP server whose side-effecting tools are safe to repeat
 
-usage: mcp_server [--http ADDR] [--processor-delay-ms N] [--lease-ms N] [--metrics ADDR]
+usage: mcp_server [--http ADDR] [--processor URL] [--processor-delay-ms N] [--lease-ms N] [--metrics ADDR]
 
   (no flag)               serve on stdio, acting for IDEM_LOCAL_CALLER (tenant:subject, default local:user)
   --http ADDR             serve streamable HTTP at http://ADDR/mcp (loopback only; bearer tokens tenant:subject)
+  --processor URL         charge through a card processor over HTTP (the `processor` example), forwarding
+                          each operation's key as Idempotency-Key; without it, a fake processor in memory
   --processor-delay-ms N  make the fake card processor take N ms (to see \"in flight\" answers)
   --lease-ms N            how long a call's claim is held without renewal (default 30000): after a replica
                           dies, its operations wait this long before a repeat takes them over or holds them
@@ -348,7 +406,8 @@ environment:
 
 /// The options, or `None` when `--help` was asked for (and printed).
 fn options() -> Result<Option<Options>, String> {
-    let mut options = Options { http: None, processor_delay: Duration::ZERO, lease: None, metrics: None };
+    let mut options =
+        Options { http: None, processor_delay: Duration::ZERO, processor: None, lease: None, metrics: None };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -361,6 +420,9 @@ fn options() -> Result<Option<Options>, String> {
                 let ms = args.next().and_then(|ms| ms.parse().ok()).ok_or("--processor-delay-ms needs a number")?;
                 options.processor_delay = Duration::from_millis(ms);
             }
+            "--processor" => {
+                options.processor = Some(args.next().ok_or("--processor needs a URL, e.g. http://127.0.0.1:8940")?);
+            }
             "--lease-ms" => {
                 let ms = args.next().and_then(|ms| ms.parse().ok()).ok_or("--lease-ms needs a number")?;
                 options.lease = Some(Duration::from_millis(ms));
@@ -370,8 +432,8 @@ fn options() -> Result<Option<Options>, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`; use --http ADDR, --processor-delay-ms N, --lease-ms N and --metrics ADDR \
-                     (--help says more)"
+                    "unknown argument `{other}`; use --http ADDR, --processor URL, --processor-delay-ms N, --lease-ms N \
+                     and --metrics ADDR (--help says more)"
                 ));
             }
         }
@@ -464,7 +526,10 @@ async fn main() -> Result<(), Stopped> {
             idem.check_secret().await?;
             let _sweeper = sweeper(&idem, options.metrics.is_some());
             mcp::check_stdio(&idem)?;
-            let server = Payments::new(idem.clone(), delay)?;
+            let mut server = Payments::new(idem.clone(), delay)?;
+            if let Some(processor) = &options.processor {
+                server = server.with_processor(processor);
+            }
             // The router this server serves has `idem_status`, which idem's answers name.
             mcp::check_status_served(&server)?;
             tracing::info!("serving on stdio");
@@ -502,7 +567,10 @@ async fn main() -> Result<(), Stopped> {
             idem.check_secret().await?;
             let _sweeper = sweeper(&idem, options.metrics.is_some());
             // One server value for every request: the fake downstream is shared, as a real one would be.
-            let server = Payments::new(idem.clone(), delay)?;
+            let mut server = Payments::new(idem.clone(), delay)?;
+            if let Some(processor) = &options.processor {
+                server = server.with_processor(processor);
+            }
             mcp::check_status_served(&server)?;
             let service = StreamableHttpService::new(
                 move || Ok(server.clone()),

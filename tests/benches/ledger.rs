@@ -703,7 +703,9 @@ async fn http_layer(rows: &mut Vec<Row>) {
     let executions = charges.load(std::sync::atomic::Ordering::SeqCst);
     row(
         rows,
-        format!("HTTP layer, memory ledger: storm of 1000 identical requests (executions: {executions}; statuses {statuses:?})"),
+        format!(
+            "HTTP layer, memory ledger: storm of 1000 identical requests (executions: {executions}; statuses {statuses:?})"
+        ),
         format!("{:.0} ms", elapsed.as_secs_f64() * 1e3),
         "50 ms handler".to_owned(),
         elapsed.as_secs_f64() / 0.05,

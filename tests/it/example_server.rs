@@ -182,3 +182,149 @@ fn sigterm_mid_charge_leaves_the_charge_completed_and_replayable() {
     assert_eq!(outcome["replayed"], serde_json::json!(true), "the repeat after the restart is replayed: {repeat}");
     assert_eq!(repeat["result"]["structuredContent"], answered["result"]["structuredContent"], "the same receipt");
 }
+
+/// The processor example (issue 29): a card processor behind `IdempotencyLayer`, as a process. A
+/// retry with the same key is the first answer, marked, and one charge; the same key with another
+/// body is 422; no key is 400; another merchant's identical request is its own charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_processor_example_charges_once_per_key() {
+    use std::io::BufRead;
+    let mut child = Command::new(idem_tests::example_binary("processor"))
+        .args(["--http", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the processor");
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let base = loop {
+        let line = lines.next().expect("the processor logs where it serves").unwrap();
+        if let Some((_, url)) = line.split_once("serving on ") {
+            break url.trim().to_owned();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    let client = reqwest::Client::new();
+    let charge = |merchant: &str, key: Option<&str>, amount: u64| {
+        let mut request = client
+            .post(format!("{base}/charges"))
+            .header("authorization", format!("Bearer {merchant}"))
+            .json(&serde_json::json!({ "card": "tok_visa", "amount_cents": amount }));
+        if let Some(key) = key {
+            request = request.header("idempotency-key", format!("\"{key}\""));
+        }
+        request.send()
+    };
+    let first = charge("acme", Some("order-42"), 4200).await.unwrap();
+    assert_eq!(first.status(), 201);
+    let first: serde_json::Value = first.json().await.unwrap();
+    assert_eq!((first["charge_id"].as_str(), first["reference"].as_str()), (Some("ch_1"), Some("order-42")));
+    let retry = charge("acme", Some("order-42"), 4200).await.unwrap();
+    assert_eq!((retry.status().as_u16(), retry.headers()["idempotent-replayed"].to_str().unwrap()), (201, "true"));
+    assert_eq!(retry.json::<serde_json::Value>().await.unwrap(), first);
+    assert_eq!(charge("acme", Some("order-42"), 9900).await.unwrap().status(), 422);
+    assert_eq!(charge("acme", None, 4200).await.unwrap().status(), 400);
+    assert_eq!(charge("globex", Some("order-42"), 4200).await.unwrap().status(), 201);
+    let listed: serde_json::Value = client
+        .get(format!("{base}/charges"))
+        .header("authorization", "Bearer acme")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "acme was charged once: {listed}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A process's line of log that names its address (`… serving … http://ADDR…`), the rest of its
+/// log drained meanwhile.
+fn served_at(child: &mut std::process::Child, marker: &str) -> String {
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let found = loop {
+        let line = lines.next().expect("the process logs where it serves").unwrap();
+        if let Some((_, rest)) = line.split_once(marker) {
+            break rest.split_whitespace().next().unwrap_or_default().to_owned();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    found
+}
+
+/// One MCP tool call over streamable HTTP (a session of its own): the call's `result`.
+async fn mcp_call(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> serde_json::Value {
+    let post = |body: serde_json::Value, session: Option<&str>| {
+        let mut request = client
+            .post(url)
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", format!("Bearer {token}"))
+            .json(&body);
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        request.send()
+    };
+    let hello = serde_json::json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "idem-test", "version": "0" } } });
+    let answer = post(hello, None).await.unwrap();
+    let session = answer.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    answer.bytes().await.unwrap();
+    post(serde_json::json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }), Some(&session)).await.unwrap();
+    let call = serde_json::json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": { "name": tool, "arguments": arguments } });
+    let body = post(call, Some(&session)).await.unwrap().text().await.unwrap();
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<serde_json::Value>(data.trim()).ok())
+        .find(|message| message["id"] == 2)
+        .map(|message| message["result"].clone())
+        .unwrap_or_else(|| panic!("no answer in {body}"))
+}
+
+/// Issue 29, item 3: the payments example charges through the processor example when given its
+/// URL, forwarding each operation's key as `Idempotency-Key` — the processor's record of the
+/// charge carries the key the MCP receipt names; a repeat is replayed and charges nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_example_charges_through_the_processor_example() {
+    let mut processor = Command::new(idem_tests::example_binary("processor"))
+        .args(["--http", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the processor");
+    let processor_url = served_at(&mut processor, "serving on ");
+    let dir = std::env::temp_dir().join(format!("idem-payments-{}", idem_runtime::ledger::Token::random().get()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut payments = Command::new(idem_tests::example_binary("mcp_server"))
+        .args(["--http", "127.0.0.1:0", "--processor", &processor_url])
+        .env("IDEM_DATABASE_URL", dir.join("ledger.sqlite3"))
+        .env_remove("IDEM_SECRET")
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the payments example");
+    let mcp = served_at(&mut payments, "serving streamable HTTP at ");
+    let client = reqwest::Client::new();
+    let charge = serde_json::json!({ "card": "tok_visa", "amount_cents": 4200 });
+    let first = mcp_call(&client, &mcp, "acme:alice", "charge_card", charge.clone()).await;
+    let receipt = &first["structuredContent"];
+    let reference = receipt["reference"].as_str().expect("a receipt").to_owned();
+    assert_eq!(reference.len(), 64, "the forwarded idempotency key: {first}");
+    let again = mcp_call(&client, &mcp, "acme:alice", "charge_card", charge).await;
+    assert_eq!(&again["structuredContent"], receipt, "the repeat is replayed: {again}");
+    let charges: serde_json::Value =
+        client.get(format!("{processor_url}/charges")).bearer_auth("acme").send().await.unwrap().json().await.unwrap();
+    assert_eq!(charges.as_array().map(Vec::len), Some(1), "one charge at the processor: {charges}");
+    assert_eq!(charges[0]["reference"], reference, "under the key the MCP operation forwarded");
+    for mut child in [payments, processor] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
