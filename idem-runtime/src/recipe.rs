@@ -111,6 +111,7 @@ pub enum ClientKey {
 pub const CLIENT_KEY_META: &str = "idempotency-key";
 
 /// The name a client's key joins the key under (`$meta.idempotency-key`): no argument can have it.
+#[cfg(feature = "rmcp")]
 pub(crate) const CLIENT_KEY_PATH: &str = "$meta.idempotency-key";
 
 /// The longest client key accepted, in characters.

@@ -353,3 +353,32 @@ impl idem_runtime::IdempotentError for Failed {
         Self(rejection.to_string())
     }
 }
+
+/// A client that gives up mid-request (a timeout, a dropped connection) does not strand the
+/// operation: the layer runs the service to the end and records its response, so the client's
+/// retry is answered from the record — not "in progress" until a lease lapses, and not run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_gives_up_mid_request_finds_the_response_on_retry() {
+    let (base, effects) = serve(idem_tests::idem(idem_runtime::MemoryLedger::new())).await;
+    let client = reqwest::Client::new();
+    let key = format!("\"{}\"", unique("gave-up"));
+    let send = |slow: bool| {
+        let mut request = client
+            .post(format!("{base}/payments"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key.clone())
+            .header("x-user", "alice")
+            .body(r#"{"amount":300}"#);
+        if slow {
+            request = request.header("x-slow", "1");
+        }
+        request.send()
+    };
+    // The service takes 300 ms; the client hangs up after 50.
+    assert!(tokio::time::timeout(Duration::from_millis(50), send(true)).await.is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retry = send(false).await.unwrap();
+    assert_eq!(retry.status(), 201, "the first request's response, recorded although its client left");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(effects.charges.load(Ordering::SeqCst), 1, "run once");
+}

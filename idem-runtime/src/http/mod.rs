@@ -43,6 +43,10 @@
 //!      under the `hold` policy): **409**, type `outcome-unknown`, no `Retry-After`;
 //!    - the ledger unreachable or the server draining: **503** with `Retry-After`, nothing executed.
 //!
+//! A protected request runs on a task of its own (the layer needs a Tokio runtime): a client that
+//! hangs up mid-request does not stop the service halfway, so its response is recorded and the
+//! client's retry is answered from it.
+//!
 //! Which responses are stored: every response the service returned, 2xx, 4xx and 5xx alike — the
 //! service ran, and only it knows whether the effect happened — except the statuses a route
 //! declares "nothing happened" ([`Route::nothing_happened_on`], e.g. a 429 your service returns

@@ -150,8 +150,8 @@ where
 impl<S, ReqBody, ResBody> tower_service::Service<Request<ReqBody>> for Idempotent<S>
 where
     S: tower_service::Service<Request<LayerBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     ReqBody: Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -168,47 +168,68 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         // The service that was polled ready serves this request; a fresh clone waits for the next.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let config = Arc::clone(&self.config);
-        Box::pin(handle(config, inner, request))
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let Some(matched) = route_of(&self.config, &request) else {
+            // Not protected: through, streaming both ways.
+            let response = inner.call(request.map(LayerBody::new));
+            return Box::pin(async move { Ok(response.await?.map(LayerBody::new)) });
+        };
+        // Run to the end whatever becomes of the client's connection: a request the service
+        // started is recorded, and its client's retry answered from the record, rather than left
+        // in progress (and then "outcome unknown") because the client hung up.
+        let task = tokio::spawn(protect(Arc::clone(&self.config), inner, request, matched));
+        Box::pin(async move {
+            match task.await {
+                Ok(answer) => answer,
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                // The runtime is shutting down.
+                Err(_) => Ok(boxed(answer::refused(&crate::Rejection::ShuttingDown))),
+            }
+        })
     }
 }
 
-/// Which recipe keeps `parts`' request, under which route name, and the statuses that mean
-/// nothing happened; `None` when the layer does not protect it.
-fn route_of(config: &Config, parts: &http::request::Parts) -> Option<(&'static Recipe, String, Vec<StatusCode>)> {
-    let path = parts.uri.path();
-    if let Some(route) = config.routes.iter().find(|route| route.matches(&parts.method, path)) {
-        return Some((route.recipe, route.template.clone(), route.nothing_happened.clone()));
+/// How a protected request is kept: its recipe, its route's name, and the statuses that mean
+/// nothing happened.
+struct Matched {
+    recipe: &'static Recipe,
+    route: String,
+    nothing_happened: Vec<StatusCode>,
+}
+
+/// How `request` is kept; `None` when the layer does not protect it.
+fn route_of<B>(config: &Config, request: &Request<B>) -> Option<Matched> {
+    let (method, path) = (request.method(), request.uri().path());
+    if let Some(route) = config.routes.iter().find(|route| route.matches(method, path)) {
+        let (recipe, route, nothing_happened) = (route.recipe, route.template.clone(), route.nothing_happened.clone());
+        return Some(Matched { recipe, route, nothing_happened });
     }
-    let (_, recipe) = config.methods.iter().find(|(method, _)| *method == parts.method)?;
-    let route = parts
-        .extensions
+    let (_, recipe) = config.methods.iter().find(|(protected, _)| protected == method)?;
+    let route = request
+        .extensions()
         .get::<axum::extract::MatchedPath>()
         .map_or_else(|| path.to_owned(), |matched| matched.as_str().to_owned());
-    Some((recipe, route, config.default_route.nothing_happened.clone()))
+    Some(Matched { recipe, route, nothing_happened: config.default_route.nothing_happened.clone() })
 }
 
-async fn handle<S, ReqBody, ResBody>(
+/// One protected request, from its key, principal and body to one engine call, and back.
+async fn protect<S, ReqBody, ResBody>(
     config: Arc<Config>,
-    mut inner: S,
+    inner: S,
     request: Request<ReqBody>,
+    matched: Matched,
 ) -> Result<Response<LayerBody>, S::Error>
 where
     S: tower_service::Service<Request<LayerBody>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Send,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     ReqBody: Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let (parts, body) = request.into_parts();
-    let Some((recipe, route, nothing_happened)) = route_of(&config, &parts) else {
-        // Not protected: through, streaming both ways.
-        let response = inner.call(Request::from_parts(parts, LayerBody::new(body))).await?;
-        return Ok(response.map(LayerBody::new));
-    };
+    let Matched { recipe, route, nothing_happened } = matched;
     let key = match client_key(&parts.headers) {
         Ok(key) => key,
         Err(error) => return Ok(boxed(answer::bad_key(&error))),
