@@ -166,8 +166,9 @@ impl Ownership<'_> {
             seen.iter().find(|entry| entry.is(ledger, namespace, tool)).is_none_or(|entry| entry.checked.is_none())
         };
         if first {
-            // What the operator is shown of the tool: once per process, and never in the way of
-            // a call (a verdict on a tool without facts is simply not checked).
+            // What the operator is shown of the tool: one statement per process and tool, on the
+            // first call's way; its failure refuses nothing (a verdict on a tool without facts is
+            // simply not checked).
             let facts = ToolFacts::new(recipe.stale_policy(), result_schema.map(|schema| schema())).to_json();
             if let Err(error) = timed.keep_tool_facts(namespace, tool, &facts, now).await {
                 tracing::warn!(tool, %error, "could not keep the tool's result shape for its operator");
