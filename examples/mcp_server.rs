@@ -18,8 +18,10 @@
 //!
 //! Tools:
 //! - `charge_card` — key `card, amount_cents`, window 15m; forwards its key to the processor as
-//!   the charge's reference. The processor does not dedupe: `list_charges` shows every charge it
-//!   really made.
+//!   the charge's reference. The fake processor does not dedupe: `list_charges` shows every
+//!   charge it really made. With `--processor URL` (the `processor` example, which honours the
+//!   key), a charge whose replica died is run again under the same key (`reconcile`): the
+//!   processor charges once; without it, the operation stays "outcome unknown".
 //! - `create_shipment` — business key `order_id`; the carrier dedupes by the forwarded reference,
 //!   so a dead holder's lease is taken over (`stale = "takeover"`).
 //! - `send_email` — key `to, subject, body`, window 24h, scoped to the caller. A message has no
@@ -156,6 +158,9 @@ impl RemoteProcessor {
             Err(error) => return Err(ToolError::unknown(format!("the processor did not answer: {error}"))),
         };
         let status = response.status();
+        if response.headers().contains_key(idem_runtime::http::IDEMPOTENT_REPLAYED) {
+            tracing::info!(%status, "the processor answered from its record: an earlier attempt of this operation made the charge");
+        }
         match status.as_u16() {
             200 | 201 => response.json::<Receipt>().await.map(Json).map_err(|error| {
                 ToolError::unknown(format!("the processor charged, but its receipt could not be read: {error}"))
@@ -188,10 +193,25 @@ impl Payments {
         Ok(Self { idem, downstream: Arc::default(), processor_delay, remote: None, tool_router })
     }
 
-    #[idempotent(key = "card, amount_cents", window = "15m")]
+    #[idempotent(key = "card, amount_cents", window = "15m", reconcile = Self::reconcile_charge)]
     #[tool(description = "Charge a card. Safe to repeat: a repeat returns the original receipt.")]
     async fn charge_card(&self, Parameters(charge): Parameters<Charge>) -> Result<Json<Receipt>, ToolError> {
         self.charge_card_now(charge).await
+    }
+
+    /// A charge whose replica died before recording it: a processor over HTTP answers a second
+    /// attempt of one operation from its own record (it honours the forwarded key), so the charge
+    /// is run again under the same key — charged once, or its first receipt returned. The fake
+    /// processor in memory cannot tell: the operation stays unknown, for an operator.
+    async fn reconcile_charge(
+        &self,
+        _operation: idem_runtime::Operation,
+    ) -> idem_runtime::Reconciled<Receipt, ToolError> {
+        if self.remote.is_some() {
+            idem_runtime::Reconciled::NothingHappened
+        } else {
+            idem_runtime::Reconciled::StillUnknown
+        }
     }
 
     /// Charges go to the processor at `base` (`--processor URL`) instead of the fake one.

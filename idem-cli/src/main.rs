@@ -700,6 +700,14 @@ fn report_text(report: &StatusReport, about: &About, target: &Target, now: u64) 
             report.address(),
             target.tenant
         ));
+    } else if report.state == State::InProgress && facts.is_some_and(|facts| facts.stale == "reconcile") {
+        lines.push(format!(
+            "next        its tool asks the downstream (stale = \"reconcile\") at the next repeat after the lease \
+             lapses; if that cannot tell, the operation becomes unknown: then idem resolve {} --tenant {} \
+             --completed JSON | --nothing-happened",
+            report.address(),
+            target.tenant
+        ));
     } else if report.state == State::InProgress && facts.is_some_and(ToolFacts::recovers_by_itself) {
         let stale = facts.map_or("", |facts| facts.stale.as_str());
         lines.push(format!(

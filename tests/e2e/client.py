@@ -33,6 +33,13 @@ Scenario, over each transport:
   9. restart: stop the server, start it on the same SQLite file, repeat step 2's call: replayed,
      the same receipt, and the (in-memory) processor made no new charge; `tasks/get` for step 8's
      taskId answers completed with the same result, and the shipment's repeat has the same ref.
+
+`--transport failover --processor target/debug/examples/processor` runs another scenario: two
+replicas over HTTP on one SQLite ledger, both charging through the processor example (an HTTP
+service behind idem's IdempotencyLayer); a charge on replica A, A SIGKILLed while the processor
+charges; once A's lease lapses the same call through replica B: exactly one charge at the
+processor, under the key the receipt names, and B's log says the processor answered from its
+record (its `Idempotent-Replayed` reply).
 """
 
 from __future__ import annotations
@@ -262,10 +269,11 @@ def free_port() -> int:
 class HttpServer:
     """The example server as a child process serving streamable HTTP at /mcp."""
 
-    def __init__(self, setup: Setup, port: int) -> None:
+    def __init__(self, setup: Setup, port: int, extra: tuple[str, ...] = ()) -> None:
         self.setup = setup
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.extra = list(extra)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -275,6 +283,7 @@ class HttpServer:
             f"127.0.0.1:{self.port}",
             "--processor-delay-ms",
             str(self.setup.delay_ms),
+            *self.extra,
         ]
         with open(self.setup.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -293,6 +302,13 @@ class HttpServer:
         raise AssertionError(
             f"the HTTP server did not accept connections on port {self.port} within {STARTUP_TIMEOUT_S}s"
         )
+
+    def kill(self) -> None:
+        """SIGKILL: the process dies mid-whatever, as a crashed replica does."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            say(f"  .. server pid {self.process.pid} SIGKILLed")
 
     def stop(self) -> None:
         """Ctrl-C (the server's graceful shutdown), then a kill if it lingers."""
@@ -785,6 +801,97 @@ async def run_http(setup: Setup, port: int) -> None:
         server.stop()
 
 
+# --------------------------------------------------------------------------- failover through the processor
+
+
+class ProcessorServer:
+    """The processor example (a card processor behind idem's IdempotencyLayer) as a child process."""
+
+    def __init__(self, binary: str, setup: Setup, delay_ms: int) -> None:
+        self.binary = binary
+        self.setup = setup
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.delay_ms = delay_ms
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [self.binary, "--http", f"127.0.0.1:{self.port}", "--delay-ms", str(self.delay_ms)]
+        with open(self.setup.workdir / "processor.log", "ab") as log:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, "the processor exited during startup"
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    say(f"  .. processor pid {self.process.pid} at {self.url}")
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("the processor did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    async def charges(self, merchant: str) -> list[dict[str, Any]]:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(CALL_TIMEOUT_S)) as http:
+            response = await http.get(f"{self.url}/charges", headers={"Authorization": f"Bearer {merchant}"})
+            assert response.status_code == 200, f"GET /charges: {response.status_code}"
+            return response.json()
+
+
+async def run_failover(setup: Setup, processor_binary: str) -> None:
+    step("failover: two replicas on one SQLite ledger, charging through the processor example")
+    processor = ProcessorServer(processor_binary, setup, delay_ms=2000)
+    processor.start()
+    extra = ("--processor", processor.url, "--lease-ms", "2000")
+    a, b = HttpServer(setup, 0, extra), HttpServer(setup, 0, extra)
+    try:
+        a.start()
+        b.start()
+        arguments = {"card": "tok_visa", "amount_cents": 7100}
+
+        async def first_attempt() -> None:
+            async with http_connection(a, TENANT_A) as client:
+                await call(client, "charge_card", arguments, "on replica A")
+
+        attempt = asyncio.create_task(first_attempt())
+        await asyncio.sleep(1.0)
+        a.kill()
+        try:
+            await asyncio.wait_for(attempt, timeout=10)
+            raise AssertionError("replica A answered although it was killed mid-charge")
+        except AssertionError:
+            raise
+        except BaseException:  # noqa: BLE001 - the connection died with the replica: the answer is lost
+            say("  .. the first attempt's answer was lost with replica A")
+        # Replica A's lease lapses; the repeat through B reconciles by charging again under the
+        # same key, which the processor answers from its record.
+        result = None
+        async with http_connection(b, TENANT_A) as client:
+            for _ in range(10):
+                await asyncio.sleep(1.0)
+                result = await call(client, "charge_card", arguments, "the same call, on replica B")
+                if not (result.is_error and idem_meta(result).get("code") == "in_flight"):
+                    break
+        assert result is not None and not result.is_error, f"replica B could not charge: {describe(result)}"
+        receipt = result.structured_content
+        assert isinstance(receipt, dict) and receipt.get("charge_id"), f"not a receipt: {receipt!r}"
+        made = await processor.charges(TENANT_A.split(":")[0])
+        say(f"  .. the processor's charges: {made}")
+        assert len(made) == 1, f"exactly one charge at the processor, not {len(made)}: {made}"
+        assert made[0]["reference"] == receipt["reference"], "the charge was made under the key the receipt names"
+        log = setup.log_path.read_text(encoding="utf-8", errors="replace")
+        assert "the processor answered from its record" in log, "B's charge was the processor's replay"
+        say("  .. one charge at the processor; replica B got it replayed (Idempotent-Replayed)")
+    finally:
+        a.kill()
+        b.stop()
+        processor.stop()
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -807,7 +914,8 @@ def print_server_log(setup: Setup, lines: int = 40) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", required=True, help="path to the mcp_server example binary")
-    parser.add_argument("--transport", required=True, choices=["stdio", "http"])
+    parser.add_argument("--transport", required=True, choices=["stdio", "http", "failover"])
+    parser.add_argument("--processor", help="path to the processor example binary (--transport failover)")
     parser.add_argument("--port", type=int, default=0, help="HTTP port (default: a free one)")
     parser.add_argument("--delay-ms", type=int, default=1500, help="the server's --processor-delay-ms")
     parser.add_argument("--concurrency", type=int, default=20, help="concurrent identical charges")
@@ -826,6 +934,9 @@ def main() -> int:
     try:
         if options.transport == "stdio":
             asyncio.run(run_stdio(setup))
+        elif options.transport == "failover":
+            assert options.processor, "--transport failover needs --processor"
+            asyncio.run(run_failover(setup, os.path.abspath(options.processor)))
         else:
             asyncio.run(run_http(setup, options.port))
     except BaseException as error:  # noqa: BLE001 - report every failure, then exit non-zero

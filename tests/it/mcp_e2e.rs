@@ -1,7 +1,9 @@
 //! End to end with a real third-party MCP client: the official Python `mcp` SDK (pinned in
 //! `tests/e2e/requirements.txt`) drives `examples/mcp_server.rs` over stdio and over streamable
 //! HTTP, running the scenario in `tests/e2e/client.py` (repeats, 20 concurrent identical calls,
-//! conflicts, tenants, 401s, a restart on the same `SQLite` ledger).
+//! conflicts, tenants, 401s, a restart on the same `SQLite` ledger) — and a failover: two replicas
+//! charging through `examples/processor.rs` (behind idem's HTTP layer), one SIGKILLed mid-charge,
+//! the same call through the other: one charge at the processor, its replay marked.
 //!
 //! Needs the example binary (`cargo test --workspace` builds it; alone: `cargo build --example
 //! mcp_server`), `python3` with `venv`, and `PyPI` (once: the venv is kept in `target/e2e-venv`).
@@ -49,9 +51,14 @@ fn python_mcp_client_against_the_example_server() {
 
     let client = e2e.join("client.py");
     let mut failed = Vec::new();
-    for transport in ["stdio", "http"] {
+    // Issue 29: a third run, two replicas charging through the processor example, one SIGKILLed.
+    let processor = idem_tests::example_binary("processor");
+    for transport in ["stdio", "http", "failover"] {
         let mut command = Command::new(&python);
         command.arg(&client).arg("--server").arg(&server).arg("--transport").arg(transport);
+        if transport == "failover" {
+            command.arg("--processor").arg(&processor);
+        }
         command.env("PYTHONDONTWRITEBYTECODE", "1").env("PYTHONUNBUFFERED", "1");
         if transport == "http" {
             command.arg("--port").arg(free_port().to_string());

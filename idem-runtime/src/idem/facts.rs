@@ -78,11 +78,12 @@ impl ToolFacts {
         }
     }
 
-    /// Whether the tool recovers a dead holder's operation by itself (`takeover` or
-    /// `reconcile`), so an operator need not resolve it.
+    /// Whether the tool recovers a dead holder's operation by itself (`takeover`: it runs again
+    /// under the same forwarded key), so an operator need not resolve it. A `reconcile` tool asks
+    /// its downstream first, which may not tell; a `hold` tool waits for its operator.
     #[must_use]
     pub fn recovers_by_itself(&self) -> bool {
-        self.stale != "hold"
+        self.stale == "takeover"
     }
 }
 
@@ -333,6 +334,7 @@ mod tests {
         facts.check(&json!(["anything"])).unwrap();
         assert!(facts.recovers_by_itself());
         assert!(!receipt().recovers_by_itself());
+        assert!(!ToolFacts::new(StalePolicy::Reconcile, None).recovers_by_itself(), "it may not tell");
         assert_eq!(ToolFacts::from_json(&receipt().to_json()), Some(receipt()));
     }
 }
