@@ -19,15 +19,15 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// is UTF-8, base64 otherwise).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct StoredResponse {
-    pub(super) status: u16,
-    pub(super) headers: Vec<(String, String)>,
+    status: u16,
+    headers: Vec<(String, String)>,
     #[serde(flatten)]
-    pub(super) body: StoredBody,
+    body: StoredBody,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub(super) enum StoredBody {
+enum StoredBody {
     Text(String),
     Base64(String),
 }

@@ -279,9 +279,8 @@ where
         body: body_value(&parts.headers, &bytes),
     };
     // What the service answered, for this client: all its headers (the store keeps the
-    // allow-listed ones), or its error.
-    // The handler's future owns what it uses (a future borrowing this one's locals would not be
-    // `Send` for every lifetime, as a boxed service future must be).
+    // allow-listed ones), or its error. Shared, not borrowed: the handler's future owns what it
+    // uses (one borrowing this future's locals would not be `Send` for every lifetime).
     let answered: Answered<S::Error> = Arc::default();
     let (kept, shared) = (Arc::clone(&answered), Arc::clone(&config));
     let run = move || async move {
@@ -310,22 +309,22 @@ where
                 return Err(Unstored::MaybeHappened);
             }
         };
-        let stored = StoredResponse::of(head.status, &head.headers, &config.stored_headers, &body);
-        let status = head.status;
-        let oversized = body.len() > config.max_response_bytes;
+        let (status, size) = (head.status, body.len());
+        // Encoded for the store only once it is known to be stored.
+        let stored = (!nothing_happened.contains(&status) && size <= config.max_response_bytes)
+            .then(|| StoredResponse::of(status, &head.headers, &config.stored_headers, &body));
         keep(Ok(Response::from_parts(head, body)));
         if nothing_happened.contains(&status) {
             return Err(Unstored::NothingHappened);
         }
-        if oversized {
+        stored.ok_or_else(|| {
             tracing::error!(
-                size = stored_len(&stored),
+                size,
                 max = config.max_response_bytes,
                 "the response is too large to store; recording the outcome as unknown"
             );
-            return Err(Unstored::MaybeHappened);
-        }
-        Ok(stored)
+            Unstored::MaybeHappened
+        })
     };
     let answer = config.idem.call(recipe, Some(&caller), &arguments, run).await;
     let kept = answered.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -343,12 +342,5 @@ where
             "the service did not answer",
             false,
         ))),
-    }
-}
-
-fn stored_len(stored: &StoredResponse) -> usize {
-    match &stored.body {
-        answer::StoredBody::Text(text) => text.len(),
-        answer::StoredBody::Base64(encoded) => encoded.len(),
     }
 }
