@@ -56,6 +56,9 @@ pub enum Pass {
     Hang,
     /// To the ledger beneath after this pause (a slow statement).
     After(std::time::Duration),
+    /// To the ledger beneath, whose answer is then lost: the call fails with this error although
+    /// the statement took effect (a connection cut after the commit).
+    Lost(LedgerError),
 }
 
 /// A test's view of the calls a handle makes to its ledger.
@@ -105,6 +108,11 @@ impl<T: Tap> Tapped<T> {
                 let answer = send().await;
                 self.tap.after(call);
                 answer
+            }),
+            Pass::Lost(error) => Box::pin(async move {
+                let _ = send().await;
+                self.tap.after(call);
+                Err(error)
             }),
         }
     }

@@ -82,10 +82,9 @@ async fn a_hanging_ledger_is_unavailable_within_the_timeout_on_every_path() {
         let resolve =
             answered("resolve", backend, idem.admin().resolve(alice.tenant(), &address, Resolution::NothingHappened))
                 .await;
-        assert!(
-            matches!(resolve, Err(idem_runtime::StatusError::Ledger(ref error)) if error.is_ambiguous()),
-            "{backend}: resolve: {resolve:?}"
-        );
+        // Refused either way, never acted on: its statement timed out (ambiguous), or — the
+        // reads above having lost their server — the clock, measured again first, did not answer.
+        assert!(matches!(resolve, Err(idem_runtime::StatusError::Ledger(_))), "{backend}: resolve: {resolve:?}");
         let stats = answered("stats", backend, idem.admin().stats()).await;
         assert!(stats.is_err(), "{backend}: stats: {stats:?}");
         let pending = answered("pending", backend, idem.admin().pending(&PendingFilter::new(10))).await;

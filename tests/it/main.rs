@@ -10,6 +10,7 @@
 
 mod architecture;
 mod example_server;
+mod failover;
 mod hooks;
 mod http_layer;
 mod layout;

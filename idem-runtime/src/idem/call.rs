@@ -409,17 +409,28 @@ impl<'a> Attempt<'a> {
 
     /// Sends the claim; a claim that fails is sent once more with the same token (a pooled
     /// connection the server dropped fails one statement; if the first send committed, the
-    /// ledger recognises it as ours and says how it won). A claim that still fails after a send
-    /// whose answer was lost is released in the background.
+    /// ledger recognises it as ours and says how it won) and its times stamped again (the
+    /// server that answers it may be a promoted standby, with another clock). A claim that still
+    /// fails after a send whose answer was lost is released in the background.
     async fn claim(&mut self, at: &Derive<'_, 'a, '_>) -> Result<Claim, Rejection> {
         self.complete_request(at);
-        let (idem, request) = (self.idem, &self.request);
-        let reference = request.key.reference();
+        let idem = self.idem;
+        let reference = self.reference();
         let timer = Timer::start();
-        let first = idem.inner.ledger.claim(request).await;
+        let first = idem.inner.ledger.claim(&self.request).await;
         let (claim, ambiguous) = match first {
             Err(error @ (LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. })) => {
-                let again = idem.inner.ledger.claim(request).await;
+                let stamped = self.request.lease_until;
+                self.restamp().await;
+                let again = idem.inner.ledger.claim(&self.request).await;
+                if matches!(again, Ok(Claim::Won { .. })) && self.request.lease_until > stamped {
+                    // Had the first send committed, the ledger would hold its lease, stamped on
+                    // the old clock: renewed to the new stamp, so both cases hold the same lease.
+                    let (key, token, until) = (self.request.key, self.request.token, self.request.lease_until);
+                    if idem.inner.ledger.renew(&key, token, until).await.is_ok() {
+                        self.lease.until.fetch_max(until, Ordering::SeqCst);
+                    }
+                }
                 let ambiguous = error.is_ambiguous() || again.as_ref().is_err_and(LedgerError::is_ambiguous);
                 (again, ambiguous)
             }
@@ -429,10 +440,27 @@ impl<'a> Attempt<'a> {
         claim.map_err(|error| {
             tracing::error!(%reference, %error, ambiguous, "ledger unavailable; handler not run");
             if ambiguous {
-                idem.release_lost_claim(request);
+                idem.release_lost_claim(&self.request);
             }
             unavailable(&error)
         })
+    }
+
+    /// Moves the claim's times to ledger time measured now — after a lost statement, measured
+    /// against whichever server answers now (see `time.rs`). The lease this call counts on stays
+    /// the earlier of the two until the ledger is known to hold the later one: if the first send
+    /// committed, the ledger holds the first stamp.
+    async fn restamp(&mut self) {
+        let Ok((now, clock_trusted)) = self.idem.ledger_time().await else { return };
+        let request = &mut self.request;
+        let before = request.now;
+        let shift = |at: u64| clamp(at.saturating_sub(before).saturating_add(now));
+        request.window_end = shift(request.window_end);
+        request.expires_at = shift(request.expires_at);
+        request.lease_until = shift(request.lease_until);
+        request.now = now;
+        request.clock_trusted = clock_trusted;
+        self.lease.until.fetch_min(request.lease_until, Ordering::SeqCst);
     }
 
     /// After a fresh claim under the current secret (`holds`), or a claim found in flight under

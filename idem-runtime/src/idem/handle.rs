@@ -86,14 +86,16 @@ impl Idem {
     }
 
     pub(super) fn from_settings(ledger: Arc<dyn Ledger>, settings: Settings) -> Self {
+        let time = LedgerTime::default();
         Self {
             inner: Arc::new(Inner {
-                // One place bounds every ledger statement: the ledger is wrapped in the timeout once.
-                ledger: Arc::new(Timeout::new(Arc::clone(&ledger), settings.ledger_timeout)),
+                // One place bounds every ledger statement: the ledger is wrapped in the timeout
+                // once, and it tells the handle's time of each statement that lost its server.
+                ledger: Arc::new(Timeout::new(Arc::clone(&ledger), settings.ledger_timeout, time.lost())),
                 untimed: ledger,
                 settings,
                 secrets: Secrets::default(),
-                time: LedgerTime::default(),
+                time,
                 background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_JOBS)),
                 waiting: Arc::default(),
                 claims: Arc::default(),

@@ -1,7 +1,9 @@
 //! Ledger time: this handle's clock measured against the ledger's, so leases and windows do
 //! not depend on every replica's clock agreeing. A measurement older than a third of the lease
 //! is refreshed in the background; one that cannot be trusted (too uncertain, a jump, a clock
-//! that stepped back) is not acted on.
+//! that stepped back) is not acted on; one taken before a statement lost its server (the ledger
+//! may have failed over to another machine, with another clock) is taken again before any time
+//! is stated.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +25,8 @@ pub(super) struct Skew {
     trusted: bool,
     /// The ledger keeps no clock: every handle on it shares this process's, for good.
     clockless: bool,
+    /// How many statements had lost their server ([`LedgerTime::lost`]) when it was sent.
+    lost: u64,
 }
 
 impl Idem {
@@ -89,11 +93,16 @@ impl Idem {
             }
         };
         let age = local - skew.at;
-        let fresh = age < millis(self.inner.settings.lease).max(1);
+        // A statement lost its server since: the ledger that answers now may be a promoted
+        // standby, another machine with another clock. Until measured against it, this
+        // measurement is not acted on, nor stamped on a claim or a renewal.
+        let fresh = age < millis(self.inner.settings.lease).max(1) && self.inner.time.lost_count() == skew.lost;
         if !fresh && let Some(measuring) = Measuring::start(&self.inner.time.measuring) {
-            // Idle for a lease or more (no call refreshed it): too old to act on. Measure now,
-            // once per idle spell, rather than answer this call on no time — a dead holder's
-            // lapsed lease would read as "in flight" to the first repeat after a quiet spell.
+            // Idle for a lease or more (no call refreshed it), or measured on a server that may
+            // be gone: not to be acted on. Measure now, once per idle spell or lost connection,
+            // rather than answer this call on no time — a dead holder's lapsed lease would read
+            // as "in flight" to the first repeat after a quiet spell, and a claim stamped on
+            // the old primary's clock could have lapsed already on the new one's.
             let _measuring = measuring;
             return Ok(match self.measure().await {
                 Ok(skew) => (self.now_ms().saturating_add_signed(skew.offset), skew.trusted),
@@ -126,13 +135,14 @@ impl Idem {
     /// read keeps the last good offset, untrusted; with none, it keeps nothing and fails.
     async fn measure(&self) -> Result<Skew, LedgerError> {
         let last = self.skew();
+        let lost = self.inner.time.lost_count();
         let before = self.now_ms();
         let answer = self.inner.ledger.now().await;
         let after = self.now_ms();
         let quarter = millis(self.inner.settings.lease / 4);
         let skew = match answer {
             // The ledger keeps no clock of its own: every handle on it shares this process's.
-            Ok(None) => Skew { at: after, offset: 0, trusted: true, clockless: true },
+            Ok(None) => Skew { at: after, offset: 0, trusted: true, clockless: true, lost },
             Ok(Some(ledger)) => {
                 let midpoint = u64::try_from((u128::from(before) + u128::from(after)) / 2).unwrap_or(after);
                 let offset = i64::try_from(i128::from(ledger) - i128::from(midpoint)).unwrap_or(0);
@@ -148,12 +158,13 @@ impl Idem {
                         no takeovers or window ends are acted on until it is"
                     );
                 }
-                Skew { at: after, offset, trusted: !uncertain && !jumped, clockless: false }
+                Skew { at: after, offset, trusted: !uncertain && !jumped, clockless: false, lost }
             }
             Err(error) => {
                 tracing::warn!(%error, "could not read the ledger's clock; no takeovers until it can be read");
                 let Some(last) = last else { return Err(error) };
-                Skew { at: after, offset: last.offset, trusted: false, clockless: false }
+                // Still the measurement of a server that may be gone: measured again next time.
+                Skew { at: after, offset: last.offset, trusted: false, clockless: false, lost: last.lost }
             }
         };
         *self.inner.time.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(skew);
@@ -171,10 +182,23 @@ impl Idem {
 #[derive(Default)]
 pub(super) struct LedgerTime {
     skew: std::sync::Mutex<Option<Skew>>,
+    /// How many statements lost their server (counted by the timeout layer).
+    lost: Arc<AtomicU64>,
     /// Set while a background measurement of the skew runs, so calls start at most one.
     measuring: Arc<AtomicBool>,
     /// A cold handle's first measurement of the skew, shared by the calls that queue on it.
     first: FirstMeasure,
+}
+
+impl LedgerTime {
+    /// The count the timeout layer adds each statement that lost its server to.
+    pub(super) fn lost(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.lost)
+    }
+
+    fn lost_count(&self) -> u64 {
+        self.lost.load(Ordering::Acquire)
+    }
 }
 
 /// A cold handle's first measurement: taken by the call that sends it, while the calls that
