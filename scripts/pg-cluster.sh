@@ -11,12 +11,17 @@
 #                                       it in place), its Patroni (its leader key lapses after 10 s and
 #                                       a standby is promoted; the old PostgreSQL runs on, fenced off by
 #                                       the proxy's health check), or both (a lost node)
+#   scripts/pg-cluster.sh revive        restart the Patroni of every node whose Patroni is gone (it
+#                                       rejoins as a replica, rewound) and wait for three members
+#   scripts/pg-cluster.sh mode [sync|async]
+#                                       switch synchronous_mode on the running cluster (prints it)
 #   scripts/pg-cluster.sh down          stop everything and remove the cluster's directory
 #
 # The proxy listens on 127.0.0.1:55430 (postgres://postgres@127.0.0.1:55430/postgres), the nodes
 # on 55431-55433, Patroni's REST API on 58001-58003, etcd on 23790. Everything lives in
 # ${IDEM_PG_CLUSTER_DIR:-/tmp/idem-pg-cluster}; PostgreSQL runs as the `postgres` user (it refuses
-# root). Not started by .ci/run yet: the failover test that will use it is issue 30's next step.
+# root). .ci/run starts it (synchronous) for the failover test `reliability::reliability_failover`
+# and stops it after.
 set -euo pipefail
 
 dir="${IDEM_PG_CLUSTER_DIR:-/tmp/idem-pg-cluster}"
@@ -154,7 +159,7 @@ up() {
         node_config "$node" "$sync" >"$dir/$node.yml"
         chown -R postgres: "$dir/$node" "$dir/$node.yml"
         chmod 700 "$dir/$node"
-        as_postgres patroni "$dir/$node.yml" >"$dir/$node.log" 2>&1 &
+        start_patroni "$node"
         # The first node bootstraps the cluster; the others clone it once it is primary.
         if [ "$node" = node1 ]; then wait_for 60 "a primary" primary; fi
     done
@@ -186,6 +191,34 @@ kill_primary() {
     echo "$node"
 }
 
+start_patroni() { # start_patroni NODE
+    as_postgres patroni "$dir/$1.yml" >>"$dir/$1.log" 2>&1 &
+}
+
+revive() {
+    for node in "${nodes[@]}"; do
+        if ! pgrep -f "patroni $dir/$node.yml" >/dev/null; then start_patroni "$node"; fi
+    done
+    for node in "${nodes[@]}"; do
+        wait_for 90 "$node running" is_role "$node" health
+    done
+    wait_for 30 "a primary" primary
+    wait_for 20 "the proxy reaching the primary" psql "$url" -qAtc "SELECT 1"
+}
+
+mode() {
+    case "${1:-}" in
+        sync) patronictl -c "$dir/node1.yml" edit-config --force -s synchronous_mode=true >/dev/null ;;
+        async) patronictl -c "$dir/node1.yml" edit-config --force -s synchronous_mode=false >/dev/null ;;
+        "") ;;
+        *) echo "pg-cluster: mode sync|async" >&2; exit 2 ;;
+    esac
+    if [ "${1:-}" = sync ]; then
+        wait_for 30 "a synchronous standby" sh -c "patronictl -c '$dir/node1.yml' list | grep -q 'Sync Standby'"
+    fi
+    patronictl -c "$dir/node1.yml" show-config 2>/dev/null | grep -q 'synchronous_mode: true' && echo sync || echo async
+}
+
 down() {
     [ -d "$dir" ] || return 0
     [ -f "$dir/haproxy.pid" ] && kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true
@@ -204,6 +237,8 @@ case "${1:-}" in
     status) status ;;
     primary) primary ;;
     kill-primary) shift; kill_primary "$@" ;;
+    revive) revive; echo "pg-cluster: three members; primary $(primary)" ;;
+    mode) shift; mode "$@" ;;
     down) down; echo "pg-cluster: down" ;;
-    *) sed -n '2,17p' "$0"; exit 2 ;;
+    *) sed -n '2,22p' "$0"; exit 2 ;;
 esac

@@ -8,6 +8,7 @@
 //! state.
 
 mod reliability_crash;
+mod reliability_failover;
 mod reliability_fencing;
 mod reliability_hostile;
 mod reliability_isolation;
