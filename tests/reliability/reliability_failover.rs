@@ -21,7 +21,8 @@
 //! suite; the long form is the command in RELIABILITY.md:
 //! `IDEM_RELIABILITY_LONG=1 IDEM_FAILOVER_KILL=node,patroni,postgres IDEM_PG_CLUSTER_URL=… \
 //!  cargo test -p idem-tests --test reliability failover -- --nocapture` (after
-//! `scripts/pg-cluster.sh up [--sync]`), five failovers of each kind.
+//! `scripts/pg-cluster.sh up [--sync]`), five failovers of each kind (`IDEM_FAILOVERS=n` for
+//! another number).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -161,7 +162,7 @@ async fn a_fleet_keeps_its_promise_through_a_primary_failover() {
     let Some(url) = cluster().await else { return };
     let mode = script(&["mode"]).trim().to_owned();
     let kinds = std::env::var("IDEM_FAILOVER_KILL").unwrap_or_else(|_| "node".to_owned());
-    let rounds = scale(1, 5);
+    let rounds = std::env::var("IDEM_FAILOVERS").ok().and_then(|n| n.parse().ok()).unwrap_or_else(|| scale(1, 5));
     let mut rows = Vec::new();
     let mut all = Figures::default();
     for kind in kinds.split(',').map(str::trim) {

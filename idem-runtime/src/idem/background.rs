@@ -14,7 +14,7 @@ use crate::ledger::{ClaimRequest, LedgerError, Token};
 use super::Idem;
 use super::ending::Ending;
 use super::operation::LeaseState;
-use super::time::{clamp, millis};
+use super::time::millis;
 
 /// How many times a lost claim's release is tried.
 const RELEASE_TRIES: u32 = 8;
@@ -64,10 +64,10 @@ impl Idem {
             if recorded.load(Ordering::SeqCst) {
                 return;
             }
-            // Stamped on ledger time measured against the server that will take it: after a lost
-            // statement (a failover), measured again first (see `time.rs`).
-            let now = self.ledger_time().await.map_or_else(|_| self.ledger_now(), |(now, _)| now);
-            let until = clamp(now.saturating_add(millis(self.inner.settings.lease)));
+            // On the last measurement, not a new one: a renewal is one statement, bounded by one
+            // ledger timeout, even while the ledger is away (calls measure again after a lost
+            // statement, and the renewal after them stamps on theirs).
+            let until = self.keep_until(self.inner.settings.lease);
             match self.inner.ledger.renew(&key, token, until).await {
                 Ok(()) => lease.until.fetch_max(until, Ordering::SeqCst),
                 Err(LedgerError::Fenced) => {
