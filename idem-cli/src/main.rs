@@ -1,5 +1,6 @@
 //! `idem`: the operator's command-line tool for an idem ledger: `pending`, `show`, `resolve`,
-//! `stats`, `sweep`, `tools`.
+//! `stats`, `sweep`, `tools` — and `idem probe`, which checks any MCP server's `idempotentHint`
+//! against its behaviour (no ledger needed; see `probe/`).
 //!
 //! Pointed at the ledger by `IDEM_DATABASE_URL` (or `--database-url`) and, to find an operation
 //! by its ref, at the servers' secret the way they find it: `IDEM_SECRET` (and
@@ -7,6 +8,9 @@
 //!
 //! Exit status: 0 done; 1 the ledger, the URL or the secret failed; 2 a usage error; 3 no such
 //! operation; 4 the operation cannot be resolved (it is settled, or its holder is alive).
+//! `idem probe`: 0 no hint found false; 1 a hint is false; 2 a usage error or no server.
+
+mod probe;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -45,6 +49,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Checks an MCP server's `idempotentHint` claims against its behaviour: repeats each
+    /// hinted tool's calls (one after another, at once, after a lost answer) and reports per
+    /// tool whether the hint holds. It CALLS THE REAL TOOLS: use a sandbox or staging server.
+    Probe(probe::ProbeArgs),
     /// Operations to look at: unknown, or in progress (a lapsed lease means its holder died),
     /// oldest first, a page at a time, with their tenant, subject and tool.
     Pending {
@@ -151,6 +159,15 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(error) => return fail(&Failure::new(format!("cannot start: {error}")), cli.json),
     };
+    if let Command::Probe(args) = &cli.command {
+        return match runtime.block_on(probe::run(args, cli.json)) {
+            Ok((out, any_false)) => {
+                println!("{out}");
+                if any_false { ExitCode::from(1) } else { ExitCode::SUCCESS }
+            }
+            Err(message) => fail(&Failure { message, code: 2 }, cli.json),
+        };
+    }
     match runtime.block_on(run(&cli)) {
         Ok(out) => {
             println!("{out}");
@@ -199,6 +216,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
         Idem::builder(ledger).lease((timeout * 2).max(DEFAULT_LEASE)).ledger_timeout(timeout)
     };
     match &cli.command {
+        Command::Probe(_) => unreachable!("`idem probe` needs no ledger and is run before it is opened"),
         Command::Stats => {
             let idem = built(operator(ledger))?;
             let stats = idem.admin().stats().await.map_err(ledger_failure)?;
