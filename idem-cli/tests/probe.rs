@@ -125,6 +125,7 @@ async fn a_false_hint_is_reported_false_and_fails_the_run() {
         touch.contains(&("sequential_repeat".into(), "false".into())),
         "the oracle saw the second effect: {touch:?}"
     );
+    matches_the_documented_schema(&report);
     let probed: Vec<&str> = report["tools"].as_array().unwrap().iter().filter_map(|t| t["tool"].as_str()).collect();
     assert_eq!(probed, ["bump", "touch"], "only the tools that claim the hint: {report:#}");
 
@@ -134,6 +135,38 @@ async fn a_false_hint_is_reported_false_and_fails_the_run() {
     assert_eq!(output.status.code(), Some(0), "{out}");
     assert!(out.contains("cannot tell") && out.contains("without an oracle"), "{out}");
     assert!(out.contains("CALLS THE REAL TOOLS"), "the warning: {out}");
+}
+
+/// The report has the members, and the verdicts, the JSON Schema in `docs/src/probe.md` says.
+fn matches_the_documented_schema(report: &Value) {
+    let page = include_str!("../../docs/src/probe.md");
+    let from = page.find("## The report as JSON").expect("the guide's schema section");
+    let block = &page[from..];
+    let start = block.find("```json\n").expect("its JSON block") + "```json\n".len();
+    let schema: Value = serde_json::from_str(&block[start..start + block[start..].find("```").unwrap()]).unwrap();
+    let required = |schema: &Value| -> Vec<String> {
+        schema["required"].as_array().unwrap().iter().map(|name| name.as_str().unwrap().to_owned()).collect()
+    };
+    let has = |value: &Value, schema: &Value| {
+        for name in required(schema) {
+            assert!(
+                value.get(&name).is_some(),
+                "the report lacks `{name}`, which the guide's schema requires: {value}"
+            );
+        }
+    };
+    has(report, &schema);
+    let tool_schema = &schema["properties"]["tools"]["items"];
+    let finding_schema = &tool_schema["properties"]["findings"]["items"];
+    for tool in report["tools"].as_array().unwrap() {
+        has(tool, tool_schema);
+        assert!(tool_schema["properties"]["verdict"]["enum"].as_array().unwrap().contains(&tool["verdict"]));
+        for finding in tool["findings"].as_array().unwrap() {
+            has(finding, finding_schema);
+            assert!(finding_schema["properties"]["probe"]["enum"].as_array().unwrap().contains(&finding["probe"]));
+            assert!(finding_schema["properties"]["verdict"]["enum"].as_array().unwrap().contains(&finding["verdict"]));
+        }
+    }
 }
 
 /// The example binaries `cargo test --workspace` builds.

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 use self::arguments::Source;
 use self::probes::{Oracle, Probe};
-use self::report::{Report, ToolReport, Verdict};
+use self::report::{Report, Skipped, ToolReport, Verdict};
 use self::target::Target;
 
 /// `idem probe` options.
@@ -110,14 +110,15 @@ pub async fn run(args: &ProbeArgs, json: bool) -> Result<(String, bool), String>
         if let Some(Oracle::Tool { name: oracle, .. }) = &oracle
             && *oracle == name
         {
-            report.skipped.push((name, "it is the oracle".to_owned()));
+            report.skipped.push(Skipped { tool: name, why: "it is the oracle".to_owned() });
             continue;
         }
         let source = match fixtures.get(&name) {
             Some(list) => Source::Fixtures(list.clone()),
             None if args.generate => Source::Generated(Value::Object((*tool.input_schema).clone())),
             None => {
-                report.skipped.push((name, "no arguments: add it to --fixtures, or pass --generate".to_owned()));
+                let why = "no arguments: add it to --fixtures, or pass --generate".to_owned();
+                report.skipped.push(Skipped { tool: name, why });
                 continue;
             }
         };

@@ -72,8 +72,15 @@ pub struct Report {
     /// The effect oracle, if one was given.
     pub oracle: Option<String>,
     pub tools: Vec<ToolReport>,
-    /// Tools the server lists that were not probed, and why.
-    pub skipped: Vec<(String, String)>,
+    /// Tools that claim the hint (or were named) and were not probed, and why.
+    pub skipped: Vec<Skipped>,
+}
+
+/// A tool not probed.
+#[derive(Debug, Serialize)]
+pub struct Skipped {
+    pub tool: String,
+    pub why: String,
 }
 
 impl Report {
@@ -107,7 +114,7 @@ impl Report {
             out.push_str(&format!("{table}\n"));
             out.push_str(&format!("→ {}: hint {}\n", tool.tool, tool.verdict.word()));
         }
-        for (tool, why) in &self.skipped {
+        for Skipped { tool, why } in &self.skipped {
             out.push_str(&format!("\nnot probed: {tool} ({why})"));
         }
         if !self.skipped.is_empty() {
