@@ -95,7 +95,8 @@ impl Idem {
         let age = local - skew.at;
         // A statement lost its server since: the ledger that answers now may be a promoted
         // standby, another machine with another clock. Until measured against it, this
-        // measurement is not acted on, nor stamped on a claim or a renewal.
+        // measurement is not acted on, nor stamped on a claim (a renewal stamps on the latest
+        // measurement without measuring: it stays one statement).
         let fresh = age < millis(self.inner.settings.lease).max(1) && self.inner.time.lost_count() == skew.lost;
         if !fresh && let Some(measuring) = Measuring::start(&self.inner.time.measuring) {
             // Idle for a lease or more (no call refreshed it), or measured on a server that may
