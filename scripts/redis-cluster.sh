@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# A local Redis Cluster for the Redis ledger (issue 31): three primaries and three replicas from
+# Debian's `redis-server` in cluster mode (installed when missing), each on its own port and
+# directory, with append-only persistence (fsync every write) and `noeviction`; a replica may
+# always be promoted (`cluster-replica-validity-factor 0`), so a lost primary is replaced even
+# when its replica lags — the setting under which acknowledged writes can be lost, measured.
+#
+#   scripts/redis-cluster.sh up           start it; prints the seed URL
+#   scripts/redis-cluster.sh status       the nodes, their roles and slots (CLUSTER NODES)
+#   scripts/redis-cluster.sh kill-primary [SLOT]
+#                                         SIGKILL the primary serving SLOT (default 0); its
+#                                         replica is promoted (about 4 s here: node timeout 2 s)
+#   scripts/redis-cluster.sh revive       restart every node that is gone (it rejoins as a replica)
+#   scripts/redis-cluster.sh down         stop everything and remove the cluster's directory
+#
+# Nodes listen on 127.0.0.1:7101-7106 (7101-7103 start as primaries); everything lives in
+# ${IDEM_REDIS_CLUSTER_DIR:-/tmp/idem-redis-cluster}. Not run by .ci/run yet: the Redis ledger
+# that will use it is issue 31's next step. The seed URL is
+# redis://127.0.0.1:7101/?cluster=true (the other nodes are found from it).
+set -euo pipefail
+
+dir="${IDEM_REDIS_CLUSTER_DIR:-/tmp/idem-redis-cluster}"
+ports=(7101 7102 7103 7104 7105 7106)
+url="redis://127.0.0.1:7101/?cluster=true"
+
+install() {
+    if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+        echo "redis-cluster: installing redis-server from Debian's packages"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+    fi
+}
+
+wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
+    local seconds=$1 what=$2
+    shift 2
+    for _ in $(seq 1 $((seconds * 10))); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "redis-cluster: $what did not happen within ${seconds}s; logs in $dir" >&2
+    return 1
+}
+
+start_node() { # start_node PORT
+    local port=$1
+    mkdir -p "$dir/$port"
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir/$port" --daemonize yes \
+        --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log" \
+        --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+        --cluster-replica-validity-factor 0 \
+        --appendonly yes --appendfsync always --maxmemory-policy noeviction --save ""
+}
+
+# The port of a node that answers (any: each knows the whole cluster).
+live() {
+    for port in "${ports[@]}"; do
+        if redis-cli -p "$port" ping >/dev/null 2>&1; then echo "$port"; return 0; fi
+    done
+    return 1
+}
+
+nodes() { redis-cli -p "$(live)" cluster nodes; }
+
+cluster_ok() { redis-cli -p "$(live)" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; }
+
+three_replicas() { [ "$(nodes | awk '$3 ~ /slave/ && $8 == "connected"' | wc -l)" = 3 ]; }
+
+up() {
+    install
+    if [ -d "$dir" ]; then down; fi
+    mkdir -p "$dir"
+    for port in "${ports[@]}"; do start_node "$port"; done
+    for port in "${ports[@]}"; do wait_for 20 "node $port answering" redis-cli -p "$port" ping; done
+    local nodes=()
+    for port in "${ports[@]}"; do nodes+=("127.0.0.1:$port"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1
+    wait_for 30 "the cluster settling" cluster_ok
+    wait_for 30 "three replicas attached" three_replicas
+    echo "redis-cluster: up (3 primaries, 3 replicas); $url"
+}
+
+status() {
+    nodes 2>/dev/null || echo "redis-cluster: not running"
+}
+
+primary_of_slot() { # the port of the primary serving SLOT
+    local slot=$1
+    nodes | awk -v slot="$slot" '
+        $3 ~ /master/ && $8 == "connected" {
+            for (i = 9; i <= NF; i++) {
+                n = split($i, r, "-");
+                if ((n == 1 && r[1] == slot) || (n == 2 && slot >= r[1] && slot <= r[2])) {
+                    split($2, a, "[:@]"); print a[2]; exit
+                }
+            }
+        }'
+}
+
+kill_primary() {
+    local slot="${1:-0}" port
+    port="$(primary_of_slot "$slot")"
+    [ -n "$port" ] || { echo "redis-cluster: no primary serves slot $slot" >&2; exit 1; }
+    kill -9 "$(cat "$dir/$port/redis.pid")"
+    echo "$port"
+}
+
+revive() {
+    for port in "${ports[@]}"; do
+        if ! redis-cli -p "$port" ping >/dev/null 2>&1; then start_node "$port"; fi
+    done
+    for port in "${ports[@]}"; do wait_for 20 "node $port answering" redis-cli -p "$port" ping; done
+    wait_for 30 "the cluster settling" cluster_ok
+    wait_for 30 "three replicas attached" three_replicas
+}
+
+down() {
+    [ -d "$dir" ] || return 0
+    for port in "${ports[@]}"; do
+        [ -f "$dir/$port/redis.pid" ] && kill "$(cat "$dir/$port/redis.pid")" 2>/dev/null || true
+    done
+    sleep 0.5
+    for port in "${ports[@]}"; do
+        [ -f "$dir/$port/redis.pid" ] && kill -9 "$(cat "$dir/$port/redis.pid")" 2>/dev/null || true
+    done
+    rm -rf "$dir"
+}
+
+case "${1:-}" in
+    up) up ;;
+    status) status ;;
+    kill-primary) shift; kill_primary "$@" ;;
+    revive) revive; echo "redis-cluster: every node up" ;;
+    down) down; echo "redis-cluster: down" ;;
+    *) sed -n '2,16p' "$0"; exit 2 ;;
+esac
