@@ -267,38 +267,8 @@ impl Probe<'_> {
                 evidence: format!("{tally}; the answers differ: “{}” and “{}”", short(first), short(other)),
             };
         }
-        match (before, after) {
-            (Some(Ok(before)), Some(Ok(after))) => match moved(&before, &after) {
-                Moved::By(n) if n <= 1 => Finding {
-                    probe: PROBE,
-                    verdict: Verdict::Holds,
-                    evidence: format!("{tally}; same answers; the oracle moved by {n}"),
-                },
-                Moved::By(n) => Finding {
-                    probe: PROBE,
-                    verdict: Verdict::False,
-                    evidence: format!("{tally}; same answers, but the oracle moved by {n}: it ran more than once"),
-                },
-                Moved::Unchanged => Finding {
-                    probe: PROBE,
-                    verdict: Verdict::Holds,
-                    evidence: format!("{tally}; same answers; the oracle did not move"),
-                },
-                Moved::Changed => Finding {
-                    probe: PROBE,
-                    verdict: Verdict::CannotTell,
-                    evidence: format!("{tally}; same answers; the oracle changed but is not a count"),
-                },
-            },
-            (Some(Err(error)), _) | (_, Some(Err(error))) => {
-                Finding { probe: PROBE, verdict: Verdict::CannotTell, evidence: format!("{tally}; {error}") }
-            }
-            _ => Finding {
-                probe: PROBE,
-                verdict: Verdict::CannotTell,
-                evidence: format!("{tally}; same answers, but without an oracle a second run would not show"),
-            },
-        }
+        let said = format!("{tally}; same answers");
+        at_most_one(PROBE, before, after, &said, "", "it ran more than once")
     }
 
     /// A call whose answer is lost (the session is cut while it runs), repeated in a new
@@ -357,38 +327,7 @@ impl Probe<'_> {
             None if is_error(&repeat) => format!("the repeat answered an error “{}”", short(&repeat)),
             None => "the repeat answered and a further repeat agreed".to_owned(),
         };
-        match (before, after) {
-            (Some(Ok(before)), Some(Ok(after))) => match moved(&before, &after) {
-                Moved::By(n) if n <= 1 => Finding {
-                    probe: PROBE,
-                    verdict: Verdict::Holds,
-                    evidence: format!("{how}{said}; the oracle moved by {n} in all"),
-                },
-                Moved::By(n) => Finding {
-                    probe: PROBE,
-                    verdict: Verdict::False,
-                    evidence: format!("{how}{said}; but the oracle moved by {n}: the lost call ran again"),
-                },
-                Moved::Unchanged => Finding {
-                    probe: PROBE,
-                    verdict: Verdict::Holds,
-                    evidence: format!("{how}{said}; the oracle did not move"),
-                },
-                Moved::Changed => Finding {
-                    probe: PROBE,
-                    verdict: Verdict::CannotTell,
-                    evidence: format!("{how}{said}; the oracle changed but is not a count"),
-                },
-            },
-            (Some(Err(error)), _) | (_, Some(Err(error))) => {
-                Finding { probe: PROBE, verdict: Verdict::CannotTell, evidence: format!("{how}{said}; {error}") }
-            }
-            _ => Finding {
-                probe: PROBE,
-                verdict: Verdict::CannotTell,
-                evidence: format!("{how}{said}; without an oracle a second run would not show"),
-            },
-        }
+        at_most_one(PROBE, before, after, &format!("{how}{said}"), " in all", "the lost call ran again")
     }
 
     /// The same key with another argument outside it (a tool that advertises its key): a
@@ -444,6 +383,29 @@ impl Probe<'_> {
             },
         }
     }
+}
+
+/// The oracle's verdict for a probe that allows at most one effect between `before` and `after`
+/// (`said`: what the answers showed; `scope` follows the count; `twice`: what more than one means).
+fn at_most_one(
+    probe: &'static str,
+    before: Option<Result<Reading, String>>,
+    after: Option<Result<Reading, String>>,
+    said: &str,
+    scope: &str,
+    twice: &str,
+) -> Finding {
+    let (verdict, evidence) = match (before, after) {
+        (Some(Ok(before)), Some(Ok(after))) => match moved(&before, &after) {
+            Moved::By(n) if n <= 1 => (Verdict::Holds, format!("{said}; the oracle moved by {n}{scope}")),
+            Moved::By(n) => (Verdict::False, format!("{said}; but the oracle moved by {n}{scope}: {twice}")),
+            Moved::Unchanged => (Verdict::Holds, format!("{said}; the oracle did not move")),
+            Moved::Changed => (Verdict::CannotTell, format!("{said}; the oracle changed but is not a count")),
+        },
+        (Some(Err(error)), _) | (_, Some(Err(error))) => (Verdict::CannotTell, format!("{said}; {error}")),
+        _ => (Verdict::CannotTell, format!("{said}; without an oracle a second run would not show")),
+    };
+    Finding { probe, verdict, evidence }
 }
 
 impl Reading {
