@@ -135,6 +135,12 @@ async fn a_false_hint_is_reported_false_and_fails_the_run() {
     assert_eq!(output.status.code(), Some(0), "{out}");
     assert!(out.contains("cannot tell") && out.contains("without an oracle"), "{out}");
     assert!(out.contains("CALLS THE REAL TOOLS"), "the warning: {out}");
+
+    // An oracle the server does not have is a usage error, before any tool is called.
+    let output = probe(owned(&["--http", &url, "--generate", "--count-with", "counted"])).await;
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{out}");
+    assert!(out.contains("no tool `counted` to count effects with"), "{out}");
 }
 
 /// The report has the members, and the verdicts, the JSON Schema in `docs/src/probe.md` says.

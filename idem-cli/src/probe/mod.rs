@@ -95,6 +95,11 @@ pub async fn run(args: &ProbeArgs, json: bool) -> Result<(String, bool), String>
             return Err(format!("the server lists no tool `{named}`"));
         }
     }
+    if let Some(Oracle::Tool { name, .. }) = &oracle
+        && !tools.iter().any(|tool| tool.name == name.as_str())
+    {
+        return Err(format!("the server lists no tool `{name}` to count effects with (--count-with)"));
+    }
     let mut report = Report {
         server: target.describe(),
         oracle: oracle.as_ref().map(Oracle::describe),
