@@ -23,6 +23,9 @@
 # root). .ci/run starts it (synchronous) for the failover test `reliability::reliability_failover`
 # and stops it after.
 set -euo pipefail
+name=pg-cluster
+# shellcheck source=scripts/cluster-lib.sh
+source "$(dirname "$0")/cluster-lib.sh"
 
 dir="${IDEM_PG_CLUSTER_DIR:-/tmp/idem-pg-cluster}"
 bin_dir="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
@@ -39,23 +42,8 @@ install() {
     command -v patroni >/dev/null || missing+=(patroni)
     command -v etcd >/dev/null || missing+=(etcd-server)
     command -v haproxy >/dev/null || missing+=(haproxy)
-    if [ ${#missing[@]} -gt 0 ]; then
-        echo "pg-cluster: installing ${missing[*]} from Debian's packages"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    fi
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     [ -n "$bin_dir" ] || { echo "pg-cluster: no PostgreSQL server binaries under /usr/lib/postgresql" >&2; exit 1; }
-}
-
-wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
-    local seconds=$1 what=$2
-    shift 2
-    for _ in $(seq 1 $((seconds * 10))); do
-        if "$@" >/dev/null 2>&1; then return 0; fi
-        sleep 0.1
-    done
-    echo "pg-cluster: $what did not happen within ${seconds}s; logs in $dir" >&2
-    return 1
 }
 
 role_of() { curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$(rest_port "$1")/$2"; }

@@ -18,6 +18,9 @@
 # that will use it is issue 31's next step. The seed URL is
 # redis://127.0.0.1:7101/?cluster=true (the other nodes are found from it).
 set -euo pipefail
+name=redis-cluster
+# shellcheck source=scripts/cluster-lib.sh
+source "$(dirname "$0")/cluster-lib.sh"
 
 dir="${IDEM_REDIS_CLUSTER_DIR:-/tmp/idem-redis-cluster}"
 ports=(7101 7102 7103 7104 7105 7106)
@@ -25,21 +28,8 @@ url="redis://127.0.0.1:7101/?cluster=true"
 
 install() {
     if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-        echo "redis-cluster: installing redis-server from Debian's packages"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+        apt_install redis-server
     fi
-}
-
-wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
-    local seconds=$1 what=$2
-    shift 2
-    for _ in $(seq 1 $((seconds * 10))); do
-        if "$@" >/dev/null 2>&1; then return 0; fi
-        sleep 0.1
-    done
-    echo "redis-cluster: $what did not happen within ${seconds}s; logs in $dir" >&2
-    return 1
 }
 
 start_node() { # start_node PORT
