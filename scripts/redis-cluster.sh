@@ -14,9 +14,10 @@
 #   scripts/redis-cluster.sh down         stop everything and remove the cluster's directory
 #
 # Nodes listen on 127.0.0.1:7101-7106 (7101-7103 start as primaries); everything lives in
-# ${IDEM_REDIS_CLUSTER_DIR:-/tmp/idem-redis-cluster}. Not run by .ci/run yet: the Redis ledger
-# that will use it is issue 31's next step. The seed URL is
-# redis://127.0.0.1:7101/?cluster=true (the other nodes are found from it).
+# ${IDEM_REDIS_CLUSTER_DIR:-/tmp/idem-redis-cluster}. `.ci/run` starts it before the tests (the
+# Redis ledger's conformance suite and failover test) and stops it after. The ledger URL is
+# redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 (any one node would do: the others
+# are found from it).
 set -euo pipefail
 name=redis-cluster
 # shellcheck source=scripts/cluster-lib.sh
@@ -24,7 +25,7 @@ source "$(dirname "$0")/cluster-lib.sh"
 
 dir="${IDEM_REDIS_CLUSTER_DIR:-/tmp/idem-redis-cluster}"
 ports=(7101 7102 7103 7104 7105 7106)
-url="redis://127.0.0.1:7101/?cluster=true"
+url="redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
 
 install() {
     if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
@@ -56,6 +57,20 @@ cluster_ok() { redis-cli -p "$(live)" cluster info 2>/dev/null | grep -q 'cluste
 
 three_replicas() { [ "$(nodes | awk '$3 ~ /slave/ && $8 == "connected"' | wc -l)" = 3 ]; }
 
+# Every replica has finished its sync with its primary: a replica still loading would be promoted
+# without the primary's records (`cluster-replica-validity-factor 0` allows it), which a test
+# must not take for a loss of the ledger's.
+replicas_synced() {
+    local port info
+    for port in "${ports[@]}"; do
+        info="$(redis-cli -p "$port" info replication 2>/dev/null)" || return 1
+        if grep -q '^role:slave' <<<"$info"; then
+            grep -q '^master_link_status:up' <<<"$info" || return 1
+            grep -q '^master_sync_in_progress:0' <<<"$info" || return 1
+        fi
+    done
+}
+
 up() {
     install
     if [ -d "$dir" ]; then down; fi
@@ -67,6 +82,7 @@ up() {
     redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1
     wait_for 30 "the cluster settling" cluster_ok
     wait_for 30 "three replicas attached" three_replicas
+    wait_for 30 "the replicas in sync" replicas_synced
     echo "redis-cluster: up (3 primaries, 3 replicas); $url"
 }
 
@@ -102,6 +118,7 @@ revive() {
     for port in "${ports[@]}"; do wait_for 20 "node $port answering" redis-cli -p "$port" ping; done
     wait_for 30 "the cluster settling" cluster_ok
     wait_for 30 "three replicas attached" three_replicas
+    wait_for 30 "the replicas in sync" replicas_synced
 }
 
 down() {

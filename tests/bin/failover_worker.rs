@@ -1,5 +1,5 @@
 //! One of the idem processes `reliability_failover` runs through the PostgreSQL cluster's proxy
-//! while it kills the primary: a storm of identical and distinct charges, each through its own
+//! (or against the Redis Cluster) while it kills a primary: a storm of identical and distinct charges, each through its own
 //! pool, against a downstream (a directory every process shares) that dedupes on the forwarded
 //! key. Runs its own sweeper, and its tool waits for an operation in flight, so waiting repeats
 //! and the sweep live through the failover too.
@@ -20,7 +20,6 @@ mod downstream;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Recipe, Rejection, StalePolicy, current_operation};
 use serde::{Deserialize, Serialize};
 
@@ -88,7 +87,7 @@ fn main() {
 
 async fn storm(url: &str, dir: &str, run: &str, length: Duration, lease_ms: u64) -> Result<(), String> {
     let downstream = downstream::FileDownstream::open(dir).map_err(|e| format!("downstream: {e}"))?;
-    let ledger = SeaOrmLedger::connect_existing(url).await.map_err(|e| format!("ledger: {e}"))?;
+    let ledger = idem_runtime::ledger::connect(url).await.map_err(|e| format!("ledger: {e}"))?;
     let idem = idem_tests::builder(ledger).lease(Duration::from_millis(lease_ms)).build().map_err(|e| e.to_string())?;
     let _sweeper = idem.admin().spawn_sweeper(Duration::from_secs(1), 200);
     let (lines, mut printed) = tokio::sync::mpsc::unbounded_channel::<String>();

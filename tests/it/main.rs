@@ -18,6 +18,7 @@ mod ledger_durable;
 mod ledger_memory;
 mod ledger_mysql;
 mod ledger_postgres;
+mod ledger_redis;
 mod ledger_sqlite;
 mod ledger_timeout;
 mod macro_behaviour;

@@ -28,6 +28,11 @@ mod error;
 mod judge;
 mod label;
 pub mod memory;
+mod open;
+mod records;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 #[cfg(feature = "_sea")]
 // `_sea` is internal: name the features a user turns on.
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
@@ -46,7 +51,11 @@ pub use self::error::{ErrorSource, LedgerError};
 pub(crate) use self::judge::{RecordView, Verdict, held, lease_lapsed, settled_expiry, superseded, won_stale};
 pub use self::label::Label;
 pub(crate) use self::label::{open as open_label, seal as seal_label};
+pub use self::open::{connect, from_env, is_redis_url};
 pub(crate) use self::timeout::Timeout;
+
+/// The environment variable naming the ledger: a SQL URL, a SQLite file's path, or a Redis URL.
+pub const DATABASE_URL_ENV: &str = "IDEM_DATABASE_URL";
 
 /// A boxed, sendable future: keeps [`Ledger`] object-safe so `Arc<dyn Ledger>` can be chosen at
 /// run time (by URL).
@@ -114,7 +123,7 @@ pub enum State {
 
 impl State {
     /// The compact code a durable backend stores (the SQL ledger's encoding, not public API).
-    #[cfg(any(feature = "_sea", test))]
+    #[cfg(any(feature = "_sea", feature = "redis", test))]
     #[must_use]
     pub(crate) const fn code(self) -> i16 {
         match self {
@@ -126,7 +135,7 @@ impl State {
     }
 
     /// The state a stored code stands for.
-    #[cfg(any(feature = "_sea", test))]
+    #[cfg(any(feature = "_sea", feature = "redis", test))]
     #[must_use]
     pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {
@@ -211,7 +220,7 @@ pub enum Won {
 
 impl Won {
     /// The compact code a durable backend stores in the record's `attempt` column.
-    #[cfg(any(feature = "_sea", test))]
+    #[cfg(any(feature = "_sea", feature = "redis", test))]
     #[must_use]
     pub(crate) const fn code(self) -> i16 {
         match self {
@@ -222,7 +231,7 @@ impl Won {
     }
 
     /// The attempt a stored code stands for.
-    #[cfg(any(feature = "_sea", test))]
+    #[cfg(any(feature = "_sea", feature = "redis", test))]
     #[must_use]
     pub(crate) const fn from_code(code: i16) -> Option<Self> {
         match code {

@@ -178,7 +178,7 @@ impl Sys {
         for (window_end, snap) in &self.superseded {
             records.superseded.insert((key(), *window_end), snap.record());
         }
-        MemoryLedger { records: Mutex::new(records), clock: None }
+        MemoryLedger { records: Mutex::new(records), ..MemoryLedger::default() }
     }
 
     fn store(&mut self, ledger: &MemoryLedger) {

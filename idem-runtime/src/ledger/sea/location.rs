@@ -15,8 +15,7 @@ use sea_orm::DbBackend;
 
 use crate::ledger::LedgerError;
 
-/// The environment variable naming the ledger database.
-pub const DATABASE_URL_ENV: &str = "IDEM_DATABASE_URL";
+pub use crate::ledger::DATABASE_URL_ENV;
 
 /// Who chose where the ledger is — what a message names, so the reader knows what to change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

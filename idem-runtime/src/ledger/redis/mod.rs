@@ -1,0 +1,531 @@
+//! A ledger on Redis or Valkey, standalone or Redis Cluster (feature `redis`): the ledger that
+//! scales out.
+//!
+//! Every record of one reference lives in one hash under the hash tag `{<ref>}` (`codec.rs`), so
+//! each atomic step touches one key in one slot. A step reads the hash, runs the same operation
+//! the memory ledger runs on the records read (`records.rs`, which decides through
+//! `RecordView::judge`), and writes back what changed with a compare-and-set on the hash's
+//! version (`scripts.rs`) — again if another writer came between. A claim of a reference nobody
+//! holds is one script that creates it. Records expire through Redis TTLs, set from their own
+//! retention; [`Ledger::sweep`] deletes by the ledger's rules what the TTLs have not yet.
+//! [`Ledger::now`] is the server's `TIME`. Operator reads that look across the ledger (pending,
+//! stats, sweep) scan every primary.
+//!
+//! With `wait=N` in the URL ([`RedisLedger::wait_for_replicas`]), a write is reported only once
+//! `N` replicas acknowledged it (`WAIT`); otherwise as soon as the primary has it. What either
+//! promises through a failover is measured in RELIABILITY.md and stated in the guide
+//! (`docs/src/redis-ledger.md`).
+
+mod codec;
+mod connect;
+mod scripts;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{AsyncCommands, Value};
+
+use self::codec::{Bundle, bundle_key, bundle_pattern, current_field, diff, encode};
+use self::connect::{Conn, Target, failed, info_field, read};
+use super::records::{Records, oldest_first};
+use super::{
+    BoxFuture, Claim, ClaimRequest, Ledger, LedgerError, LedgerStats, Outcome, PendingQuery, PendingRecord, Resolution,
+    StatusReport, Token,
+};
+use crate::key::{Address, Key, Ref, SubjectTag, TenantTag};
+
+/// How many times a step re-reads and tries again when another writer changed the hash between
+/// its read and its write.
+const ATTEMPTS: u32 = 64;
+
+/// How long Redis keeps a record's hash at least after its last write, beyond the records' own
+/// retention: the records' times are the ledger's clock as one node measured it, and another
+/// node's clock decides the TTL.
+const MARGIN_MS: u64 = 60_000;
+
+/// How many keys one `SCAN` step asks a node for.
+const SCAN_COUNT: usize = 1000;
+
+/// A [`Ledger`] on Redis (standalone, or a Redis Cluster).
+#[derive(Clone)]
+pub struct RedisLedger {
+    conn: Conn,
+    prefix: Arc<str>,
+    /// Replicas that must acknowledge a write before it is reported, and how long to wait.
+    wait: Option<(u32, Duration)>,
+    place: Arc<str>,
+    cluster: bool,
+}
+
+impl std::fmt::Debug for RedisLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLedger").field("place", &self.place).field("wait", &self.wait).finish_non_exhaustive()
+    }
+}
+
+impl RedisLedger {
+    /// Connects to the Redis at `url` — `redis://host:port[/db]` for one server,
+    /// `redis+cluster://host:port[,host:port…]` (or `redis://host:port?cluster=true`) for a Redis
+    /// Cluster — checks that no primary may evict records, and logs one line naming it.
+    ///
+    /// Parameters: `wait=N` ([`RedisLedger::wait_for_replicas`], with `wait_timeout_ms=M`,
+    /// default 1000) and `prefix=P` (the first part of every key, default `idem`).
+    ///
+    /// # Errors
+    /// A URL that names no Redis; no server answering; a primary whose `maxmemory-policy` is
+    /// not `noeviction` (an evicted record lets a repeat run again: the message says what to set).
+    pub async fn connect(url: &str) -> Result<Self, LedgerError> {
+        let target = Target::parse(url)?;
+        let conn = Conn::open(&target).await.map_err(|error| {
+            LedgerError::unavailable(format!(
+                "no Redis answers at {}: {error}. Start it, or set IDEM_DATABASE_URL to one that runs",
+                target.place
+            ))
+            .with_source(error)
+        })?;
+        let timeout = Duration::from_millis(target.wait_timeout_ms);
+        let mut ledger = Self {
+            conn,
+            prefix: target.prefix.into(),
+            wait: target.wait.map(|replicas| (replicas, timeout)),
+            place: target.place.into(),
+            cluster: target.cluster,
+        };
+        let described = ledger.check().await?;
+        tracing::info!("{described}");
+        Ok(ledger)
+    }
+
+    /// Reports a write only once `replicas` replicas acknowledged it (Redis's `WAIT`, up to
+    /// `timeout`): a claim is then reported won, and a result recorded, only when it would
+    /// survive the loss of its primary to a replica that has it. A write not acknowledged in
+    /// time is an ambiguous failure (the call is refused or its recording retried, never
+    /// reported done). Narrows the window in which a failover loses a write; Redis replication
+    /// stays asynchronous, so it does not close it (the guide says what is measured).
+    #[must_use]
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
+    /// Keeps every key under `prefix` (`<prefix>:r:{<ref>}`, …) instead of `idem`: several
+    /// ledgers on one Redis, or a test's own.
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Where it is, for messages: the URL without its password.
+    #[must_use]
+    pub fn place(&self) -> &str {
+        &self.place
+    }
+
+    /// Refuses a primary that may evict records; describes the ledger.
+    async fn check(&mut self) -> Result<String, LedgerError> {
+        let primaries = self.conn.primaries().await.map_err(failed)?;
+        let (mut logged, mut replicas) = (Vec::new(), 0u64);
+        for node in &primaries {
+            let info: String = read(
+                self.conn
+                    .on_node(node, redis::cmd("INFO").arg("memory").arg("persistence").arg("replication").clone())
+                    .await
+                    .map_err(failed)?,
+            )?;
+            let name = node.as_ref().map_or_else(|| self.place.to_string(), |(host, port)| format!("{host}:{port}"));
+            let policy = info_field(&info, "maxmemory_policy").unwrap_or("unknown");
+            if policy != "noeviction" {
+                return Err(LedgerError::unavailable(format!(
+                    "the Redis at {name} may evict keys under memory pressure (maxmemory-policy {policy}): an \
+                     evicted record would let a repeat run again. Set `maxmemory-policy noeviction` (CONFIG SET \
+                     maxmemory-policy noeviction, and in its configuration file), then start again"
+                )));
+            }
+            replicas += info_field(&info, "connected_slaves").and_then(|n| n.parse().ok()).unwrap_or(0);
+            if info_field(&info, "aof_enabled") == Some("1") {
+                logged.push("append-only");
+            } else if info_field(&info, "rdb_last_save_time").is_some() && !logged.contains(&"snapshots only") {
+                logged.push("snapshots only");
+            }
+        }
+        let kind =
+            if self.cluster { format!("cluster of {} primaries", primaries.len()) } else { "standalone".to_owned() };
+        let persistence = if logged.contains(&"snapshots only") || logged.is_empty() {
+            "not append-only (a restart may lose recent records)"
+        } else {
+            "append-only"
+        };
+        let wait = self.wait.map_or_else(
+            || "writes not waited on".to_owned(),
+            |(n, t)| format!("each write waits for {n} replica(s), up to {} ms", t.as_millis()),
+        );
+        Ok(format!(
+            "idem ledger: redis at {} ({kind}, {replicas} replica(s), {persistence}, noeviction; {wait})",
+            self.place
+        ))
+    }
+
+    fn key_of(&self, reference: Ref) -> String {
+        bundle_key(&self.prefix, reference)
+    }
+
+    /// The records of `reference`, and the version read.
+    async fn load(&self, reference: Ref) -> Result<Bundle, LedgerError> {
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = self.conn.clone().hgetall(self.key_of(reference)).await.map_err(failed)?;
+        Bundle::decode(pairs)
+    }
+
+    /// Runs `step` on the records of `reference` and writes what it changed, again from a fresh
+    /// read if another writer came first. `step` answers its result and whether that result
+    /// reports a write the caller relies on (a won claim, a recorded result), which waits for
+    /// the replicas first when the ledger is told to.
+    async fn update<T>(
+        &self,
+        reference: Ref,
+        first: Option<Bundle>,
+        mut step: impl FnMut(&mut Records) -> (T, bool),
+    ) -> Result<T, LedgerError> {
+        let key = self.key_of(reference);
+        let mut read = match first {
+            Some(bundle) => bundle,
+            None => self.load(reference).await?,
+        };
+        for _ in 0..ATTEMPTS {
+            let mut records = read.records.clone();
+            let (answer, relied_on) = step(&mut records);
+            if records == read.records {
+                self.settle(&key, relied_on).await?;
+                return Ok(answer);
+            }
+            let (set, delete) = diff(&read.records, &records);
+            let version = crate::bytes::hex(&crate::bytes::random::<8>());
+            let mut invocation = scripts::SWAP.key(&key);
+            invocation
+                .arg(read.version.as_deref().unwrap_or_default())
+                .arg(&version)
+                .arg(records.needed_until())
+                .arg(MARGIN_MS)
+                .arg(set.len());
+            for (field, value) in &set {
+                invocation.arg(field).arg(value);
+            }
+            for field in &delete {
+                invocation.arg(field);
+            }
+            let swapped: i64 = invocation.invoke_async(&mut self.conn.clone()).await.map_err(failed)?;
+            if swapped == 1 {
+                self.settle(&key, relied_on).await?;
+                return Ok(answer);
+            }
+            read = self.load(reference).await?;
+            if read.records == records {
+                // The hash holds exactly what this step wrote: a send the client retried after
+                // it took effect, whose first answer was lost.
+                self.settle(&key, relied_on).await?;
+                return Ok(answer);
+            }
+        }
+        Err(LedgerError::unavailable(format!(
+            "the record of ref {reference} changed under {ATTEMPTS} attempts in a row; try again"
+        )))
+    }
+
+    /// Waits for the replicas to acknowledge what this connection wrote to `key`'s primary, if
+    /// the ledger is told to and the caller relies on it.
+    async fn settle(&self, key: &str, relied_on: bool) -> Result<(), LedgerError> {
+        let Some((replicas, timeout)) = self.wait.filter(|_| relied_on) else { return Ok(()) };
+        let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let wait = redis::cmd("WAIT").arg(replicas).arg(millis).clone();
+        let acknowledged: u64 = read(self.conn.clone().on_primary_of(key.as_bytes(), wait).await.map_err(failed)?)?;
+        if acknowledged < u64::from(replicas) {
+            return Err(LedgerError::ambiguous(format!(
+                "written on the primary but acknowledged by {acknowledged} of {replicas} replica(s) within {millis} ms"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every record hash, on every primary.
+    async fn bundles(&self) -> Result<Vec<String>, LedgerError> {
+        let mut conn = self.conn.clone();
+        let pattern = bundle_pattern(&self.prefix);
+        let mut keys = std::collections::BTreeSet::new();
+        for node in conn.primaries().await.map_err(failed)? {
+            let mut cursor = 0u64;
+            loop {
+                let scan =
+                    redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(SCAN_COUNT).clone();
+                let (next, found): (u64, Vec<String>) = read(conn.on_node(&node, scan).await.map_err(failed)?)?;
+                keys.extend(found);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(keys.into_iter().collect())
+    }
+
+    /// The reference a record hash's key names.
+    fn reference_of(key: &str) -> Option<Ref> {
+        let inner = key.rsplit_once('{')?.1.strip_suffix('}')?;
+        Ref::parse(inner).ok()
+    }
+
+    /// Every reference's records, one hash at a time, handed to `visit` as read.
+    async fn each(&self, mut visit: impl FnMut(Ref, Bundle)) -> Result<(), LedgerError> {
+        for key in self.bundles().await? {
+            let Some(reference) = Self::reference_of(&key) else { continue };
+            visit(reference, self.load(reference).await?);
+        }
+        Ok(())
+    }
+
+    fn tool_key(&self, kind: &str, namespace: &str, tool: &str) -> String {
+        format!("{}:{kind}:{}:{namespace}:{tool}", self.prefix, namespace.len())
+    }
+}
+
+impl Ledger for RedisLedger {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
+        Box::pin(async move {
+            let reference = request.key.reference();
+            let mut fresh = Records::default();
+            let won = fresh.claim(request);
+            let record = fresh.current.get(&request.key).map(encode).unwrap_or_default();
+            let version = crate::bytes::hex(&crate::bytes::random::<8>());
+            let created: Value = scripts::CREATE
+                .key(self.key_of(reference))
+                .arg(&version)
+                .arg(current_field(&request.key))
+                .arg(record)
+                .arg(fresh.needed_until())
+                .arg(MARGIN_MS)
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(failed)?;
+            if matches!(created, Value::Int(1)) {
+                self.settle(&self.key_of(reference), true).await?;
+                return Ok(won);
+            }
+            let pairs: Vec<(Vec<u8>, Vec<u8>)> = read(created)?;
+            let first = Bundle::decode(pairs)?;
+            self.update(reference, Some(first), |records| {
+                let claim = records.claim(request);
+                let won = claim.won().is_some();
+                (claim, won)
+            })
+            .await
+        })
+    }
+
+    fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move {
+            self.update(key.reference(), None, |records| (records.renew(key, token, lease_until), false)).await?
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: Token,
+        outcome: Outcome,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move {
+            self.update(key.reference(), None, |records| {
+                let done = records.complete(key, token, outcome.clone(), keep_until);
+                let ok = done.is_ok();
+                (done, ok)
+            })
+            .await?
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(
+            async move { self.update(key.reference(), None, |records| (records.release(key, token), false)).await? },
+        )
+    }
+
+    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        Box::pin(async move { Ok(self.load(key.reference()).await?.records.lookup(key, now)) })
+    }
+
+    fn status<'a>(
+        &'a self,
+        tenant: TenantTag,
+        subject: SubjectTag,
+        reference: Ref,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        Box::pin(async move { Ok(self.load(reference).await?.records.status(tenant, Some(subject), reference, now)) })
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        tenant: TenantTag,
+        address: Address,
+        resolution: Resolution,
+        now: u64,
+        keep_until: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move {
+            self.update(address.reference, None, |records| {
+                let done = records.resolve(tenant, address, resolution.clone(), now, keep_until);
+                let ok = done.is_ok();
+                (done, ok)
+            })
+            .await?
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        tenant: TenantTag,
+        reference: Ref,
+        window_end: Option<u64>,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
+        Box::pin(async move {
+            let mut records = self.load(reference).await?.records;
+            Ok(match window_end {
+                Some(window_end) => records.inspect_at(tenant, Address { reference, window_end }, now),
+                None => records.status(tenant, None, reference, now),
+            })
+        })
+    }
+
+    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
+        Box::pin(async move {
+            let mut stats = LedgerStats::default();
+            self.each(|_, bundle| bundle.records.count(now, &mut stats)).await?;
+            Ok(stats)
+        })
+    }
+
+    fn pending<'a>(
+        &'a self,
+        query: &'a PendingQuery,
+        now: u64,
+    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
+        Box::pin(async move {
+            let mut found = Vec::new();
+            self.each(|_, bundle| {
+                found.extend(bundle.records.pending(query, now));
+                // Only the oldest `limit` can make the page: keep no more while scanning.
+                if found.len() > 2 * query.limit.max(64) {
+                    oldest_first(&mut found, query.limit);
+                }
+            })
+            .await?;
+            oldest_first(&mut found, query.limit);
+            Ok(found)
+        })
+    }
+
+    fn keeps_labels(&self) -> bool {
+        true
+    }
+
+    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
+        Box::pin(async move {
+            let mut swept = 0;
+            for key in self.bundles().await? {
+                if swept >= limit {
+                    break;
+                }
+                let Some(reference) = Self::reference_of(&key) else { continue };
+                let room = limit - swept;
+                swept += self.update(reference, None, |records| (records.sweep(now, room), false)).await?;
+            }
+            Ok(swept)
+        })
+    }
+
+    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
+        Box::pin(async move {
+            let clock = format!("{}:clock", self.prefix);
+            let time = self.conn.clone().on_primary_of(clock.as_bytes(), redis::cmd("TIME")).await.map_err(failed)?;
+            let (seconds, micros): (u64, u64) = read(time)?;
+            Ok(Some(seconds * 1000 + micros / 1000))
+        })
+    }
+
+    fn secret_check<'a>(
+        &'a self,
+        version: u32,
+        check: Option<&'a [u8; 32]>,
+    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
+        Box::pin(async move {
+            let key = format!("{}:secret:{version}", self.prefix);
+            let kept: Option<Vec<u8>> = match check {
+                Some(check) => scripts::KEEP_CHECK.key(&key).arg(&check[..]).invoke_async(&mut self.conn.clone()).await,
+                None => self.conn.clone().get(&key).await,
+            }
+            .map_err(failed)?;
+            kept.map(|bytes| {
+                <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+                    LedgerError::corrupt(format!("the check value of secret version {version} is not 32 bytes"))
+                })
+            })
+            .transpose()
+        })
+    }
+
+    fn tool_owners<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        owner: &'a str,
+        now: u64,
+        since: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
+        Box::pin(async move {
+            let key = self.tool_key("owners", namespace, tool);
+            let seen: Vec<(String, u64)> = scripts::KEEP_OWNER
+                .key(&key)
+                .arg(owner)
+                .arg(now)
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(failed)?;
+            let mut owners: Vec<String> =
+                seen.into_iter().filter(|(_, at)| *at >= since).map(|(owner, _)| owner).collect();
+            owners.sort();
+            Ok(owners)
+        })
+    }
+
+    fn keep_tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+        facts: &'a str,
+        now: u64,
+    ) -> BoxFuture<'a, Result<(), LedgerError>> {
+        Box::pin(async move {
+            let key = self.tool_key("facts", namespace, tool);
+            let _: i64 = scripts::KEEP_FACTS
+                .key(&key)
+                .arg(now)
+                .arg(facts)
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(failed)?;
+            Ok(())
+        })
+    }
+
+    fn tool_facts<'a>(
+        &'a self,
+        namespace: &'a str,
+        tool: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, LedgerError>> {
+        Box::pin(async move {
+            let key = self.tool_key("facts", namespace, tool);
+            self.conn.clone().hget(&key, "f").await.map_err(failed)
+        })
+    }
+}

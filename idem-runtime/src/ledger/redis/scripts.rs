@@ -1,0 +1,86 @@
+//! The Lua scripts the Redis ledger runs: each touches one key (so one slot), and none decides
+//! anything about a record — the decisions are `judge.rs`'s, made in Rust on the records read;
+//! a script only writes them if nothing changed since they were read.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Keeps a reference's record hash for at least `ARGV[n]` milliseconds of the ledger's clock
+/// beyond the server's `TIME`, and never less than the margin: shared by the scripts that write.
+const KEEP: &str = r"
+local function keep(key, until_ms, margin)
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local ttl = tonumber(until_ms) - now
+  if ttl < tonumber(margin) then ttl = tonumber(margin) end
+  redis.call('PEXPIRE', key, ttl)
+end
+";
+
+/// A claim of a reference nobody holds a record of: creates its hash with the one record and a
+/// version, and answers 1; or, if the hash exists, answers its fields (the claim is then decided
+/// in Rust on them). KEYS: the hash. ARGV: version, field, record, keep until, margin.
+pub(super) static CREATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{KEEP}
+if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HGETALL', KEYS[1]) end
+redis.call('HSET', KEYS[1], 'v', ARGV[1], ARGV[2], ARGV[3])
+keep(KEYS[1], ARGV[4], ARGV[5])
+return 1"
+    ))
+});
+
+/// The compare-and-set: if the hash's version is still the one read (an empty one: no hash),
+/// sets and deletes the fields given, stores a new version and answers 1 — deleting the hash
+/// once no record is left; else answers 0 and writes nothing. KEYS: the hash. ARGV: the version
+/// read, the new version, keep until, margin, how many fields to set, then field–value pairs,
+/// then the fields to delete.
+pub(super) static SWAP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{KEEP}
+local version = redis.call('HGET', KEYS[1], 'v') or ''
+if version ~= ARGV[1] then return 0 end
+local sets = tonumber(ARGV[5])
+local i = 6
+for _ = 1, sets do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+while i <= #ARGV do
+  redis.call('HDEL', KEYS[1], ARGV[i])
+  i = i + 1
+end
+if redis.call('HLEN', KEYS[1]) <= 1 then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+redis.call('HSET', KEYS[1], 'v', ARGV[2])
+keep(KEYS[1], ARGV[3], ARGV[4])
+return 1"
+    ))
+});
+
+/// Keeps a secret version's check value unless one is kept, and answers the one kept. KEYS: its
+/// key. ARGV: the check value.
+pub(super) static KEEP_CHECK: LazyLock<Script> =
+    LazyLock::new(|| Script::new("redis.call('SET', KEYS[1], ARGV[1], 'NX') return redis.call('GET', KEYS[1])"));
+
+/// Records an owner of a tool as seen at a time, keeping the later time, and answers every
+/// owner with its time. KEYS: the tool's hash. ARGV: owner, time.
+pub(super) static KEEP_OWNER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
+if seen < tonumber(ARGV[2]) then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+return redis.call('HGETALL', KEYS[1])",
+    )
+});
+
+/// Keeps a tool's facts unless newer ones are kept. KEYS: the tool's hash. ARGV: time, facts.
+pub(super) static KEEP_FACTS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local t = tonumber(redis.call('HGET', KEYS[1], 't') or '-1')
+if t <= tonumber(ARGV[1]) then redis.call('HSET', KEYS[1], 't', ARGV[1], 'f', ARGV[2]) end
+return 1",
+    )
+});
