@@ -11,7 +11,7 @@
 //! Options (`--help` lists them): `--processor-delay-ms N` makes the fake card processor slow (so
 //! "in flight" can be seen); `--lease-ms N` sets how long a claim is held without renewal (how
 //! soon a dead replica's operations are taken over or held); `--metrics ADDR` serves idem's metrics (feature `metrics`) in Prometheus's text format
-//! at `http://ADDR/metrics` (port 0: any free port; the log names it). The ledger is `IDEM_DATABASE_URL` (a URL or a SQLite file path), by default the SQLite
+//! at `http://ADDR/metrics` (port 0: any free port; the log names it). The ledger is `IDEM_DATABASE_URL` (a SQL or Redis URL, or a SQLite file path), by default the SQLite
 //! file `idem/mcp_server/ledger.sqlite3` in your data directory (`~/.local/share` on Linux); the
 //! first log line names it. Logs go to stderr (on stdio, stdout is the transport); `RUST_LOG`
 //! sets the level (default `info`).
@@ -40,7 +40,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::mcp::{self, Step, ToolError};
 use idem_runtime::{Caller, HasIdem, Idem, audit_idempotent, current_operation, idempotent};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -417,7 +416,8 @@ usage: mcp_server [--http ADDR] [--processor URL] [--processor-delay-ms N] [--le
   -h, --help              print this and exit
 
 environment:
-  IDEM_DATABASE_URL       the ledger: a URL (postgres://, mysql://, sqlite://) or a SQLite file path;
+  IDEM_DATABASE_URL       the ledger: a URL (postgres://, mysql://, sqlite://, redis://, redis+cluster://)
+                          or a SQLite file path;
                           unset: a SQLite file in your data directory (the first log line names it)
   IDEM_SECRET             the secret keys are derived under, version:hex (required on PostgreSQL and MySQL)
   IDEM_SECRET_PREVIOUS    earlier secrets still honoured during a rotation, comma-separated
@@ -529,11 +529,12 @@ async fn main() -> Result<(), Stopped> {
     if let Some(address) = &options.metrics {
         serve_metrics(address).await?;
     }
-    let ledger = SeaOrmLedger::from_env().await?;
+    // A Redis URL opens the Redis ledger; any other, the SQL one.
+    let ledger = idem_runtime::ledger::from_env().await?;
     let local = std::env::var("IDEM_LOCAL_CALLER").unwrap_or_else(|_| "local:user".to_owned());
     let (tenant, subject) = local.split_once(':').ok_or("IDEM_LOCAL_CALLER must be `tenant:subject`")?;
     // Keys are keyed with IDEM_SECRET, or on the SQLite default with a secret kept beside the
-    // ledger file; on PostgreSQL or MySQL without IDEM_SECRET this stops here and says how.
+    // ledger file; on PostgreSQL, MySQL or Redis without IDEM_SECRET this stops here and says how.
     let mut idem = Idem::builder(ledger);
     if let Some(lease) = options.lease {
         idem = idem.lease(lease);

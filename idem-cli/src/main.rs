@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use comfy_table::{Table, presets};
-use idem_runtime::ledger::sea::{DATABASE_URL_ENV, SeaOrmLedger, ToolOwner};
+use idem_runtime::ledger::redis::RedisLedger;
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::ledger::{DATABASE_URL_ENV, ToolOwner, is_redis_url};
 use idem_runtime::secret::{self, SECRET_ENV, Secret};
 use idem_runtime::{
     Builder, Idem, StatusError, StatusReport, admin::About, admin::PendingCursor, admin::PendingFilter,
@@ -33,7 +35,8 @@ use serde_json::{Value, json};
 #[derive(Parser, Debug)]
 #[command(name = "idem", version)]
 struct Cli {
-    /// The ledger: a `postgres://`, `mysql://` or `sqlite:` URL, or a SQLite file's path.
+    /// The ledger: a `postgres://`, `mysql://`, `sqlite:`, `redis://` or `redis+cluster://` URL, or a
+    /// SQLite file's path.
     #[arg(long, global = true, env = DATABASE_URL_ENV, hide_env_values = true)]
     database_url: Option<String>,
     /// Print JSON (one object) instead of text, for scripts.
@@ -185,16 +188,67 @@ fn fail(failure: &Failure, json: bool) -> ExitCode {
     ExitCode::from(failure.code)
 }
 
+/// The ledger an operator points at: a SQL one or a Redis one, as the URL says.
+enum Opened {
+    Sql(SeaOrmLedger),
+    Redis(RedisLedger),
+}
+
+impl Opened {
+    async fn open(url: &str) -> Result<Self, LedgerError> {
+        if is_redis_url(url) {
+            Ok(Self::Redis(RedisLedger::connect(url).await?))
+        } else {
+            Ok(Self::Sql(SeaOrmLedger::connect_existing(url).await?))
+        }
+    }
+
+    async fn holds_ledger(&self) -> Result<bool, LedgerError> {
+        match self {
+            Self::Sql(ledger) => ledger.holds_ledger().await,
+            Self::Redis(ledger) => ledger.holds_ledger().await,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Sql(ledger) => ledger.describe(),
+            Self::Redis(ledger) => format!("idem ledger: redis at {}", ledger.place()),
+        }
+    }
+
+    async fn tool_owners_all(&self) -> Result<Vec<ToolOwner>, LedgerError> {
+        match self {
+            Self::Sql(ledger) => ledger.tool_owners_all().await,
+            Self::Redis(ledger) => ledger.tool_owners_all().await,
+        }
+    }
+
+    async fn forget_tool_owners(&self, namespace: &str, tool: &str) -> Result<u64, LedgerError> {
+        match self {
+            Self::Sql(ledger) => ledger.forget_tool_owners(namespace, tool).await,
+            Self::Redis(ledger) => ledger.forget_tool_owners(namespace, tool).await,
+        }
+    }
+
+    fn shared(&self) -> std::sync::Arc<dyn Ledger> {
+        match self {
+            Self::Sql(ledger) => std::sync::Arc::new(ledger.clone()),
+            Self::Redis(ledger) => std::sync::Arc::new(ledger.clone()),
+        }
+    }
+}
+
 async fn run(cli: &Cli) -> Result<String, Failure> {
     let url = cli.database_url.as_deref().map(str::trim).filter(|url| !url.is_empty()).ok_or_else(|| {
         Failure::new(format!(
             "no ledger given: set {DATABASE_URL_ENV} (or pass --database-url) to the URL the servers use, \
-             e.g. postgres://user@host/db or the SQLite file's path"
+             e.g. postgres://user@host/db, redis://host:6379 or the SQLite file's path"
         ))
     })?;
-    let file = sqlite_file(url)?;
+    let file = if is_redis_url(url) { None } else { sqlite_file(url)? };
     // As it is: the operator's tool never creates a ledger (nor its tables) where it finds none.
-    let ledger = SeaOrmLedger::connect_existing(url)
+    let ledger = Opened::open(url)
         .await
         .map_err(|error| Failure::new(format!("{error} (check {DATABASE_URL_ENV} or --database-url)")))?;
     if !ledger.holds_ledger().await.map_err(ledger_failure)? {
@@ -207,23 +261,23 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             code: 3,
         });
     }
-    let now = ledger.now().await.map_err(ledger_failure)?;
+    let now = ledger.shared().now().await.map_err(ledger_failure)?;
     let now = now.unwrap_or_else(local_now);
     // Every statement is bounded by `--timeout` (a handle's ledger timeout is at most half its
     // lease: the lease is set to fit).
-    let operator = |ledger: SeaOrmLedger| {
+    let operator = |ledger: &Opened| {
         let timeout = cli.timeout.max(Duration::from_millis(1));
-        Idem::builder(ledger).lease((timeout * 2).max(DEFAULT_LEASE)).ledger_timeout(timeout)
+        Idem::builder(ledger.shared()).lease((timeout * 2).max(DEFAULT_LEASE)).ledger_timeout(timeout)
     };
     match &cli.command {
         Command::Probe(_) => unreachable!("`idem probe` needs no ledger and is run before it is opened"),
         Command::Stats => {
-            let idem = built(operator(ledger))?;
+            let idem = built(operator(&ledger))?;
             let stats = idem.admin().stats().await.map_err(ledger_failure)?;
             Ok(if cli.json { stats_json(&stats).to_string() } else { stats_text(&stats, now) })
         }
         Command::Pending { state, tenant, older_than, limit, after } => {
-            let idem = with_secret(operator(ledger), file.as_deref())?;
+            let idem = with_secret(operator(&ledger), file.as_deref())?;
             let mut filter = PendingFilter::new(usize::from(*limit));
             if let Some(state) = state {
                 filter = filter.state(match state {
@@ -244,7 +298,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             Ok(if cli.json { pending_json(&page).to_string() } else { pending_text(&page) })
         }
         Command::Sweep { batch } => {
-            let idem = built(operator(ledger))?;
+            let idem = built(operator(&ledger))?;
             // A bar on a terminal only: a script's stderr stays clean.
             let bar = if std::io::stderr().is_terminal() && !cli.json {
                 let bar = ProgressBar::new_spinner();
@@ -275,7 +329,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
             })
         }
         Command::Show(target) => {
-            let idem = with_secret(operator(ledger), file.as_deref())?;
+            let idem = with_secret(operator(&ledger), file.as_deref())?;
             let report = idem.admin().inspect(&target.tenant, &target.reference).await.map_err(status_failure)?;
             let report = report.ok_or_else(|| not_found(target))?;
             let about = idem.admin().about(&report).await;
@@ -307,7 +361,7 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
                     });
                 }
             };
-            let idem = with_secret(operator(ledger), file.as_deref())?;
+            let idem = with_secret(operator(&ledger), file.as_deref())?;
             // What the verdict is checked against, and what it replaces: said after it lands.
             let before = idem.admin().inspect(&target.tenant, &target.reference).await.ok().flatten();
             let about = match &before {

@@ -368,6 +368,55 @@ async fn postgres_session() {
     failed(&idem(&env[..1], &["show", &done.to_string(), "--tenant", &tenant]), 1, "set IDEM_SECRET");
 }
 
+/// Issue 31: the same session on the Redis ledger (`IDEM_TEST_REDIS_URL`, default the local
+/// server), under a prefix of the test's own; and `idem tools` there. A Redis without the prefix's
+/// keys holds no ledger: refused, as an empty database is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_session() {
+    use idem_runtime::ledger::redis::RedisLedger;
+    let ci = std::env::var("CI").is_ok_and(|value| value == "true" || value == "1");
+    let server = std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let url = format!("{server}?prefix=cli-{}", idem_runtime::ledger::Token::random().get());
+    let empty = [("IDEM_DATABASE_URL", url.as_str())];
+    if let Err(error) = RedisLedger::connect(&url).await {
+        assert!(!ci, "cli::redis_session: cannot reach {url}: {error} (CI=true, so a missing server is a failure)");
+        return eprintln!("SKIPPED cli::redis_session: cannot reach {url}: {error}");
+    }
+    failed(&idem(&empty, &["stats"]), 3, "no idem ledger");
+
+    let ledger = RedisLedger::connect(&url).await.unwrap();
+    let (secret, text) = Secret::generate(7);
+    let idem_handle = Idem::builder(ledger.clone()).secret(secret.clone()).build().unwrap();
+    let tenant = format!("tenant-{}", idem_runtime::ledger::Token::random().get());
+    let (done, unknown) = operations(&idem_handle, &tenant).await;
+    let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", text.as_str())];
+    session(&env, &tenant, &done, &unknown, false);
+
+    // Two handlers of one tool: listed, and forgotten.
+    static OLD: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::Tickets::open");
+    static MOVED: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::api::Tickets::open");
+    let alice = Caller::new("acme", "alice");
+    let call = |idem: Idem, recipe: &'static Recipe| {
+        let alice = alice.clone();
+        async move {
+            idem.call(recipe, Some(&alice), &json!({ "title": "printer" }), || async {
+                Ok::<_, ToolError>(json!("T-1"))
+            })
+            .await
+        }
+    };
+    let build = || Idem::builder(ledger.clone()).secret(secret.clone()).build().unwrap();
+    call(build(), &OLD).await.expect("the first handler runs");
+    call(build(), &MOVED).await.expect_err("a second handler is refused");
+    let listed = ok_json(&idem(&env, &["tools", "--json"]));
+    let tools = listed["tools"].as_array().expect("tools");
+    let handlers: Vec<_> = tools.iter().filter(|t| t["tool"] == "open_ticket").map(|t| t["handler"].clone()).collect();
+    assert_eq!(handlers, [json!("desk::Tickets::open"), json!("desk::api::Tickets::open")], "{listed}");
+    let forgot = ok_json(&idem(&env, &["tools", "forget", "default", "open_ticket", "--json"]));
+    assert_eq!(forgot["forgotten"], 2, "{forgot}");
+    assert_eq!(call(build(), &MOVED).await.expect("the moved handler runs").value, json!("T-1"));
+}
+
 /// `idem tools` lists the handler each tool is served by and marks two; `idem tools forget`
 /// lets a handler moved in code serve its tool again (issue 26, item 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

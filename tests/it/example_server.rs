@@ -76,6 +76,11 @@ struct Stdio {
 
 impl Stdio {
     fn start(ledger: &str, args: &[&str]) -> Self {
+        Self::start_with(ledger, args, &[])
+    }
+
+    /// As [`Stdio::start`], with `env` set too.
+    fn start_with(ledger: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         use std::io::BufRead;
         use std::process::Stdio as Pipe;
         let mut child = Command::new(idem_tests::example_binary("mcp_server"))
@@ -83,6 +88,7 @@ impl Stdio {
             .env("IDEM_DATABASE_URL", ledger)
             .env_remove("IDEM_SECRET")
             .env_remove("IDEM_SECRET_PREVIOUS")
+            .envs(env.iter().copied())
             .env("RUST_LOG", "off")
             .stdin(Pipe::piped())
             .stdout(Pipe::piped())
@@ -181,6 +187,46 @@ fn sigterm_mid_charge_leaves_the_charge_completed_and_replayable() {
     let outcome = &repeat["result"]["_meta"]["dev.idem/outcome"];
     assert_eq!(outcome["replayed"], serde_json::json!(true), "the repeat after the restart is replayed: {repeat}");
     assert_eq!(repeat["result"]["structuredContent"], answered["result"]["structuredContent"], "the same receipt");
+}
+
+/// Issue 31: the payments example on the Redis ledger (`IDEM_DATABASE_URL=redis://…`, under a
+/// prefix of the test's own). A repeat is replayed — also by a second server process, so the
+/// record lives in Redis, not in the process; without `IDEM_SECRET` the server says to set it.
+#[test]
+fn the_payments_example_runs_on_the_redis_ledger() {
+    let redis = std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let url = format!("{redis}?prefix=example-{}", idem_runtime::ledger::Token::random().get());
+    let no_secret = server(&[("IDEM_DATABASE_URL", &url)], &[]);
+    let text = String::from_utf8_lossy(&no_secret.stderr);
+    if text.contains("no Redis answers") {
+        let ci = std::env::var("CI").is_ok_and(|value| value == "true" || value == "1");
+        assert!(!ci, "example_server: no Redis at {url} (CI=true): {text}");
+        return eprintln!("SKIPPED example_server::the_payments_example_runs_on_the_redis_ledger: {text}");
+    }
+    assert_eq!(no_secret.status.code(), Some(1), "{text}");
+    assert!(text.contains("IDEM_SECRET=1:"), "{text}");
+
+    let secret = [("IDEM_SECRET", "1:5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e")];
+    let charge = serde_json::json!({ "name": "charge_card", "arguments": { "card": "tok_visa", "amount_cents": 990 } });
+    let mut first = Stdio::start_with(&url, &[], &secret);
+    first.send(1, "tools/call", &charge);
+    let ran = first.answer(1);
+    first.send(2, "tools/call", &charge);
+    let again = first.answer(2);
+    drop(first.input);
+    let _ = first.child.wait();
+    let mut second = Stdio::start_with(&url, &[], &secret);
+    second.send(1, "tools/call", &charge);
+    let elsewhere = second.answer(1);
+    drop(second.input);
+    let _ = second.child.wait();
+
+    assert_eq!(ran["result"]["isError"], serde_json::json!(false), "{ran}");
+    assert_eq!(ran["result"]["_meta"]["dev.idem/outcome"]["replayed"], serde_json::json!(false), "{ran}");
+    for repeat in [&again, &elsewhere] {
+        assert_eq!(repeat["result"]["_meta"]["dev.idem/outcome"]["replayed"], serde_json::json!(true), "{repeat}");
+        assert_eq!(repeat["result"]["structuredContent"], ran["result"]["structuredContent"], "the same receipt");
+    }
 }
 
 /// The processor example (issue 29): a card processor behind `IdempotencyLayer`, as a process. A

@@ -468,6 +468,20 @@ pub struct PendingRecord {
     pub label: Option<Vec<u8>>,
 }
 
+/// A handler recorded as serving a tool, as an operator lists them (`idem tools`: the SQL
+/// ledger's `tool_owners_all`, the Redis ledger's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOwner {
+    /// The namespace of the tool's keys.
+    pub namespace: String,
+    /// The tool's name.
+    pub tool: String,
+    /// The handler: its path, or `name = "..."` for a pinned or hand-built recipe.
+    pub owner: String,
+    /// When a server last called it, in milliseconds since the Unix epoch (the ledger's clock).
+    pub seen_at: u64,
+}
+
 /// Where idempotency records live.
 ///
 /// Implementations must make [`claim`](Ledger::claim) one atomic step (a single statement under a

@@ -21,20 +21,6 @@ pub(super) fn bundle_key(prefix: &str, reference: Ref) -> String {
     format!("{prefix}:r:{{{reference}}}")
 }
 
-/// The pattern that matches every record hash under `prefix` (glob characters in the prefix
-/// escaped).
-pub(super) fn bundle_pattern(prefix: &str) -> String {
-    let mut pattern = String::with_capacity(prefix.len() + 4);
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            pattern.push('\\');
-        }
-        pattern.push(c);
-    }
-    pattern.push_str(":r:*");
-    pattern
-}
-
 /// The field of the current record of `key`.
 pub(super) fn current_field(key: &Key) -> Vec<u8> {
     format!("c:{}", hex(key.as_bytes())).into_bytes()
@@ -259,11 +245,5 @@ mod tests {
         let mut longer = bytes;
         longer.push(0);
         assert!(decode(&longer).is_err());
-    }
-
-    #[test]
-    fn the_pattern_escapes_glob_characters() {
-        assert_eq!(bundle_pattern("idem"), "idem:r:*");
-        assert_eq!(bundle_pattern("a*b[1]"), "a\\*b\\[1\\]:r:*");
     }
 }

@@ -18,6 +18,7 @@
 
 mod codec;
 mod connect;
+mod operator;
 mod scripts;
 
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Value};
 
-use self::codec::{Bundle, bundle_key, bundle_pattern, current_field, diff, encode};
+use self::codec::{Bundle, bundle_key, current_field, diff, encode};
 use self::connect::{Conn, Target, failed, info_field, read};
 use super::records::{Records, oldest_first};
 use super::{
@@ -42,9 +43,6 @@ const ATTEMPTS: u32 = 64;
 /// retention: the records' times are the ledger's clock as one node measured it, and another
 /// node's clock decides the TTL.
 const MARGIN_MS: u64 = 60_000;
-
-/// How many keys one `SCAN` step asks a node for.
-const SCAN_COUNT: usize = 1000;
 
 /// A [`Ledger`] on Redis (standalone, or a Redis Cluster).
 #[derive(Clone)]
@@ -246,42 +244,6 @@ impl RedisLedger {
         Ok(())
     }
 
-    /// Every record hash, on every primary.
-    async fn bundles(&self) -> Result<Vec<String>, LedgerError> {
-        let mut conn = self.conn.clone();
-        let pattern = bundle_pattern(&self.prefix);
-        let mut keys = std::collections::BTreeSet::new();
-        for node in conn.primaries().await.map_err(failed)? {
-            let mut cursor = 0u64;
-            loop {
-                let scan =
-                    redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(SCAN_COUNT).clone();
-                let (next, found): (u64, Vec<String>) = read(conn.on_node(&node, scan).await.map_err(failed)?)?;
-                keys.extend(found);
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        Ok(keys.into_iter().collect())
-    }
-
-    /// The reference a record hash's key names.
-    fn reference_of(key: &str) -> Option<Ref> {
-        let inner = key.rsplit_once('{')?.1.strip_suffix('}')?;
-        Ref::parse(inner).ok()
-    }
-
-    /// Every reference's records, one hash at a time, handed to `visit` as read.
-    async fn each(&self, mut visit: impl FnMut(Ref, Bundle)) -> Result<(), LedgerError> {
-        for key in self.bundles().await? {
-            let Some(reference) = Self::reference_of(&key) else { continue };
-            visit(reference, self.load(reference).await?);
-        }
-        Ok(())
-    }
-
     fn tool_key(&self, kind: &str, namespace: &str, tool: &str) -> String {
         format!("{}:{kind}:{}:{namespace}:{tool}", self.prefix, namespace.len())
     }
@@ -400,7 +362,12 @@ impl Ledger for RedisLedger {
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
         Box::pin(async move {
             let mut stats = LedgerStats::default();
-            self.each(|_, bundle| bundle.records.count(now, &mut stats)).await?;
+            let mut size = 0;
+            for (key, bundle) in self.each().await? {
+                bundle.records.count(now, &mut stats);
+                size += self.size_of(&key).await?;
+            }
+            stats.size_bytes = Some(size);
             Ok(stats)
         })
     }
@@ -412,14 +379,13 @@ impl Ledger for RedisLedger {
     ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
         Box::pin(async move {
             let mut found = Vec::new();
-            self.each(|_, bundle| {
+            for (_, bundle) in self.each().await? {
                 found.extend(bundle.records.pending(query, now));
                 // Only the oldest `limit` can make the page: keep no more while scanning.
                 if found.len() > 2 * query.limit.max(64) {
                     oldest_first(&mut found, query.limit);
                 }
-            })
-            .await?;
+            }
             oldest_first(&mut found, query.limit);
             Ok(found)
         })
@@ -436,7 +402,7 @@ impl Ledger for RedisLedger {
                 if swept >= limit {
                     break;
                 }
-                let Some(reference) = Self::reference_of(&key) else { continue };
+                let Some(reference) = operator::reference_of(&key) else { continue };
                 let room = limit - swept;
                 swept += self.update(reference, None, |records| (records.sweep(now, room), false)).await?;
             }

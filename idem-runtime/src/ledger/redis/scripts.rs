@@ -84,3 +84,7 @@ if t <= tonumber(ARGV[1]) then redis.call('HSET', KEYS[1], 't', ARGV[1], 'f', AR
 return 1",
     )
 });
+
+/// Forgets a tool's owners and answers how many there were. KEYS: the tool's hash.
+pub(super) static FORGET: LazyLock<Script> =
+    LazyLock::new(|| Script::new("local n = redis.call('HLEN', KEYS[1]) redis.call('DEL', KEYS[1]) return n"));

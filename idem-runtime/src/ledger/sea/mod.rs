@@ -319,18 +319,7 @@ impl statements::Migration {
     }
 }
 
-/// A handler recorded as serving a tool ([`SeaOrmLedger::tool_owners_all`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolOwner {
-    /// The namespace of the tool's keys.
-    pub namespace: String,
-    /// The tool's name.
-    pub tool: String,
-    /// The handler: its path, or `name = "..."` for a pinned or hand-built recipe.
-    pub owner: String,
-    /// When a server last called it, in milliseconds since the Unix epoch (the ledger's clock).
-    pub seen_at: u64,
-}
+pub use crate::ledger::ToolOwner;
 
 impl Ledger for SeaOrmLedger {
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
