@@ -7,9 +7,12 @@
 #
 #   scripts/redis-cluster.sh up           start it; prints the seed URL
 #   scripts/redis-cluster.sh status       the nodes, their roles and slots (CLUSTER NODES)
-#   scripts/redis-cluster.sh kill-primary [SLOT]
+#   scripts/redis-cluster.sh kill-primary [SLOT [LAG]]
 #                                         SIGKILL the primary serving SLOT (default 0); its
-#                                         replica is promoted (about 4 s here: node timeout 2 s)
+#                                         replica is promoted (about 4 s here: node timeout 2 s).
+#                                         With LAG (seconds), its replica is stopped and cut off
+#                                         that long first and continued after the kill: a replica
+#                                         that trails its primary by LAG when the primary dies
 #   scripts/redis-cluster.sh revive       restart every node that is gone (it rejoins as a replica)
 #   scripts/redis-cluster.sh down         stop everything and remove the cluster's directory
 #
@@ -103,11 +106,28 @@ primary_of_slot() { # the port of the primary serving SLOT
         }'
 }
 
+replica_of() { # the port of a replica of the primary on PORT
+    local port=$1 id
+    id="$(nodes | awk -v port="$port" '{ split($2, a, "[:@]"); if (a[2] == port) print $1 }')"
+    nodes | awk -v id="$id" '$3 ~ /slave/ && $4 == id { split($2, a, "[:@]"); print a[2]; exit }'
+}
+
 kill_primary() {
-    local slot="${1:-0}" port
+    local slot="${1:-0}" lag="${2:-0}" port replica=""
     port="$(primary_of_slot "$slot")"
     [ -n "$port" ] || { echo "redis-cluster: no primary serves slot $slot" >&2; exit 1; }
+    if [ "$lag" != 0 ]; then
+        # The replica stops (SIGSTOP) and the primary drops its replication link, so for LAG
+        # seconds what the primary acknowledges reaches no other node (a stopped process alone
+        # would not do: the kernel goes on buffering the stream for it); then the primary dies.
+        replica="$(replica_of "$port")"
+        [ -n "$replica" ] || { echo "redis-cluster: the primary on $port has no replica" >&2; exit 1; }
+        kill -STOP "$(cat "$dir/$replica/redis.pid")"
+        redis-cli -p "$port" client kill type replica >/dev/null
+        sleep "$lag"
+    fi
     kill -9 "$(cat "$dir/$port/redis.pid")"
+    if [ -n "$replica" ]; then kill -CONT "$(cat "$dir/$replica/redis.pid")"; fi
     echo "$port"
 }
 
@@ -139,5 +159,5 @@ case "${1:-}" in
     kill-primary) shift; kill_primary "$@" ;;
     revive) revive; echo "redis-cluster: every node up" ;;
     down) down; echo "redis-cluster: down" ;;
-    *) sed -n '2,16p' "$0"; exit 2 ;;
+    *) sed -n '2,17p' "$0"; exit 2 ;;
 esac

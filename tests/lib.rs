@@ -24,6 +24,8 @@ pub mod guide {
     pub mod production {}
     #[doc = include_str!("../docs/src/operations.md")]
     pub mod operations {}
+    #[doc = include_str!("../docs/src/redis-ledger.md")]
+    pub mod redis_ledger {}
 }
 pub mod owners;
 pub mod tap;

@@ -368,6 +368,16 @@ async fn postgres_session() {
     failed(&idem(&env[..1], &["show", &done.to_string(), "--tenant", &tenant]), 1, "set IDEM_SECRET");
 }
 
+/// Two handlers of one tool: the ticket tool's, and the same after it moved in code.
+static OLD: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::Tickets::open");
+static MOVED: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::api::Tickets::open");
+
+/// acme's alice opens the printer ticket through `recipe`'s handler.
+async fn open_ticket(idem: Idem, recipe: &'static Recipe) -> Result<idem_runtime::Served<Value>, ToolError> {
+    let alice = Caller::new("acme", "alice");
+    idem.call(recipe, Some(&alice), &json!({ "title": "printer" }), || async { Ok::<_, ToolError>(json!("T-1")) }).await
+}
+
 /// Issue 31: the same session on the Redis ledger (`IDEM_TEST_REDIS_URL`, default the local
 /// server), under a prefix of the test's own; and `idem tools` there. A Redis without the prefix's
 /// keys holds no ledger: refused, as an empty database is.
@@ -393,18 +403,7 @@ async fn redis_session() {
     session(&env, &tenant, &done, &unknown, false);
 
     // Two handlers of one tool: listed, and forgotten.
-    static OLD: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::Tickets::open");
-    static MOVED: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::api::Tickets::open");
-    let alice = Caller::new("acme", "alice");
-    let call = |idem: Idem, recipe: &'static Recipe| {
-        let alice = alice.clone();
-        async move {
-            idem.call(recipe, Some(&alice), &json!({ "title": "printer" }), || async {
-                Ok::<_, ToolError>(json!("T-1"))
-            })
-            .await
-        }
-    };
+    let call = open_ticket;
     let build = || Idem::builder(ledger.clone()).secret(secret.clone()).build().unwrap();
     call(build(), &OLD).await.expect("the first handler runs");
     call(build(), &MOVED).await.expect_err("a second handler is refused");
@@ -421,21 +420,10 @@ async fn redis_session() {
 /// lets a handler moved in code serve its tool again (issue 26, item 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tools_lists_handlers_and_forgets_a_moved_one() {
-    static OLD: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::Tickets::open");
-    static MOVED: Recipe = Recipe::new("open_ticket", &["title"]).owner("desk::api::Tickets::open");
     let dir = scratch();
     let file = dir.join("ledger.sqlite3");
     let url = format!("sqlite://{}?mode=rwc", file.display());
-    let alice = Caller::new("acme", "alice");
-    let call = |idem: Idem, recipe: &'static Recipe| {
-        let alice = alice.clone();
-        async move {
-            idem.call(recipe, Some(&alice), &json!({ "title": "printer" }), || async {
-                Ok::<_, ToolError>(json!("T-1"))
-            })
-            .await
-        }
-    };
+    let call = open_ticket;
     let old = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
     call(old.clone(), &OLD).await.expect("the first handler runs");
     // The moved handler, in a new process (its own connection): another path, refused.

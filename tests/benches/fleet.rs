@@ -1,9 +1,10 @@
 //! The fleet benchmark (issue 31): `cargo bench -p idem-tests --bench fleet`.
 //!
 //! N idem processes (`fleet_worker`, default 3) charge distinct orders — a claim and a completion
-//! each, through `Idem::call` with a no-op handler — against one PostgreSQL, one standalone Redis
-//! and the local three-primary Redis Cluster, at rising concurrency, side by side in one run on
-//! this machine. Per engine and level: calls per second, p50 and p99 latency, and the CPU the
+//! each, through `Idem::call` with a no-op handler — against one PostgreSQL, a standalone Redis
+//! (one the benchmark starts, append-only with `fsync` on every write, and the machine's own,
+//! which keeps nothing on disk) and the local three-primary Redis Cluster, at rising
+//! concurrency, side by side in one run on this machine. Per engine and level: calls per second, p50 and p99 latency, and the CPU the
 //! engine's server processes used per call (and the idem processes' own). The knee is the lowest
 //! level that reaches 90% of the engine's best throughput. Compare ratios, not times: the
 //! processes, the servers and this benchmark share the machine's cores.
@@ -11,10 +12,10 @@
 //! `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_REDIS_URL`, `IDEM_TEST_REDIS_CLUSTER_URL` name the
 //! engines (defaults: the local servers, and the cluster `scripts/redis-cluster.sh up` starts);
 //! one that does not answer is skipped and says so. `IDEM_FLEET_PROCESSES` (3),
-//! `IDEM_FLEET_TASKS` (tasks per process at each level, `1,4,16,64`), `IDEM_FLEET_SECONDS` (4 per
+//! `IDEM_FLEET_TASKS` (tasks per process at each level, `1,4,16,64,256`), `IDEM_FLEET_SECONDS` (4 per
 //! level).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 
@@ -62,11 +63,20 @@ enum Servers {
 }
 
 impl Servers {
-    fn cpu_ms(&self) -> u64 {
-        match self {
-            Self::Postgres(postmaster) => family(*postmaster).into_iter().map(cpu_ms).sum(),
-            Self::Redis(pids) => pids.iter().copied().map(cpu_ms).sum(),
-        }
+    /// Each server process's CPU time now.
+    fn cpu_ms(&self) -> BTreeMap<u32, u64> {
+        let pids = match self {
+            Self::Postgres(postmaster) => family(*postmaster),
+            Self::Redis(pids) => pids.clone(),
+        };
+        pids.into_iter().map(|pid| (pid, cpu_ms(pid))).collect()
+    }
+
+    /// The CPU time the server processes used since `before`: per process alive now, what it used
+    /// since then (all of it, for one that started since) — a backend of an earlier level's pool
+    /// that exits meanwhile takes nothing away.
+    fn used_since(&self, before: &BTreeMap<u32, u64>) -> u64 {
+        self.cpu_ms().into_iter().map(|(pid, now)| now.saturating_sub(before.get(&pid).copied().unwrap_or(0))).sum()
     }
 }
 
@@ -105,6 +115,46 @@ async fn redis_servers(url: &str) -> Option<Servers> {
         break;
     }
     (!pids.is_empty()).then(|| Servers::Redis(pids.into_iter().collect()))
+}
+
+/// A `redis-server` of the benchmark's own on a free port, append-only with `fsync` on every
+/// write (as the cluster's nodes are), in a directory of its own; stopped when dropped.
+struct DurableRedis {
+    child: Child,
+    dir: std::path::PathBuf,
+    url: String,
+}
+
+impl DurableRedis {
+    fn start() -> Option<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let dir = std::env::temp_dir().join(format!("idem-fleet-redis-{port}"));
+        std::fs::create_dir_all(&dir).ok()?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .ok()?;
+        let redis = Self { child, dir, url: format!("redis://127.0.0.1:{port}") };
+        for _ in 0..50 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(redis);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+impl Drop for DurableRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// What one level of one engine came to.
@@ -179,8 +229,9 @@ fn level(url: &str, servers: &Servers, processes: usize, tasks: usize, millis: u
         latencies.extend(listed.split(' ').skip(1).filter_map(|f| f.parse::<u64>().ok()));
     }
     let seconds = started.elapsed().as_secs_f64();
-    let server_cpu_ms = servers.cpu_ms().saturating_sub(before);
+    let server_cpu_ms = servers.used_since(&before);
     for mut child in children {
+        drop(child.stdin.take());
         let _ = child.wait();
     }
     latencies.sort_unstable();
@@ -201,15 +252,22 @@ fn knee(levels: &[Level]) -> Option<&Level> {
 #[tokio::main]
 async fn main() {
     let processes: usize = env_or("IDEM_FLEET_PROCESSES", "3").parse().expect("IDEM_FLEET_PROCESSES");
-    let levels: Vec<usize> = env_or("IDEM_FLEET_TASKS", "1,4,16,64")
+    let levels: Vec<usize> = env_or("IDEM_FLEET_TASKS", "1,4,16,64,256")
         .split(',')
         .map(|n| n.trim().parse().expect("IDEM_FLEET_TASKS"))
         .collect();
     let millis = env_or("IDEM_FLEET_SECONDS", "4").parse::<u64>().expect("IDEM_FLEET_SECONDS") * 1000;
+    // A standalone Redis as durable as the cluster's nodes, of the benchmark's own.
+    let durable = DurableRedis::start();
+    let durable_url = durable.as_ref().map_or_else(String::new, |redis| redis.url.clone());
     let engines = [
-        ("PostgreSQL", env_or("IDEM_TEST_POSTGRES_URL", POSTGRES)),
-        ("Redis (standalone)", env_or("IDEM_TEST_REDIS_URL", REDIS)),
-        ("Redis Cluster (3 primaries + 3 replicas)", env_or("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER)),
+        ("PostgreSQL (fsync at commit)", env_or("IDEM_TEST_POSTGRES_URL", POSTGRES)),
+        ("Redis standalone (appendfsync always)", durable_url),
+        ("Redis standalone (no persistence)", env_or("IDEM_TEST_REDIS_URL", REDIS)),
+        (
+            "Redis Cluster, 3 primaries + 3 replicas (appendfsync always)",
+            env_or("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER),
+        ),
     ];
     println!("fleet: {processes} idem processes, tasks per process {levels:?}, {} s per level", millis / 1000);
     let mut results: Vec<(&str, Vec<Level>)> = Vec::new();
@@ -219,7 +277,7 @@ async fn main() {
         } else {
             postgres_servers(url).await
         };
-        let Some(servers) = servers else {
+        let Some(servers) = servers.filter(|_| !url.is_empty()) else {
             println!("SKIPPED {name}: nothing answers at {url}");
             continue;
         };

@@ -8,7 +8,8 @@
 //!
 //! Prints `READY` once connected and warm, waits for a line on stdin, then prints
 //! `DONE <calls> <errors> <cpu-ms>` (its own CPU time over the run) and one line `L <µs> <µs> …`
-//! with every call's latency.
+//! with every call's latency; then waits for a second line (or the end of stdin) before it
+//! closes its connections.
 
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
@@ -107,6 +108,15 @@ async fn fleet(url: &str, tasks: usize, length: Duration, run: &str) -> Result<(
     let listed: Vec<String> = latencies.iter().map(u64::to_string).collect();
     let _ = writeln!(out, "L {}", listed.join(" "));
     let _ = out.flush();
+    drop(out);
+    // Connections stay open until the parent has read the servers' CPU: a server process that
+    // ends with its connection takes its CPU time with it.
+    let mut line = String::new();
+    tokio::task::spawn_blocking(move || std::io::stdin().lock().read_line(&mut line))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    drop(idem);
     Ok(())
 }
 

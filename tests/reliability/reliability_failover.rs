@@ -159,13 +159,14 @@ fn ms_to_s(ms: u64) -> f64 {
     ms as f64 / 1000.0
 }
 
-/// The cluster's proxy URL, or `None` (reported skipped; a failure under `CI=true`).
-async fn cluster() -> Option<String> {
-    let Ok(url) = std::env::var(CLUSTER_URL_ENV) else {
-        idem_tests::skip(
-            "reliability_failover",
-            &format!("no PostgreSQL cluster: run `scripts/pg-cluster.sh up --sync` and set {CLUSTER_URL_ENV}"),
-        );
+/// The URL of `engine`'s cluster, or `None` (reported skipped; a failure under `CI=true`).
+async fn cluster(engine: Engine) -> Option<String> {
+    let (env, up) = match engine {
+        Engine::Postgres => (CLUSTER_URL_ENV, "pg-cluster.sh up --sync"),
+        Engine::Redis => (REDIS_CLUSTER_URL_ENV, "redis-cluster.sh up"),
+    };
+    let Ok(url) = std::env::var(env) else {
+        idem_tests::skip("reliability_failover", &format!("no cluster: run `scripts/{up}` and set {env}"));
         return None;
     };
     match idem_runtime::ledger::connect(&url).await {
@@ -177,9 +178,23 @@ async fn cluster() -> Option<String> {
     }
 }
 
+/// The failover table's columns after the first.
+const COLUMNS: [&str; 10] = [
+    "kill",
+    "failovers",
+    "calls",
+    "acknowledged",
+    "second runs",
+    "duplicate effects",
+    "lost",
+    "stuck",
+    "recovery (median / worst)",
+    "answers in the failover window",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_keeps_its_promise_through_a_primary_failover() {
-    let Some(url) = cluster().await else { return };
+    let Some(url) = cluster(Engine::Postgres).await else { return };
     let mode = script(Engine::Postgres, &["mode"]).trim().to_owned();
     let kinds = std::env::var("IDEM_FAILOVER_KILL").unwrap_or_else(|_| "node".to_owned());
     let rounds = std::env::var("IDEM_FAILOVERS").ok().and_then(|n| n.parse().ok()).unwrap_or_else(|| scale(1, 5));
@@ -196,19 +211,7 @@ async fn a_fleet_keeps_its_promise_through_a_primary_failover() {
     }
     print_table(
         "PostgreSQL failover (Patroni, HAProxy), three idem processes",
-        &[
-            "replication",
-            "kill",
-            "failovers",
-            "calls",
-            "acknowledged",
-            "second runs",
-            "duplicate effects",
-            "lost",
-            "stuck",
-            "recovery (median / worst)",
-            "answers in the failover window",
-        ],
+        &[&["replication"][..], &COLUMNS].concat(),
         &rows,
     );
     assert!(all.acknowledged > 0 && all.calls > all.acknowledged, "the storm did not run through a failover");
@@ -221,60 +224,37 @@ async fn a_fleet_keeps_its_promise_through_a_primary_failover() {
     }
 }
 
-/// The Redis Cluster's URL, or `None` (reported skipped; a failure under `CI=true`).
-async fn redis_cluster() -> Option<String> {
-    let Ok(url) = std::env::var(REDIS_CLUSTER_URL_ENV) else {
-        idem_tests::skip(
-            "reliability_failover",
-            &format!("no Redis Cluster: run `scripts/redis-cluster.sh up` and set {REDIS_CLUSTER_URL_ENV}"),
-        );
-        return None;
-    };
-    match idem_runtime::ledger::connect(&url).await {
-        Ok(_) => Some(url),
-        Err(error) => {
-            idem_tests::skip("reliability_failover", &format!("cannot reach the Redis Cluster at {url}: {error}"));
-            None
-        }
-    }
-}
-
 /// Issue 31: the same fleet through a Redis Cluster whose primary (of slot 0, a third of the
-/// orders) is SIGKILLed and replaced by its replica — with and without `wait=1`.
+/// orders) is SIGKILLed and replaced by its replica — with and without `wait=1`; with the replica
+/// in step, or a second behind (`IDEM_REDIS_FAILOVER_KILL=primary,lagging`; the short form runs
+/// `lagging`, the one that can lose a write).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_through_a_redis_primary_failover() {
-    let Some(url) = redis_cluster().await else { return };
+    let Some(url) = cluster(Engine::Redis).await else { return };
     let rounds = std::env::var("IDEM_FAILOVERS").ok().and_then(|n| n.parse().ok()).unwrap_or_else(|| scale(1, 5));
     let joined = |extra: &str| format!("{url}{}{extra}", if url.contains('?') { '&' } else { '?' });
+    // `primary`: the primary dies with its replica in step (on one machine, well under a
+    // millisecond behind); `lagging`: its replica stopped taking the stream a second before.
+    let kinds = std::env::var("IDEM_REDIS_FAILOVER_KILL")
+        .unwrap_or_else(|_| if long() { "primary,lagging".to_owned() } else { "lagging".to_owned() });
     let mut rows = Vec::new();
     let mut waited = Figures::default();
-    for (mode, url) in [("no wait", url.clone()), ("wait=1", joined("wait=1&wait_timeout_ms=1000"))] {
-        let mut figures = Figures::default();
-        for _ in 0..rounds {
-            figures.add(failover(Engine::Redis, &url, "primary").await);
-        }
-        rows.push(figures.row("primary", mode));
-        if mode == "wait=1" {
-            waited = figures;
-        } else {
+    for kind in kinds.split(',').map(str::trim) {
+        for (mode, url) in [("no wait", url.clone()), ("wait=1", joined("wait=1&wait_timeout_ms=1000"))] {
+            let mut figures = Figures::default();
+            for _ in 0..rounds {
+                figures.add(failover(Engine::Redis, &url, kind).await);
+            }
+            rows.push(figures.row(kind, mode));
             assert!(figures.acknowledged > 0, "the storm did not run through a failover");
+            if mode == "wait=1" {
+                waited.add(figures);
+            }
         }
     }
     print_table(
         "Redis Cluster failover (3 primaries, 3 replicas), three idem processes",
-        &[
-            "replica acknowledgement",
-            "kill",
-            "failovers",
-            "calls",
-            "acknowledged",
-            "second runs",
-            "duplicate effects",
-            "lost",
-            "stuck",
-            "recovery (median / worst)",
-            "answers in the failover window",
-        ],
+        &[&["replica acknowledgement"][..], &COLUMNS].concat(),
         &rows,
     );
     assert!(waited.acknowledged > 0, "the storm did not run through a failover");
@@ -302,6 +282,7 @@ async fn failover(engine: Engine, url: &str, kind: &str) -> Figures {
     tokio::time::sleep(BEFORE).await;
     let node = match engine {
         Engine::Postgres => script(engine, &["kill-primary", kind]),
+        Engine::Redis if kind == "lagging" => script(engine, &["kill-primary", "0", "1"]),
         Engine::Redis => script(engine, &["kill-primary"]),
     };
     let killed_at = unix_ms();
@@ -328,7 +309,13 @@ async fn failover(engine: Engine, url: &str, kind: &str) -> Figures {
         let last_failure = mine().filter(|a| a.answer == "ledger_unavailable").map(|a| a.started).max();
         let after = last_failure.unwrap_or(killed_at);
         let first = mine().filter(|a| a.started > after && acknowledged(&a.answer)).map(|a| a.started).min();
-        let first = first.unwrap_or_else(|| panic!("worker {worker} never succeeded again after the {kind} kill"));
+        let first = first.unwrap_or_else(|| {
+            let mut after: BTreeMap<&str, usize> = BTreeMap::new();
+            for answer in mine() {
+                *after.entry(&answer.answer).or_default() += 1;
+            }
+            panic!("worker {worker} never succeeded again after the {kind} kill; its answers since: {after:?}")
+        });
         recovered_at = recovered_at.max(first);
     }
     let mut all: BTreeMap<&str, usize> = BTreeMap::new();

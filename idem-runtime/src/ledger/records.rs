@@ -198,6 +198,24 @@ impl Records {
         Ok(())
     }
 
+    /// Whether a record of `key` — current, or superseded — already holds what
+    /// [`Records::complete`] would write for `token` and `outcome`: the completion was sent
+    /// before, took effect, and its answer was lost. (A ledger whose writes are not durable when
+    /// they are answered, Redis waiting for its replicas, must recognise it and wait again; a
+    /// token is one claim's, so no other holder's completion looks the same.)
+    #[cfg(feature = "redis")]
+    pub(crate) fn settled_as(&self, key: &Key, token: Token, outcome: &Outcome) -> bool {
+        let result = match outcome {
+            Outcome::Completed(bytes) => Some(bytes),
+            Outcome::Failed | Outcome::Unknown => None,
+        };
+        let same = |record: &Record| {
+            record.token == token && record.state == outcome.state() && record.result.as_ref() == result
+        };
+        self.current.get(key).is_some_and(same)
+            || self.superseded.range((*key, 0)..=(*key, u64::MAX)).any(|(_, record)| same(record))
+    }
+
     /// See [`Ledger::release`](super::Ledger::release).
     pub(crate) fn release(&mut self, key: &Key, token: Token) -> Result<(), LedgerError> {
         match self.current.get_mut(key) {

@@ -120,17 +120,14 @@ impl RedisLedger {
         &self.place
     }
 
-    /// Refuses a primary that may evict records; describes the ledger.
+    /// Refuses a primary that may evict records; describes the ledger, and warns of a setting
+    /// under which it keeps less than the guide's sentence promises.
     async fn check(&mut self) -> Result<String, LedgerError> {
         let primaries = self.conn.primaries().await.map_err(failed)?;
-        let (mut logged, mut replicas) = (Vec::new(), 0u64);
+        let (mut append_only, mut fewest_replicas) = (0, u64::MAX);
         for node in &primaries {
-            let info: String = read(
-                self.conn
-                    .on_node(node, redis::cmd("INFO").arg("memory").arg("persistence").arg("replication").clone())
-                    .await
-                    .map_err(failed)?,
-            )?;
+            let info = redis::cmd("INFO").arg("memory").arg("persistence").arg("replication").clone();
+            let info: String = read(self.conn.on_node(node, info).await.map_err(failed)?)?;
             let name = node.as_ref().map_or_else(|| self.place.to_string(), |(host, port)| format!("{host}:{port}"));
             let policy = info_field(&info, "maxmemory_policy").unwrap_or("unknown");
             if policy != "noeviction" {
@@ -140,27 +137,36 @@ impl RedisLedger {
                      maxmemory-policy noeviction, and in its configuration file), then start again"
                 )));
             }
-            replicas += info_field(&info, "connected_slaves").and_then(|n| n.parse().ok()).unwrap_or(0);
-            if info_field(&info, "aof_enabled") == Some("1") {
-                logged.push("append-only");
-            } else if info_field(&info, "rdb_last_save_time").is_some() && !logged.contains(&"snapshots only") {
-                logged.push("snapshots only");
-            }
+            append_only += usize::from(info_field(&info, "aof_enabled") == Some("1"));
+            let replicas = info_field(&info, "connected_slaves").and_then(|n| n.parse().ok()).unwrap_or(0);
+            fewest_replicas = fewest_replicas.min(replicas);
+        }
+        let fewest_replicas = if primaries.is_empty() { 0 } else { fewest_replicas };
+        if append_only < primaries.len() {
+            tracing::warn!(
+                "idem ledger: {} of {} Redis primaries are not append-only (appendonly no): a restart of one loses \
+                 the records it held, and repeats of those operations run again",
+                primaries.len() - append_only,
+                primaries.len()
+            );
+        }
+        if let Some((wanted, _)) = self.wait.filter(|(wanted, _)| u64::from(*wanted) > fewest_replicas) {
+            tracing::warn!(
+                "idem ledger: each write waits for {wanted} replica(s), and a Redis primary has {fewest_replicas}: \
+                 its writes are refused (nothing runs) until enough replicas are attached"
+            );
         }
         let kind =
             if self.cluster { format!("cluster of {} primaries", primaries.len()) } else { "standalone".to_owned() };
-        let persistence = if logged.contains(&"snapshots only") || logged.is_empty() {
-            "not append-only (a restart may lose recent records)"
-        } else {
-            "append-only"
-        };
         let wait = self.wait.map_or_else(
             || "writes not waited on".to_owned(),
             |(n, t)| format!("each write waits for {n} replica(s), up to {} ms", t.as_millis()),
         );
         Ok(format!(
-            "idem ledger: redis at {} ({kind}, {replicas} replica(s), {persistence}, noeviction; {wait})",
-            self.place
+            "idem ledger: redis at {} ({kind}, at least {fewest_replicas} replica(s) per primary, append-only on \
+             {append_only} of {} primaries, noeviction; {wait})",
+            self.place,
+            primaries.len()
         ))
     }
 
@@ -297,6 +303,12 @@ impl Ledger for RedisLedger {
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         Box::pin(async move {
             self.update(key.reference(), None, |records| {
+                // Sent again after its answer was lost (a replica's acknowledgement that did not
+                // come in time, a connection cut): the record holds this very completion, which
+                // is done — once the replicas have it.
+                if records.settled_as(key, token, &outcome) {
+                    return (Ok(()), true);
+                }
                 let done = records.complete(key, token, outcome.clone(), keep_until);
                 let ok = done.is_ok();
                 (done, ok)
@@ -363,9 +375,12 @@ impl Ledger for RedisLedger {
         Box::pin(async move {
             let mut stats = LedgerStats::default();
             let mut size = 0;
-            for (key, bundle) in self.each().await? {
-                bundle.records.count(now, &mut stats);
-                size += self.size_of(&key).await?;
+            let mut pages = self.bundle_pages().await?;
+            while let Some(keys) = pages.next().await? {
+                for (_, bundle, bytes) in self.read_page(keys, true).await? {
+                    bundle.records.count(now, &mut stats);
+                    size += bytes;
+                }
             }
             stats.size_bytes = Some(size);
             Ok(stats)
@@ -379,8 +394,11 @@ impl Ledger for RedisLedger {
     ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
         Box::pin(async move {
             let mut found = Vec::new();
-            for (_, bundle) in self.each().await? {
-                found.extend(bundle.records.pending(query, now));
+            let mut pages = self.bundle_pages().await?;
+            while let Some(keys) = pages.next().await? {
+                for (_, bundle, _) in self.read_page(keys, false).await? {
+                    found.extend(bundle.records.pending(query, now));
+                }
                 // Only the oldest `limit` can make the page: keep no more while scanning.
                 if found.len() > 2 * query.limit.max(64) {
                     oldest_first(&mut found, query.limit);
@@ -398,13 +416,20 @@ impl Ledger for RedisLedger {
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         Box::pin(async move {
             let mut swept = 0;
-            for key in self.bundles().await? {
-                if swept >= limit {
-                    break;
+            let mut pages = self.bundle_pages().await?;
+            while let Some(keys) = pages.next().await? {
+                // A page read at once; a write only where the ledger's rules delete something
+                // (Redis's TTLs have usually been there first).
+                for (reference, bundle, _) in self.read_page(keys, false).await? {
+                    let room = limit - swept;
+                    if bundle.records.clone().sweep(now, room) > 0 {
+                        swept +=
+                            self.update(reference, Some(bundle), |records| (records.sweep(now, room), false)).await?;
+                    }
+                    if swept >= limit {
+                        return Ok(swept);
+                    }
                 }
-                let Some(reference) = operator::reference_of(&key) else { continue };
-                let room = limit - swept;
-                swept += self.update(reference, None, |records| (records.sweep(now, room), false)).await?;
             }
             Ok(swept)
         })
