@@ -3,7 +3,8 @@
 //! N idem processes (`fleet_worker`, default 3) charge distinct orders — a claim and a completion
 //! each, through `Idem::call` with a no-op handler — against one PostgreSQL, a standalone Redis
 //! (one the benchmark starts, append-only with `fsync` on every write, and the machine's own,
-//! which keeps nothing on disk) and the local three-primary Redis Cluster, at rising
+//! which keeps nothing on disk) and the local three-primary Redis Cluster (without and with
+//! `wait=1`: each claim and result acknowledged by a replica), at rising
 //! concurrency, side by side in one run on this machine. Per engine and level: calls per second, p50 and p99 latency, and the CPU the
 //! engine's server processes used per call (and the idem processes' own). The knee is the lowest
 //! level that reaches 90% of the engine's best throughput. Compare ratios, not times: the
@@ -260,14 +261,14 @@ async fn main() {
     // A standalone Redis as durable as the cluster's nodes, of the benchmark's own.
     let durable = DurableRedis::start();
     let durable_url = durable.as_ref().map_or_else(String::new, |redis| redis.url.clone());
+    let cluster = env_or("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER);
+    let waiting = format!("{cluster}{}wait=1", if cluster.contains('?') { '&' } else { '?' });
     let engines = [
         ("PostgreSQL (fsync at commit)", env_or("IDEM_TEST_POSTGRES_URL", POSTGRES)),
         ("Redis standalone (appendfsync always)", durable_url),
         ("Redis standalone (no persistence)", env_or("IDEM_TEST_REDIS_URL", REDIS)),
-        (
-            "Redis Cluster, 3 primaries + 3 replicas (appendfsync always)",
-            env_or("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER),
-        ),
+        ("Redis Cluster, 3 primaries + 3 replicas (appendfsync always)", cluster),
+        ("Redis Cluster, as above, wait=1", waiting),
     ];
     println!("fleet: {processes} idem processes, tasks per process {levels:?}, {} s per level", millis / 1000);
     let mut results: Vec<(&str, Vec<Level>)> = Vec::new();

@@ -73,6 +73,21 @@ fn main() {
         println!("ERROR seconds and lease-ms are numbers");
         std::process::exit(2);
     };
+    // `IDEM_FAILOVER_LOG=<dir>`: each worker writes idem's debug log to `<dir>/<run>-<pid>.log`
+    // (every ledger step of the Redis ledger, every handler run with its reference).
+    if let Ok(logs) = std::env::var("IDEM_FAILOVER_LOG") {
+        let path = std::path::Path::new(&logs).join(format!("{run}-{}.log", std::process::id()));
+        let Ok(file) = std::fs::File::create(&path) else {
+            println!("ERROR cannot write {}", path.display());
+            std::process::exit(2);
+        };
+        let file = std::sync::Arc::new(file);
+        tracing_subscriber::fmt()
+            .with_writer(move || file.clone())
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new("idem_runtime=debug,failover_worker=debug"))
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
     let Ok(runtime) = runtime else {
         println!("ERROR no runtime");
@@ -105,6 +120,7 @@ async fn storm(url: &str, dir: &str, run: &str, length: Duration, lease_ms: u64)
                 let back = if pick.next().is_multiple_of(2) { 0 } else { pick.next() % 50 };
                 let order = format!("{run}-{}-{}", slice - back, pick.next() % PER_SLICE);
                 let answer = charge(&idem, &downstream, &run, &order).await;
+                tracing::debug!(order, answer = ?answer.as_ref().map(|served| (served.replayed, &served.value)), "answered");
                 let (answer, value) = match answer {
                     Ok(served) if served.replayed => ("replayed".to_owned(), served.value),
                     Ok(served) => ("ran".to_owned(), served.value),
@@ -144,6 +160,7 @@ async fn charge(
     let caller = Caller::new(run, "storm");
     idem.call(&CHARGE, Some(&caller), &serde_json::json!({ "order_id": order, "amount_cents": 1250 }), || async {
         let operation = current_operation().ok_or_else(|| WorkerError::Downstream("no operation".into()))?;
+        tracing::debug!(order, reference = %operation.reference(), key = %operation.idempotency_key(), "handler runs");
         tokio::time::sleep(Duration::from_millis(10)).await;
         let receipt = downstream
             .charge(&operation.idempotency_key(), order)

@@ -100,6 +100,143 @@ async fn an_evicting_server_is_refused() {
     assert!(error.contains("volatile-lru") && error.contains("maxmemory-policy noeviction"), "{error}");
 }
 
+/// A primary and a replica of the test's own (no persistence, free ports), killed on drop.
+struct Pair {
+    primary: std::process::Child,
+    replica: std::process::Child,
+    ports: [u16; 2],
+    url: String,
+}
+
+impl Pair {
+    /// Starts both and waits until the replica is in sync; `None` (reported skipped) without a
+    /// `redis-server` on this machine.
+    async fn start(test: &str) -> Option<Self> {
+        let port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (primary_port, replica_port) = (port(), port());
+        let server = |port: u16, extra: &[&str]| {
+            // Its own directory: a primary writes the snapshot a replica syncs from there.
+            let dir = std::env::temp_dir().join(format!("idem-redis-pair-{port}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .args(["--maxmemory-policy", "noeviction"])
+                .args(extra)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+        };
+        let Ok(primary) = server(primary_port, &[]) else {
+            idem_tests::skip(test, "no redis-server on this machine");
+            return None;
+        };
+        let replica = server(replica_port, &["--replicaof", "127.0.0.1", &primary_port.to_string()]).unwrap();
+        let url = format!("redis://127.0.0.1:{primary_port}");
+        let pair = Self { primary, replica, ports: [primary_port, replica_port], url };
+        let client = redis::Client::open(pair.url.as_str()).unwrap();
+        for _ in 0..100 {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                let info: String =
+                    redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap_or_default();
+                if info.contains("state=online") {
+                    return Some(pair);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("the replica never came in sync");
+    }
+
+    /// Stops (`-STOP`) or continues (`-CONT`) the replica: stopped, it stays connected as far
+    /// as the primary knows, and acknowledges nothing new.
+    fn signal_replica(&self, signal: &str) {
+        let status = std::process::Command::new("kill").args([signal, &self.replica.id().to_string()]).status();
+        assert!(status.is_ok_and(|status| status.success()), "kill {signal}");
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        self.signal_replica("-CONT");
+        for child in [&mut self.primary, &mut self.replica] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for port in &self.ports {
+            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("idem-redis-pair-{port}")));
+        }
+    }
+}
+
+/// With `wait=1`, nothing only the primary holds is reported won or replayed — whichever
+/// connection asks. Found by the long failover run (a replica a second behind, `wait=1`): a
+/// completion no replica had yet was replayed to repeats (a read was never waited on), and the
+/// replica's acknowledgement of a claim was asked apart from the claim — the cluster client sent
+/// that `WAIT` to another node while the dying primary's connection was down, which answered at
+/// once, so a claim only that primary held was reported won and its handler ran. Each step that
+/// is relied on now sends its write and the `WAIT` in one pipeline, and a read that is relied on
+/// first writes its version back (`TOUCH`) in one pipeline with a `WAIT`. Here a second ledger
+/// connection stands for the repeat's (and for a claim sent again on another connection).
+#[tokio::test]
+async fn nothing_only_the_primary_holds_is_reported_won_or_replayed() {
+    use idem_runtime::ledger::{Claim, ClaimRequest, LedgerError, Outcome, Token};
+    let test = "ledger_redis::nothing_only_the_primary_holds_is_reported_won_or_replayed";
+    let Some(pair) = Pair::start(test).await else { return };
+    let url = format!("{}?wait=1&wait_timeout_ms=500", pair.url);
+    let (first, second) = (RedisLedger::connect(&url).await.unwrap(), RedisLedger::connect(&url).await.unwrap());
+    let now = first.now().await.unwrap().unwrap();
+    let request = |byte: u8| ClaimRequest {
+        key: idem_runtime::Key::from_bytes([byte; 32]),
+        tenant: idem_runtime::scope::TenantTag::from_bytes([1; 8]),
+        subject: idem_runtime::scope::SubjectTag::TENANT,
+        fingerprint: [2; 32],
+        arg_tags: Vec::new(),
+        token: Token::random(),
+        now,
+        window_end: now + 60_000,
+        expires_at: now + 120_000,
+        lease_until: now + 10_000,
+        stale: idem_runtime::StalePolicy::Takeover,
+        clock_trusted: true,
+        label: None,
+    };
+    let (done, held) = (request(7), request(8));
+    let won = first.claim(&done).await;
+    assert!(matches!(won, Ok(Claim::Won { .. })), "the replica in step acknowledges: {won:?}");
+
+    pair.signal_replica("-STOP");
+    // A claim, and a completion, only the primary holds.
+    let answer = first.claim(&held).await;
+    assert!(matches!(answer, Err(LedgerError::Ambiguous { .. })), "a claim the replica lacks: {answer:?}");
+    let result = Outcome::Completed(b"charged".to_vec());
+    let answer = first.complete(&done.key, done.token, result.clone(), now + 60_000).await;
+    assert!(matches!(answer, Err(LedgerError::Ambiguous { .. })), "a result the replica lacks: {answer:?}");
+    // Sent again on another connection, the claim is still not won; a repeat is not replayed
+    // a result the replica may never get.
+    let again = second.claim(&held).await;
+    assert!(matches!(again, Err(LedgerError::Ambiguous { .. })), "the claim sent again: {again:?}");
+    let repeat = ClaimRequest { token: Token::random(), ..request(7) };
+    let replayed = second.claim(&repeat).await;
+    assert!(
+        matches!(replayed, Err(LedgerError::Ambiguous { .. })),
+        "a repeat of the unacknowledged result: {replayed:?}"
+    );
+
+    // Once the replica has them, both are what they are.
+    pair.signal_replica("-CONT");
+    let mut answers = (Err(LedgerError::Fenced), Err(LedgerError::Fenced));
+    for _ in 0..50 {
+        answers = (second.claim(&held).await, second.claim(&repeat).await);
+        if answers.0.is_ok() && answers.1.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(matches!(answers.0, Ok(Claim::Won { .. })), "the claim, acknowledged: {:?}", answers.0);
+    assert!(matches!(&answers.1, Ok(Claim::Replay { result }) if result == b"charged"), "{:?}", answers.1);
+}
+
 /// A result whose answer was lost — here because no replica acknowledged it in time — is sent
 /// again by the handle; the ledger must recognise its own completion and wait for the replicas
 /// again, never answer "fenced" (the handle would then stop recording a result that a failover

@@ -15,6 +15,11 @@ use crate::ledger::LedgerError;
 /// How long connecting to a node may take before it counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a standalone server's answer may take (the crate's default, 500 ms, would cut a
+/// `WAIT` short of its own timeout; the cluster client sets none). A handle bounds every ledger
+/// call with its own, shorter, timeout; this bounds direct use.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What a Redis URL says, once idem's own parameters are taken out of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Target {
@@ -151,7 +156,9 @@ impl Conn {
             Ok(Self::Cluster(client.get_async_connection().await?))
         } else {
             let client = redis::Client::open(target.nodes[0].as_str())?;
-            let config = ConnectionManagerConfig::new().set_connection_timeout(Some(CONNECT_TIMEOUT));
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT));
             Ok(Self::Single(ConnectionManager::new_with_config(client, config).await?))
         }
     }
@@ -164,6 +171,23 @@ impl Conn {
             Self::Cluster(conn) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 conn.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))).await
+            }
+        }
+    }
+
+    /// Sends `pipeline` to the primary that holds `key`'s slot, every command on one connection
+    /// in order; answers each command's value (a server error among them as a value).
+    pub(super) async fn pipeline_on_primary_of(
+        &mut self,
+        key: &[u8],
+        pipeline: &redis::Pipeline,
+    ) -> RedisResult<Vec<Value>> {
+        let count = pipeline.len();
+        match self {
+            Self::Single(conn) => conn.req_packed_commands(pipeline, 0, count).await,
+            Self::Cluster(conn) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                conn.route_pipeline(pipeline.clone(), 0, count, SingleNodeRoutingInfo::SpecificNode(route)).await
             }
         }
     }

@@ -11,10 +11,14 @@
 //! [`Ledger::now`] is the server's `TIME`. Operator reads that look across the ledger (pending,
 //! stats, sweep) scan every primary.
 //!
-//! With `wait=N` in the URL ([`RedisLedger::wait_for_replicas`]), a write is reported only once
-//! `N` replicas acknowledged it (`WAIT`); otherwise as soon as the primary has it. What either
-//! promises through a failover is measured in RELIABILITY.md and stated in the guide
-//! (`docs/src/redis-ledger.md`).
+//! With `wait=N` in the URL ([`RedisLedger::wait_for_replicas`]), what a caller relies on — a
+//! won claim, a recorded result or verdict, a result it is replayed — is answered only once `N`
+//! replicas hold it: the write goes out in one pipeline with the `WAIT` that asks them (one
+//! connection to one node, so the `WAIT` counts that write), and a read that is relied on first
+//! writes the version it read back to the hash (`TOUCH`, which changes nothing but is
+//! replicated) in one pipeline with a `WAIT`. Without `wait`, as soon as the primary has it.
+//! What either promises through a failover is measured in RELIABILITY.md and stated in the
+//! guide (`docs/src/redis-ledger.md`).
 
 mod codec;
 mod connect;
@@ -180,10 +184,31 @@ impl RedisLedger {
         Bundle::decode(pairs)
     }
 
+    /// The records of `reference`, confirmed on the replicas first when the ledger waits for
+    /// them and `relied_on` says the caller will rely on what was read (a completed result it
+    /// will be given).
+    async fn load_relied_on(
+        &self,
+        reference: Ref,
+        relied_on: impl Fn(&Records) -> bool,
+    ) -> Result<Bundle, LedgerError> {
+        let key = self.key_of(reference);
+        for _ in 0..ATTEMPTS {
+            let read = self.load(reference).await?;
+            if self.wait.is_none() || !relied_on(&read.records) || self.confirm(&key, &read).await? {
+                return Ok(read);
+            }
+        }
+        Err(LedgerError::unavailable(format!(
+            "the record of ref {reference} changed under {ATTEMPTS} attempts in a row; try again"
+        )))
+    }
+
     /// Runs `step` on the records of `reference` and writes what it changed, again from a fresh
-    /// read if another writer came first. `step` answers its result and whether that result
-    /// reports a write the caller relies on (a won claim, a recorded result), which waits for
-    /// the replicas first when the ledger is told to.
+    /// read if another writer came first. `step` answers its result and whether the caller
+    /// relies on it (a won claim, a recorded result, a result to replay), which — when the
+    /// ledger is told to wait for replicas — is answered only once they hold what it says:
+    /// what this step wrote, or what it read.
     async fn update<T>(
         &self,
         reference: Ref,
@@ -198,35 +223,39 @@ impl RedisLedger {
         for _ in 0..ATTEMPTS {
             let mut records = read.records.clone();
             let (answer, relied_on) = step(&mut records);
+            let waits = relied_on && self.wait.is_some();
             if records == read.records {
-                self.settle(&key, relied_on).await?;
-                return Ok(answer);
+                if !waits || self.confirm(&key, &read).await? {
+                    return Ok(answer);
+                }
+                read = self.load(reference).await?;
+                continue;
             }
             let (set, delete) = diff(&read.records, &records);
             let version = crate::bytes::hex(&crate::bytes::random::<8>());
-            let mut invocation = scripts::SWAP.key(&key);
-            invocation
-                .arg(read.version.as_deref().unwrap_or_default())
+            let mut swap = scripts::SWAP.on(&key);
+            swap.arg(read.version.as_deref().unwrap_or_default())
                 .arg(&version)
                 .arg(records.needed_until())
                 .arg(MARGIN_MS)
                 .arg(set.len());
             for (field, value) in &set {
-                invocation.arg(field).arg(value);
+                swap.arg(field).arg(value);
             }
             for field in &delete {
-                invocation.arg(field);
+                swap.arg(field);
             }
-            let swapped: i64 = invocation.invoke_async(&mut self.conn.clone()).await.map_err(failed)?;
-            if swapped == 1 {
-                self.settle(&key, relied_on).await?;
+            let (swapped, acknowledged) = self.write(&key, swap, waits).await?;
+            tracing::debug!(%reference, ?swapped, relied_on, "redis ledger: swap");
+            if matches!(swapped, Value::Int(1)) {
+                self.acknowledged(acknowledged)?;
                 return Ok(answer);
             }
             read = self.load(reference).await?;
-            if read.records == records {
-                // The hash holds exactly what this step wrote: a send the client retried after
-                // it took effect, whose first answer was lost.
-                self.settle(&key, relied_on).await?;
+            // The hash holds exactly what this step wrote: a send the client retried after it
+            // took effect, whose first answer was lost — done, once the replicas have it.
+            if read.records == records && (!waits || self.confirm(&key, &read).await?) {
+                tracing::debug!(%reference, "redis ledger: found its own write");
                 return Ok(answer);
             }
         }
@@ -235,19 +264,61 @@ impl RedisLedger {
         )))
     }
 
-    /// Waits for the replicas to acknowledge what this connection wrote to `key`'s primary, if
-    /// the ledger is told to and the caller relies on it.
-    async fn settle(&self, key: &str, relied_on: bool) -> Result<(), LedgerError> {
-        let Some((replicas, timeout)) = self.wait.filter(|_| relied_on) else { return Ok(()) };
+    /// Sends `script` (a write to `key`) to `key`'s primary; with `waits`, in one pipeline with
+    /// the `WAIT` that asks its replicas — one connection, one node, so what the `WAIT` counts
+    /// covers what the script wrote. (Sent apart, the `WAIT` could go out on a connection that
+    /// had not written, or to another node while the primary's connection was down, and be
+    /// answered at once: found by the failover run.) Answers the script's value, and the
+    /// `WAIT`'s when it was asked — to be judged by [`RedisLedger::acknowledged`] if the script
+    /// wrote.
+    async fn write(&self, key: &str, script: redis::Cmd, waits: bool) -> Result<(Value, Option<Value>), LedgerError> {
+        let Some((replicas, timeout)) = self.wait.filter(|_| waits) else {
+            let value = self.conn.clone().on_primary_of(key.as_bytes(), script).await.map_err(failed)?;
+            return Ok((scripted(value)?, None));
+        };
         let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        let wait = redis::cmd("WAIT").arg(replicas).arg(millis).clone();
-        let acknowledged: u64 = read(self.conn.clone().on_primary_of(key.as_bytes(), wait).await.map_err(failed)?)?;
-        if acknowledged < u64::from(replicas) {
-            return Err(LedgerError::ambiguous(format!(
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(script).add_command(redis::cmd("WAIT").arg(replicas).arg(millis).clone());
+        let values = self.conn.clone().pipeline_on_primary_of(key.as_bytes(), &pipeline).await.map_err(failed)?;
+        let [value, acknowledged]: [Value; 2] = values.try_into().map_err(|values: Vec<Value>| {
+            LedgerError::corrupt(format!("Redis answered {} values to 2", values.len()))
+        })?;
+        Ok((scripted(value)?, Some(acknowledged)))
+    }
+
+    /// Whether the replicas acknowledged a write, from the `WAIT` [`RedisLedger::write`] sent
+    /// after it (none asked: the ledger does not wait). Short of them, or unable to ask (the
+    /// node stopped being a primary between the two), the write is on the primary and may be
+    /// lost with it: ambiguous.
+    fn acknowledged(&self, answer: Option<Value>) -> Result<(), LedgerError> {
+        let (Some((replicas, timeout)), Some(answer)) = (self.wait, answer) else { return Ok(()) };
+        let millis = timeout.as_millis();
+        tracing::debug!(?answer, "redis ledger: WAIT");
+        match answer {
+            Value::Int(acknowledged) if acknowledged >= i64::from(replicas) => Ok(()),
+            Value::Int(acknowledged) => Err(LedgerError::ambiguous(format!(
                 "written on the primary but acknowledged by {acknowledged} of {replicas} replica(s) within {millis} ms"
-            )));
+            ))),
+            Value::ServerError(error) => Err(LedgerError::ambiguous(format!(
+                "written on the primary, whose replicas could not be asked: Redis: {error:?}"
+            ))),
+            other => Err(LedgerError::corrupt(format!("an answer from Redis to WAIT: {other:?}"))),
         }
-        Ok(())
+    }
+
+    /// Whether what `read` holds is on the replicas: the hash is touched on its version read
+    /// and the replicas asked, in one pipeline. `false`: the hash changed since (read it again);
+    /// an error: they do not have it yet (ambiguous), or Redis did not answer.
+    async fn confirm(&self, key: &str, read: &Bundle) -> Result<bool, LedgerError> {
+        let Some(version) = read.version.as_deref() else { return Ok(true) };
+        let mut touch = scripts::TOUCH.on(key);
+        touch.arg(version);
+        let (touched, acknowledged) = self.write(key, touch, true).await?;
+        if !matches!(touched, Value::Int(1)) {
+            return Ok(false);
+        }
+        self.acknowledged(acknowledged)?;
+        Ok(true)
     }
 
     fn tool_key(&self, kind: &str, namespace: &str, tool: &str) -> String {
@@ -259,32 +330,32 @@ impl Ledger for RedisLedger {
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
         Box::pin(async move {
             let reference = request.key.reference();
+            let key = self.key_of(reference);
             let mut fresh = Records::default();
             let won = fresh.claim(request);
             let record = fresh.current.get(&request.key).map(encode).unwrap_or_default();
             let version = crate::bytes::hex(&crate::bytes::random::<8>());
-            let created: Value = scripts::CREATE
-                .key(self.key_of(reference))
-                .arg(&version)
-                .arg(current_field(&request.key))
-                .arg(record)
-                .arg(fresh.needed_until())
-                .arg(MARGIN_MS)
-                .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(failed)?;
-            if matches!(created, Value::Int(1)) {
-                self.settle(&self.key_of(reference), true).await?;
+            let mut create = scripts::CREATE.on(&key);
+            create.arg(&version).arg(current_field(&request.key)).arg(record).arg(fresh.needed_until()).arg(MARGIN_MS);
+            let (created, acknowledged) = self.write(&key, create, true).await?;
+            let made = matches!(created, Value::Int(1));
+            tracing::debug!(%reference, token = ?request.token, made, "redis ledger: claim");
+            if made {
+                self.acknowledged(acknowledged)?;
                 return Ok(won);
             }
             let pairs: Vec<(Vec<u8>, Vec<u8>)> = read(created)?;
             let first = Bundle::decode(pairs)?;
-            self.update(reference, Some(first), |records| {
-                let claim = records.claim(request);
-                let won = claim.won().is_some();
-                (claim, won)
-            })
-            .await
+            let answer = self
+                .update(reference, Some(first), |records| {
+                    let claim = records.claim(request);
+                    // A won claim, and a result the caller will be given, are relied on.
+                    let relied_on = matches!(claim, Claim::Won { .. } | Claim::Replay { .. });
+                    (claim, relied_on)
+                })
+                .await;
+            tracing::debug!(%reference, token = ?request.token, ?answer, "redis ledger: claim answered");
+            answer
         })
     }
 
@@ -302,29 +373,37 @@ impl Ledger for RedisLedger {
         keep_until: u64,
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         Box::pin(async move {
-            self.update(key.reference(), None, |records| {
-                // Sent again after its answer was lost (a replica's acknowledgement that did not
-                // come in time, a connection cut): the record holds this very completion, which
-                // is done — once the replicas have it.
-                if records.settled_as(key, token, &outcome) {
-                    return (Ok(()), true);
-                }
-                let done = records.complete(key, token, outcome.clone(), keep_until);
-                let ok = done.is_ok();
-                (done, ok)
-            })
-            .await?
+            let done = self
+                .update(key.reference(), None, |records| {
+                    // Sent again after its answer was lost (a replica's acknowledgement that did not
+                    // come in time, a connection cut): the record holds this very completion, which
+                    // is done — once the replicas have it.
+                    if records.settled_as(key, token, &outcome) {
+                        return (Ok(()), true);
+                    }
+                    let done = records.complete(key, token, outcome.clone(), keep_until);
+                    let ok = done.is_ok();
+                    (done, ok)
+                })
+                .await;
+            tracing::debug!(reference = %key.reference(), ?token, answer = ?done, "redis ledger: complete");
+            done?
         })
     }
 
     fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
-        Box::pin(
-            async move { self.update(key.reference(), None, |records| (records.release(key, token), false)).await? },
-        )
+        Box::pin(async move {
+            let done = self.update(key.reference(), None, |records| (records.release(key, token), false)).await;
+            tracing::debug!(reference = %key.reference(), ?token, answer = ?done, "redis ledger: release");
+            done?
+        })
     }
 
     fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        Box::pin(async move { Ok(self.load(key.reference()).await?.records.lookup(key, now)) })
+        Box::pin(async move {
+            let read = self.load_relied_on(key.reference(), |records| completed(records.lookup(key, now))).await?;
+            Ok(read.records.lookup(key, now))
+        })
     }
 
     fn status<'a>(
@@ -334,7 +413,15 @@ impl Ledger for RedisLedger {
         reference: Ref,
         now: u64,
     ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        Box::pin(async move { Ok(self.load(reference).await?.records.status(tenant, Some(subject), reference, now)) })
+        Box::pin(async move {
+            let read = self
+                .load_relied_on(reference, |records| {
+                    completed(records.clone().status(tenant, Some(subject), reference, now))
+                })
+                .await?;
+            let mut records = read.records;
+            Ok(records.status(tenant, Some(subject), reference, now))
+        })
     }
 
     fn resolve<'a>(
@@ -518,5 +605,19 @@ impl Ledger for RedisLedger {
             let key = self.tool_key("facts", namespace, tool);
             self.conn.clone().hget(&key, "f").await.map_err(failed)
         })
+    }
+}
+
+/// Whether a report gives a completed result — which a caller relies on.
+fn completed(report: Option<StatusReport>) -> bool {
+    report.is_some_and(|report| report.state == super::State::Completed)
+}
+
+/// A script's answer, or the server's refusal to run it where it was sent (a node that no
+/// longer holds the slot, a cluster that is down): nothing was written.
+fn scripted(value: Value) -> Result<Value, LedgerError> {
+    match value {
+        Value::ServerError(error) => Err(LedgerError::unavailable(format!("Redis refused the step: {error:?}"))),
+        value => Ok(value),
     }
 }

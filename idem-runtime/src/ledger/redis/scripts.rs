@@ -4,7 +4,7 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Cmd, Script};
 
 /// Keeps a reference's record hash for at least `ARGV[n]` milliseconds of the ledger's clock
 /// beyond the server's `TIME`, and never less than the margin: shared by the scripts that write.
@@ -18,26 +18,39 @@ local function keep(key, until_ms, margin)
 end
 ";
 
+/// A script the ledger sends whole (`EVAL`) on the key it touches: it can then share one
+/// pipeline — one connection, one node — with the `WAIT` that follows it.
+pub(super) struct Lua(LazyLock<String>);
+
+impl Lua {
+    /// `EVAL` of this script on `key`; its arguments follow.
+    pub(super) fn on(&self, key: &str) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.0.as_str()).arg(1).arg(key);
+        cmd
+    }
+}
+
 /// A claim of a reference nobody holds a record of: creates its hash with the one record and a
 /// version, and answers 1; or, if the hash exists, answers its fields (the claim is then decided
 /// in Rust on them). KEYS: the hash. ARGV: version, field, record, keep until, margin.
-pub(super) static CREATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+pub(super) static CREATE: Lua = Lua(LazyLock::new(|| {
+    format!(
         "{KEEP}
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HGETALL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 'v', ARGV[1], ARGV[2], ARGV[3])
 keep(KEYS[1], ARGV[4], ARGV[5])
 return 1"
-    ))
-});
+    )
+}));
 
 /// The compare-and-set: if the hash's version is still the one read (an empty one: no hash),
 /// sets and deletes the fields given, stores a new version and answers 1 — deleting the hash
 /// once no record is left; else answers 0 and writes nothing. KEYS: the hash. ARGV: the version
 /// read, the new version, keep until, margin, how many fields to set, then field–value pairs,
 /// then the fields to delete.
-pub(super) static SWAP: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+pub(super) static SWAP: Lua = Lua(LazyLock::new(|| {
+    format!(
         "{KEEP}
 local version = redis.call('HGET', KEYS[1], 'v') or ''
 if version ~= ARGV[1] then return 0 end
@@ -58,8 +71,19 @@ end
 redis.call('HSET', KEYS[1], 'v', ARGV[2])
 keep(KEYS[1], ARGV[3], ARGV[4])
 return 1"
-    ))
-});
+    )
+}));
+
+/// Makes what was read of a hash something a `WAIT` after it covers: if the hash still has the
+/// version read, writes that same version again (a write that changes nothing, but is
+/// replicated, so a `WAIT` on this connection waits for everything the primary had until then)
+/// and answers 1; else answers 0 and writes nothing. KEYS: the hash. ARGV: the version read.
+pub(super) static TOUCH: Lua = Lua(LazyLock::new(|| {
+    "if redis.call('HGET', KEYS[1], 'v') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[1])
+return 1"
+        .to_owned()
+}));
 
 /// Keeps a secret version's check value unless one is kept, and answers the one kept. KEYS: its
 /// key. ARGV: the check value.
