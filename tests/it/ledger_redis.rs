@@ -100,6 +100,27 @@ async fn an_evicting_server_is_refused() {
     assert!(error.contains("volatile-lru") && error.contains("maxmemory-policy noeviction"), "{error}");
 }
 
+/// A claim of a new random key, as a handle would send it at `now` (a minute's window, a 10 s
+/// lease, stale holders taken over).
+fn claim_request(now: u64) -> idem_runtime::ledger::ClaimRequest {
+    use idem_runtime::ledger::Token;
+    idem_runtime::ledger::ClaimRequest {
+        key: idem_runtime::Key::from_bytes(Token::random().get().to_le_bytes().repeat(4).try_into().unwrap()),
+        tenant: idem_runtime::scope::TenantTag::from_bytes([1; 8]),
+        subject: idem_runtime::scope::SubjectTag::TENANT,
+        fingerprint: [2; 32],
+        arg_tags: Vec::new(),
+        token: Token::random(),
+        now,
+        window_end: now + 60_000,
+        expires_at: now + 120_000,
+        lease_until: now + 10_000,
+        stale: idem_runtime::StalePolicy::Takeover,
+        clock_trusted: true,
+        label: None,
+    }
+}
+
 /// A primary and a replica of the test's own (no persistence, free ports), killed on drop.
 struct Pair {
     primary: std::process::Child,
@@ -183,25 +204,12 @@ async fn nothing_only_the_primary_holds_is_reported_won_or_replayed() {
     use idem_runtime::ledger::{Claim, ClaimRequest, LedgerError, Outcome, Token};
     let test = "ledger_redis::nothing_only_the_primary_holds_is_reported_won_or_replayed";
     let Some(pair) = Pair::start(test).await else { return };
-    let url = format!("{}?wait=1&wait_timeout_ms=500", pair.url);
+    // Long enough that the replica in step acknowledges on a loaded machine; each step the stopped
+    // replica cannot acknowledge costs it once.
+    let url = format!("{}?wait=1&wait_timeout_ms=2000", pair.url);
     let (first, second) = (RedisLedger::connect(&url).await.unwrap(), RedisLedger::connect(&url).await.unwrap());
     let now = first.now().await.unwrap().unwrap();
-    let request = |byte: u8| ClaimRequest {
-        key: idem_runtime::Key::from_bytes([byte; 32]),
-        tenant: idem_runtime::scope::TenantTag::from_bytes([1; 8]),
-        subject: idem_runtime::scope::SubjectTag::TENANT,
-        fingerprint: [2; 32],
-        arg_tags: Vec::new(),
-        token: Token::random(),
-        now,
-        window_end: now + 60_000,
-        expires_at: now + 120_000,
-        lease_until: now + 10_000,
-        stale: idem_runtime::StalePolicy::Takeover,
-        clock_trusted: true,
-        label: None,
-    };
-    let (done, held) = (request(7), request(8));
+    let (done, held) = (claim_request(now), claim_request(now));
     let won = first.claim(&done).await;
     assert!(matches!(won, Ok(Claim::Won { .. })), "the replica in step acknowledges: {won:?}");
 
@@ -216,7 +224,7 @@ async fn nothing_only_the_primary_holds_is_reported_won_or_replayed() {
     // a result the replica may never get.
     let again = second.claim(&held).await;
     assert!(matches!(again, Err(LedgerError::Ambiguous { .. })), "the claim sent again: {again:?}");
-    let repeat = ClaimRequest { token: Token::random(), ..request(7) };
+    let repeat = ClaimRequest { token: Token::random(), ..done.clone() };
     let replayed = second.claim(&repeat).await;
     assert!(
         matches!(replayed, Err(LedgerError::Ambiguous { .. })),
@@ -235,6 +243,17 @@ async fn nothing_only_the_primary_holds_is_reported_won_or_replayed() {
     }
     assert!(matches!(answers.0, Ok(Claim::Won { .. })), "the claim, acknowledged: {:?}", answers.0);
     assert!(matches!(&answers.1, Ok(Claim::Replay { result }) if result == b"charged"), "{:?}", answers.1);
+
+    // A node that lost the ledger's scripts (a restart, `SCRIPT FLUSH`) is given them again.
+    let client = redis::Client::open(pair.url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    let plain = RedisLedger::connect(&pair.url).await.unwrap();
+    for ledger in [&plain, &second] {
+        let won = ledger.claim(&claim_request(now)).await;
+        assert!(matches!(won, Ok(Claim::Won { .. })), "after SCRIPT FLUSH: {won:?}");
+        let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    }
 }
 
 /// A result whose answer was lost — here because no replica acknowledged it in time — is sent
@@ -245,28 +264,14 @@ async fn nothing_only_the_primary_holds_is_reported_won_or_replayed() {
 /// simply done.
 #[tokio::test]
 async fn a_completion_sent_again_is_recognised_and_waited_for_again() {
-    use idem_runtime::ledger::{Claim, ClaimRequest, LedgerError, Outcome, State, Token};
+    use idem_runtime::ledger::{Claim, LedgerError, Outcome, State, Token};
     let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
     let prefix = format!("idem-test-{}", Token::random().get());
     let plain = plain.with_prefix(&prefix);
     // The machine's standalone Redis has no replica: every wait for one times out.
     let waiting = plain.clone().wait_for_replicas(1, std::time::Duration::from_millis(50));
     let now = plain.now().await.unwrap().unwrap();
-    let request = ClaimRequest {
-        key: idem_runtime::Key::from_bytes(Token::random().get().to_le_bytes().repeat(4).try_into().unwrap()),
-        tenant: idem_runtime::scope::TenantTag::from_bytes([1; 8]),
-        subject: idem_runtime::scope::SubjectTag::TENANT,
-        fingerprint: [2; 32],
-        arg_tags: Vec::new(),
-        token: Token::random(),
-        now,
-        window_end: now + 60_000,
-        expires_at: now + 120_000,
-        lease_until: now + 10_000,
-        stale: idem_runtime::StalePolicy::Takeover,
-        clock_trusted: true,
-        label: None,
-    };
+    let request = claim_request(now);
     assert!(matches!(plain.claim(&request).await.unwrap(), Claim::Won { .. }));
     let result = Outcome::Completed(b"charged".to_vec());
     for attempt in ["first", "again"] {

@@ -245,7 +245,7 @@ impl RedisLedger {
             for field in &delete {
                 swap.arg(field);
             }
-            let (swapped, acknowledged) = self.write(&key, swap, waits).await?;
+            let (swapped, acknowledged) = self.write(&key, &scripts::SWAP, swap, waits).await?;
             tracing::debug!(%reference, ?swapped, relied_on, "redis ledger: swap");
             if matches!(swapped, Value::Int(1)) {
                 self.acknowledged(acknowledged)?;
@@ -264,26 +264,45 @@ impl RedisLedger {
         )))
     }
 
-    /// Sends `script` (a write to `key`) to `key`'s primary; with `waits`, in one pipeline with
-    /// the `WAIT` that asks its replicas — one connection, one node, so what the `WAIT` counts
-    /// covers what the script wrote. (Sent apart, the `WAIT` could go out on a connection that
-    /// had not written, or to another node while the primary's connection was down, and be
-    /// answered at once: found by the failover run.) Answers the script's value, and the
-    /// `WAIT`'s when it was asked — to be judged by [`RedisLedger::acknowledged`] if the script
-    /// wrote.
-    async fn write(&self, key: &str, script: redis::Cmd, waits: bool) -> Result<(Value, Option<Value>), LedgerError> {
-        let Some((replicas, timeout)) = self.wait.filter(|_| waits) else {
-            let value = self.conn.clone().on_primary_of(key.as_bytes(), script).await.map_err(failed)?;
-            return Ok((scripted(value)?, None));
-        };
-        let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        let mut pipeline = redis::pipe();
-        pipeline.add_command(script).add_command(redis::cmd("WAIT").arg(replicas).arg(millis).clone());
-        let values = self.conn.clone().pipeline_on_primary_of(key.as_bytes(), &pipeline).await.map_err(failed)?;
-        let [value, acknowledged]: [Value; 2] = values.try_into().map_err(|values: Vec<Value>| {
-            LedgerError::corrupt(format!("Redis answered {} values to 2", values.len()))
-        })?;
-        Ok((scripted(value)?, Some(acknowledged)))
+    /// Sends `script` (a write to `key`: `lua`'s `EVALSHA` and its arguments) to `key`'s
+    /// primary; with `waits`, in one pipeline with the `WAIT` that asks its replicas — one
+    /// connection, one node, so what the `WAIT` counts covers what the script wrote. (Sent
+    /// apart, the `WAIT` could go out on a connection that had not written, or to another node
+    /// while the primary's connection was down, and be answered at once: found by the failover
+    /// run.) A node that does not know the script yet is given it, and asked again. Answers the
+    /// script's value, and the `WAIT`'s when it was asked — to be judged by
+    /// [`RedisLedger::acknowledged`] if the script wrote.
+    async fn write(
+        &self,
+        key: &str,
+        lua: &scripts::Lua,
+        script: redis::Cmd,
+        waits: bool,
+    ) -> Result<(Value, Option<Value>), LedgerError> {
+        for loaded in [false, true] {
+            let (value, acknowledged) = match self.wait.filter(|_| waits) {
+                None => (self.conn.clone().on_primary_of(key.as_bytes(), script.clone()).await, None),
+                Some((replicas, timeout)) => {
+                    let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                    let mut pipeline = redis::pipe();
+                    pipeline
+                        .add_command(script.clone())
+                        .add_command(redis::cmd("WAIT").arg(replicas).arg(millis).clone());
+                    let values =
+                        self.conn.clone().pipeline_on_primary_of(key.as_bytes(), &pipeline).await.map_err(failed)?;
+                    let [value, acknowledged]: [Value; 2] = values.try_into().map_err(|values: Vec<Value>| {
+                        LedgerError::corrupt(format!("Redis answered {} values to 2", values.len()))
+                    })?;
+                    (Ok(value), Some(acknowledged))
+                }
+            };
+            if !loaded && no_script(&value) {
+                self.conn.clone().on_primary_of(key.as_bytes(), lua.load()).await.map_err(failed)?;
+                continue;
+            }
+            return Ok((scripted(value.map_err(failed)?)?, acknowledged));
+        }
+        Err(LedgerError::unavailable("Redis forgot the ledger's script as soon as it was given it; try again"))
     }
 
     /// Whether the replicas acknowledged a write, from the `WAIT` [`RedisLedger::write`] sent
@@ -313,7 +332,7 @@ impl RedisLedger {
         let Some(version) = read.version.as_deref() else { return Ok(true) };
         let mut touch = scripts::TOUCH.on(key);
         touch.arg(version);
-        let (touched, acknowledged) = self.write(key, touch, true).await?;
+        let (touched, acknowledged) = self.write(key, &scripts::TOUCH, touch, true).await?;
         if !matches!(touched, Value::Int(1)) {
             return Ok(false);
         }
@@ -337,7 +356,7 @@ impl Ledger for RedisLedger {
             let version = crate::bytes::hex(&crate::bytes::random::<8>());
             let mut create = scripts::CREATE.on(&key);
             create.arg(&version).arg(current_field(&request.key)).arg(record).arg(fresh.needed_until()).arg(MARGIN_MS);
-            let (created, acknowledged) = self.write(&key, create, true).await?;
+            let (created, acknowledged) = self.write(&key, &scripts::CREATE, create, true).await?;
             let made = matches!(created, Value::Int(1));
             tracing::debug!(%reference, token = ?request.token, made, "redis ledger: claim");
             if made {
@@ -354,7 +373,15 @@ impl Ledger for RedisLedger {
                     (claim, relied_on)
                 })
                 .await;
-            tracing::debug!(%reference, token = ?request.token, ?answer, "redis ledger: claim answered");
+            let shown = match &answer {
+                Ok(Claim::Won { .. }) => "won",
+                Ok(Claim::InFlight { .. }) => "in flight",
+                Ok(Claim::Replay { .. }) => "replay",
+                Ok(Claim::Unknown) => "unknown",
+                Ok(Claim::Conflict { .. }) => "conflict",
+                Err(_) => "failed",
+            };
+            tracing::debug!(%reference, token = ?request.token, answer = shown, "redis ledger: claim answered");
             answer
         })
     }
@@ -620,4 +647,17 @@ fn scripted(value: Value) -> Result<Value, LedgerError> {
         Value::ServerError(error) => Err(LedgerError::unavailable(format!("Redis refused the step: {error:?}"))),
         value => Ok(value),
     }
+}
+
+/// Whether a node answered that it does not know the script sent (`NOSCRIPT`): nothing ran.
+fn no_script(answer: &redis::RedisResult<Value>) -> bool {
+    let kind = match answer {
+        Ok(Value::ServerError(error)) => error.kind(),
+        Err(error) => match error.kind() {
+            redis::ErrorKind::Server(kind) => Some(kind),
+            _ => None,
+        },
+        Ok(_) => None,
+    };
+    kind == Some(redis::ServerErrorKind::NoScript)
 }

@@ -18,30 +18,42 @@ local function keep(key, until_ms, margin)
 end
 ";
 
-/// A script the ledger sends whole (`EVAL`) on the key it touches: it can then share one
-/// pipeline — one connection, one node — with the `WAIT` that follows it.
-pub(super) struct Lua(LazyLock<String>);
+/// A script the ledger sends as a command of its own making (`EVALSHA` on the key it touches),
+/// so that it can share one pipeline — one connection, one node — with the `WAIT` after it.
+/// Holds the script's text and its SHA-1.
+pub(super) struct Lua(LazyLock<(String, String)>);
 
 impl Lua {
-    /// `EVAL` of this script on `key`; its arguments follow.
+    /// `EVALSHA` of this script on `key`; its arguments follow.
     pub(super) fn on(&self, key: &str) -> Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(self.0.as_str()).arg(1).arg(key);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.0.1.as_str()).arg(1).arg(key);
         cmd
     }
+
+    /// `SCRIPT LOAD` of this script: for a node that answered `NOSCRIPT` (a new node, a restart).
+    pub(super) fn load(&self) -> Cmd {
+        redis::cmd("SCRIPT").arg("LOAD").arg(self.0.0.as_str()).clone()
+    }
+}
+
+/// A script's text and its SHA-1, as [`Lua`] keeps them.
+fn made(source: String) -> (String, String) {
+    let hash = Script::new(&source).get_hash().to_owned();
+    (source, hash)
 }
 
 /// A claim of a reference nobody holds a record of: creates its hash with the one record and a
 /// version, and answers 1; or, if the hash exists, answers its fields (the claim is then decided
 /// in Rust on them). KEYS: the hash. ARGV: version, field, record, keep until, margin.
 pub(super) static CREATE: Lua = Lua(LazyLock::new(|| {
-    format!(
+    made(format!(
         "{KEEP}
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HGETALL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 'v', ARGV[1], ARGV[2], ARGV[3])
 keep(KEYS[1], ARGV[4], ARGV[5])
 return 1"
-    )
+    ))
 }));
 
 /// The compare-and-set: if the hash's version is still the one read (an empty one: no hash),
@@ -50,7 +62,7 @@ return 1"
 /// read, the new version, keep until, margin, how many fields to set, then field–value pairs,
 /// then the fields to delete.
 pub(super) static SWAP: Lua = Lua(LazyLock::new(|| {
-    format!(
+    made(format!(
         "{KEEP}
 local version = redis.call('HGET', KEYS[1], 'v') or ''
 if version ~= ARGV[1] then return 0 end
@@ -71,7 +83,7 @@ end
 redis.call('HSET', KEYS[1], 'v', ARGV[2])
 keep(KEYS[1], ARGV[3], ARGV[4])
 return 1"
-    )
+    ))
 }));
 
 /// Makes what was read of a hash something a `WAIT` after it covers: if the hash still has the
@@ -79,10 +91,12 @@ return 1"
 /// replicated, so a `WAIT` on this connection waits for everything the primary had until then)
 /// and answers 1; else answers 0 and writes nothing. KEYS: the hash. ARGV: the version read.
 pub(super) static TOUCH: Lua = Lua(LazyLock::new(|| {
-    "if redis.call('HGET', KEYS[1], 'v') ~= ARGV[1] then return 0 end
+    made(
+        "if redis.call('HGET', KEYS[1], 'v') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'v', ARGV[1])
 return 1"
-        .to_owned()
+            .to_owned(),
+    )
 }));
 
 /// Keeps a secret version's check value unless one is kept, and answers the one kept. KEYS: its
