@@ -118,6 +118,70 @@ async fn redis_servers(url: &str) -> Option<Servers> {
     (!pids.is_empty()).then(|| Servers::Redis(pids.into_iter().collect()))
 }
 
+/// The key prefix the benchmark's Redis ledgers write under.
+const PREFIX: &str = "prefix=idem-fleet";
+
+/// `url` with one more query parameter.
+fn with_param(url: &str, param: &str) -> String {
+    if url.is_empty() {
+        return String::new();
+    }
+    format!("{url}{}{param}", if url.contains('?') { '&' } else { '?' })
+}
+
+/// Deletes what the benchmark wrote to the engine at `url`: the rows of its own database, or the
+/// keys under its prefix on every primary.
+async fn forget(url: &str) {
+    if url.is_empty() {
+        return;
+    }
+    if !idem_runtime::ledger::is_redis_url(url) {
+        if let Ok(db) = Database::connect(url).await {
+            for table in ["idem_records", "idem_superseded"] {
+                let _ = db.execute_unprepared(&format!("DELETE FROM {table}")).await;
+            }
+        }
+        return;
+    }
+    let seeds = url.split_once("://").map_or("", |(_, rest)| rest).split('?').next().unwrap_or("");
+    let mut primaries: Vec<String> = seeds.split(',').map(|seed| format!("redis://{seed}")).collect();
+    if url.contains("cluster") {
+        let nodes = async {
+            let mut conn =
+                redis::Client::open(primaries[0].as_str()).ok()?.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("CLUSTER").arg("NODES").query_async::<String>(&mut conn).await.ok()
+        };
+        let nodes = nodes.await.unwrap_or_default();
+        primaries = nodes
+            .lines()
+            .filter(|line| line.split(' ').nth(2).is_some_and(|flags| flags.contains("master")))
+            .filter_map(|line| line.split(' ').nth(1)?.split('@').next().map(|address| format!("redis://{address}")))
+            .collect();
+    }
+    let mut deleted = 0;
+    for primary in primaries {
+        let Ok(client) = redis::Client::open(primary.as_str()) else { continue };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else { continue };
+        let mut cursor = 0u64;
+        loop {
+            let scan = redis::cmd("SCAN").arg(cursor).arg("MATCH").arg("idem-fleet:*").arg("COUNT").arg(1000).clone();
+            let Ok((next, keys)) = scan.query_async::<(u64, Vec<String>)>(&mut conn).await else { break };
+            let mut unlink = redis::pipe();
+            for key in &keys {
+                unlink.cmd("UNLINK").arg(key).ignore();
+            }
+            if unlink.query_async::<()>(&mut conn).await.is_ok() {
+                deleted += keys.len();
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    println!("(deleted the benchmark's {deleted} keys)");
+}
+
 /// A `redis-server` of the benchmark's own on a free port, append-only with `fsync` on every
 /// write (as the cluster's nodes are), in a directory of its own; stopped when dropped.
 struct DurableRedis {
@@ -261,14 +325,18 @@ async fn main() {
     // A standalone Redis as durable as the cluster's nodes, of the benchmark's own.
     let durable = DurableRedis::start();
     let durable_url = durable.as_ref().map_or_else(String::new, |redis| redis.url.clone());
-    let cluster = env_or("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER);
-    let waiting = format!("{cluster}{}wait=1", if cluster.contains('?') { '&' } else { '?' });
+    // What the benchmark writes goes under names of its own — a database, a key prefix — and is
+    // deleted after each engine: a shared server is left as it was found (a million leftover
+    // records would slow every scan the test suite makes there).
+    let postgres =
+        idem_tests::own_database("fleet", "IDEM_TEST_POSTGRES_URL", POSTGRES, "fleet").await.unwrap_or_default();
+    let cluster = with_param(&env_or("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER), PREFIX);
     let engines = [
-        ("PostgreSQL (fsync at commit)", env_or("IDEM_TEST_POSTGRES_URL", POSTGRES)),
+        ("PostgreSQL (fsync at commit)", postgres),
         ("Redis standalone (appendfsync always)", durable_url),
-        ("Redis standalone (no persistence)", env_or("IDEM_TEST_REDIS_URL", REDIS)),
-        ("Redis Cluster, 3 primaries + 3 replicas (appendfsync always)", cluster),
-        ("Redis Cluster, as above, wait=1", waiting),
+        ("Redis standalone (no persistence)", with_param(&env_or("IDEM_TEST_REDIS_URL", REDIS), PREFIX)),
+        ("Redis Cluster, 3 primaries + 3 replicas (appendfsync always)", cluster.clone()),
+        ("Redis Cluster, as above, wait=1", with_param(&cluster, "wait=1")),
     ];
     println!("fleet: {processes} idem processes, tasks per process {levels:?}, {} s per level", millis / 1000);
     let mut results: Vec<(&str, Vec<Level>)> = Vec::new();
@@ -302,6 +370,7 @@ async fn main() {
             }
         }
         results.push((name, measured));
+        forget(url).await;
     }
     println!();
     println!(
