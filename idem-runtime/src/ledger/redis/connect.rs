@@ -20,6 +20,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// call with its own, shorter, timeout; this bounds direct use.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How many connections the writes that wait for replicas share, unless the URL says.
+pub(super) const WAIT_CONNECTIONS: usize = 8;
+
 /// What a Redis URL says, once idem's own parameters are taken out of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Target {
@@ -33,6 +36,9 @@ pub(super) struct Target {
     pub(super) wait_timeout_ms: u64,
     /// `prefix=P`: the first part of every key (default `idem`).
     pub(super) prefix: String,
+    /// `wait_connections=K`: how many connections the writes that wait for replicas share
+    /// (default 8; a `WAIT` holds its connection until the replicas answer).
+    pub(super) wait_connections: usize,
     /// The place, for messages: the URL without its password or idem's parameters.
     pub(super) place: String,
 }
@@ -53,6 +59,7 @@ impl Target {
         }
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (mut wait, mut wait_timeout_ms, mut prefix) = (None, 1000, "idem".to_owned());
+        let mut wait_connections = WAIT_CONNECTIONS;
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -61,6 +68,12 @@ impl Target {
                 "cluster" => cluster = matches!(value, "true" | "1" | "yes"),
                 "wait" => wait = Some(u32::try_from(number()?).map_err(|_| usage(url, "`wait` is too large"))?),
                 "wait_timeout_ms" => wait_timeout_ms = number()?,
+                "wait_connections" => {
+                    wait_connections = usize::try_from(number()?)
+                        .ok()
+                        .filter(|k| (1..=256).contains(k))
+                        .ok_or_else(|| usage(url, "`wait_connections` wants a number of connections from 1 to 256"))?;
+                }
                 "prefix" if !value.is_empty() => prefix = value.to_owned(),
                 "prefix" => return Err(usage(url, "`prefix` is empty")),
                 _ => kept.push(pair),
@@ -93,7 +106,7 @@ impl Target {
         let kind = if cluster { "redis+cluster" } else { "redis" };
         let place =
             format!("{kind}://{shown}{hosts}{}", if path.is_empty() { String::new() } else { format!("/{path}") });
-        Ok(Self { nodes, cluster, wait, wait_timeout_ms, prefix, place })
+        Ok(Self { nodes, cluster, wait, wait_timeout_ms, prefix, wait_connections, place })
     }
 }
 
@@ -102,7 +115,7 @@ fn usage(url: &str, why: &str) -> LedgerError {
     LedgerError::unavailable(format!(
         "the Redis ledger URL ({scheme}://…) cannot be used: {why}. Write redis://host:port[/db] for one server, \
          redis+cluster://host:port[,host:port…] for a Redis Cluster; parameters: wait=N (replicas that must \
-         acknowledge each write), wait_timeout_ms=M, prefix=P"
+         acknowledge each write), wait_timeout_ms=M, wait_connections=K, prefix=P"
     ))
 }
 
@@ -271,6 +284,8 @@ mod tests {
             (cluster.cluster, cluster.wait, cluster.wait_timeout_ms, cluster.prefix.as_str()),
             (true, Some(1), 50, "t")
         );
+        assert_eq!(cluster.wait_connections, super::WAIT_CONNECTIONS);
+        assert_eq!(Target::parse("redis://a?wait=1&wait_connections=3").unwrap().wait_connections, 3);
         let flagged = Target::parse("redis://127.0.0.1:7101/?cluster=true").unwrap();
         assert!(flagged.cluster);
         assert_eq!(flagged.nodes, ["redis://127.0.0.1:7101"]);
@@ -287,7 +302,10 @@ mod tests {
 
     #[test]
     fn a_bad_url_says_what_to_write() {
-        for url in ["redis:/x", "http://x", "rediss://x", "redis://a,b", "redis+cluster://a/3", "redis://x?prefix="] {
+        for url in ["redis:/x", "http://x", "rediss://x", "redis://a,b", "redis+cluster://a/3", "redis://x?prefix="]
+            .into_iter()
+            .chain(["redis://x?wait_connections=0", "redis://x?wait_connections=many"])
+        {
             let error = Target::parse(url).unwrap_err().to_string();
             assert!(error.contains("redis+cluster://host:port"), "{url}: {error}");
         }

@@ -52,11 +52,22 @@ const MARGIN_MS: u64 = 60_000;
 #[derive(Clone)]
 pub struct RedisLedger {
     conn: Conn,
+    /// The connections the writes that wait for replicas take turns on, opened at the first:
+    /// a `WAIT` holds its connection until the replicas answer, so on `conn` alone every call's
+    /// wait would queue behind the one before.
+    waiting: Arc<Waiting>,
     prefix: Arc<str>,
     /// Replicas that must acknowledge a write before it is reported, and how long to wait.
     wait: Option<(u32, Duration)>,
     place: Arc<str>,
     cluster: bool,
+}
+
+/// What [`RedisLedger`] needs to open the connections its waiting writes share, and them.
+struct Waiting {
+    target: Target,
+    conns: tokio::sync::OnceCell<Vec<Conn>>,
+    next: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for RedisLedger {
@@ -71,7 +82,8 @@ impl RedisLedger {
     /// Cluster — checks that no primary may evict records, and logs one line naming it.
     ///
     /// Parameters: `wait=N` ([`RedisLedger::wait_for_replicas`], with `wait_timeout_ms=M`,
-    /// default 1000) and `prefix=P` (the first part of every key, default `idem`).
+    /// default 1000, and `wait_connections=K`, the connections the writes that wait take turns
+    /// on, default 8) and `prefix=P` (the first part of every key, default `idem`).
     ///
     /// # Errors
     /// A URL that names no Redis; no server answering; a primary whose `maxmemory-policy` is
@@ -88,6 +100,7 @@ impl RedisLedger {
         let timeout = Duration::from_millis(target.wait_timeout_ms);
         let mut ledger = Self {
             conn,
+            waiting: Arc::new(Waiting { target: target.clone(), conns: tokio::sync::OnceCell::new(), next: 0.into() }),
             prefix: target.prefix.into(),
             wait: target.wait.map(|replicas| (replicas, timeout)),
             place: target.place.into(),
@@ -288,8 +301,12 @@ impl RedisLedger {
                     pipeline
                         .add_command(script.clone())
                         .add_command(redis::cmd("WAIT").arg(replicas).arg(millis).clone());
-                    let values =
-                        self.conn.clone().pipeline_on_primary_of(key.as_bytes(), &pipeline).await.map_err(failed)?;
+                    let values = self
+                        .waiting_conn()
+                        .await?
+                        .pipeline_on_primary_of(key.as_bytes(), &pipeline)
+                        .await
+                        .map_err(failed)?;
                     let [value, acknowledged]: [Value; 2] = values.try_into().map_err(|values: Vec<Value>| {
                         LedgerError::corrupt(format!("Redis answered {} values to 2", values.len()))
                     })?;
@@ -303,6 +320,27 @@ impl RedisLedger {
             return Ok((scripted(value.map_err(failed)?)?, acknowledged));
         }
         Err(LedgerError::unavailable("Redis forgot the ledger's script as soon as it was given it; try again"))
+    }
+
+    /// The next of the connections the writes that wait for replicas take turns on (opened by
+    /// the first).
+    async fn waiting_conn(&self) -> Result<Conn, LedgerError> {
+        let conns = self
+            .waiting
+            .conns
+            .get_or_try_init(|| async {
+                let mut conns = Vec::with_capacity(self.waiting.target.wait_connections);
+                for _ in 0..self.waiting.target.wait_connections {
+                    conns.push(Conn::open(&self.waiting.target).await?);
+                }
+                Ok(conns)
+            })
+            .await
+            .map_err(|error: redis::RedisError| {
+                LedgerError::unavailable(format!("no Redis answers at {}: {error}", self.place)).with_source(error)
+            })?;
+        let turn = self.waiting.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(conns[turn % conns.len()].clone())
     }
 
     /// Whether the replicas acknowledged a write, from the `WAIT` [`RedisLedger::write`] sent
