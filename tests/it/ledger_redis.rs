@@ -285,3 +285,145 @@ async fn a_completion_sent_again_is_recognised_and_waited_for_again() {
     let other = plain.complete(&request.key, request.token, Outcome::Failed, now + 60_000).await;
     assert_eq!(other, Err(LedgerError::Fenced));
 }
+
+/// A TCP proxy in front of the Redis at `upstream` (host:port) that, once `armed`, deletes the
+/// hash `doomed` (through a connection of its own) just before it forwards the second `EVALSHA`
+/// after arming: a claim's read-and-judge (`CREATE` finding a record) has gone out, its
+/// compare-and-set not yet — where a sweep, a TTL or another caller's release can land. Answers
+/// the proxy's port.
+async fn vanishing_proxy(
+    upstream: String,
+    side: redis::Client,
+    doomed: String,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+) -> u16 {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut server_read, &mut client_write).await });
+            let (side, doomed, armed, seen) = (side.clone(), doomed.clone(), Arc::clone(&armed), Arc::clone(&seen));
+            tokio::spawn(async move {
+                let mut buffer = vec![0; 64 * 1024];
+                loop {
+                    let read = match client_read.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(read) => read,
+                    };
+                    let chunk = &buffer[..read];
+                    let evalsha = chunk.windows(7).any(|window| window.eq_ignore_ascii_case(b"EVALSHA"));
+                    if armed.load(Ordering::SeqCst) && evalsha && seen.fetch_add(1, Ordering::SeqCst) == 1 {
+                        let mut conn = side.get_multiplexed_async_connection().await.unwrap();
+                        let deleted: i64 = redis::cmd("DEL").arg(&doomed).query_async(&mut conn).await.unwrap();
+                        assert_eq!(deleted, 1, "the hash was there to vanish");
+                    }
+                    if server_write.write_all(chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A claim that read a record (an expired one, to be replaced) and then found the whole hash
+/// gone — swept, expired by its TTL, or released by another caller between the two round trips
+/// — writes its fresh record into a new hash. It used to be answered "won" with nothing
+/// written: the compare-and-set on a missing hash counted its fields before adding the version,
+/// took the one record for "none left" and deleted it, so the next repeat also won and ran
+/// (found by review; red first).
+#[tokio::test]
+async fn a_claim_whose_hash_vanished_under_it_is_still_written() {
+    use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, State, Token};
+    let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| STANDALONE.to_owned());
+    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
+    let prefix = format!("idem-test-{}", Token::random().get());
+    let plain = plain.with_prefix(&prefix);
+    // An expired result under the key: a new claim of it replaces the record.
+    let now = plain.now().await.unwrap().unwrap();
+    let first = claim_request(now);
+    assert!(matches!(plain.claim(&first).await.unwrap(), Claim::Won { .. }));
+    plain.complete(&first.key, first.token, Outcome::Completed(b"old".to_vec()), now + 60_000).await.unwrap();
+    let later = now + 300_000;
+    let again = ClaimRequest { token: Token::random(), ..claim_request(later) };
+    let again = ClaimRequest { key: first.key, fingerprint: first.fingerprint, ..again };
+
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let upstream = url.trim_start_matches("redis://").split(['/', '?']).next().unwrap();
+    let upstream = upstream.rsplit('@').next().unwrap().to_owned();
+    let doomed = format!("{prefix}:r:{{{}}}", first.key.reference());
+    let side = redis::Client::open(url.split('?').next().unwrap()).unwrap();
+    let port = vanishing_proxy(upstream, side, doomed, Arc::clone(&armed)).await;
+    let proxied = RedisLedger::connect(&format!("redis://127.0.0.1:{port}")).await.unwrap().with_prefix(&prefix);
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let won = proxied.claim(&again).await;
+    assert!(matches!(won, Ok(Claim::Won { .. })), "the expired record is replaced: {won:?}");
+
+    let report = plain.lookup(&again.key, later).await.unwrap();
+    assert_eq!(report.map(|report| report.state), Some(State::InProgress), "the won claim's record is kept");
+    let repeat = ClaimRequest { token: Token::random(), ..again.clone() };
+    let answer = plain.claim(&repeat).await.unwrap();
+    assert!(matches!(answer, Claim::InFlight { .. }), "a repeat of the won claim does not run too: {answer:?}");
+}
+
+/// With `wait=N`, a renewed lease is reported only once the replicas hold it: the holder acts
+/// on the lease it was told it has (`Operation::lease_lost`), and a renewal lost with its
+/// primary would let a takeover run the call again at the old lease's end while the holder still
+/// believes it holds it (found by review; red first: the renewal was answered at once).
+#[tokio::test]
+async fn a_renewal_is_reported_once_the_replicas_hold_it() {
+    use idem_runtime::ledger::{Claim, LedgerError};
+    let test = "ledger_redis::a_renewal_is_reported_once_the_replicas_hold_it";
+    let Some(pair) = Pair::start(test).await else { return };
+    let ledger = RedisLedger::connect(&format!("{}?wait=1&wait_timeout_ms=2000", pair.url)).await.unwrap();
+    let now = ledger.now().await.unwrap().unwrap();
+    let held = claim_request(now);
+    assert!(matches!(ledger.claim(&held).await, Ok(Claim::Won { .. })));
+    pair.signal_replica("-STOP");
+    let renewed = ledger.renew(&held.key, held.token, now + 20_000).await;
+    assert!(matches!(renewed, Err(LedgerError::Ambiguous { .. })), "a renewal only the primary holds: {renewed:?}");
+    pair.signal_replica("-CONT");
+    let mut renewed = Err(LedgerError::Fenced);
+    for _ in 0..50 {
+        renewed = ledger.renew(&held.key, held.token, now + 20_000).await;
+        if renewed.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(renewed, Ok(()), "the renewal, sent again once the replica is back");
+}
+
+/// A record kept "for ever" (a retention or window past what a TTL can say: times are clamped to
+/// `i64::MAX` ms) is written whole and kept without a TTL, never half-written by a script that
+/// failed at `PEXPIRE` after its `HSET` (found by review; red first: the claim failed as
+/// unavailable and left an in-flight record nobody held).
+#[tokio::test]
+async fn a_record_kept_for_ever_is_written_without_a_ttl() {
+    use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, State, Token};
+    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
+    let prefix = format!("idem-test-{}", Token::random().get());
+    let ledger = plain.with_prefix(&prefix);
+    let now = ledger.now().await.unwrap().unwrap();
+    let forever = i64::MAX.unsigned_abs();
+    let request = ClaimRequest { window_end: forever, expires_at: forever, ..claim_request(now) };
+    let won = ledger.claim(&request).await;
+    assert!(matches!(won, Ok(Claim::Won { .. })), "{won:?}");
+    ledger.complete(&request.key, request.token, Outcome::Completed(b"kept".to_vec()), forever).await.unwrap();
+    let report = ledger.lookup(&request.key, now).await.unwrap().expect("the record");
+    assert_eq!((report.state, report.result.as_deref()), (State::Completed, Some(&b"kept"[..])));
+    let client =
+        redis::Client::open(std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| STANDALONE.to_owned())).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("{prefix}:r:{{{}}}", request.key.reference());
+    let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut conn).await.unwrap();
+    assert_eq!(ttl, -1, "kept without a TTL (the sweep, not Redis, removes it)");
+    let () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+}

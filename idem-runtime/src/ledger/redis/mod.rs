@@ -426,7 +426,15 @@ impl Ledger for RedisLedger {
 
     fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
         Box::pin(async move {
-            self.update(key.reference(), None, |records| (records.renew(key, token, lease_until), false)).await?
+            // The holder acts on the lease it is told it has: a renewal a failover could lose
+            // would let a takeover run the call at the old lease's end while it still believes
+            // it holds it.
+            self.update(key.reference(), None, |records| {
+                let renewed = records.renew(key, token, lease_until);
+                let ok = renewed.is_ok();
+                (renewed, ok)
+            })
+            .await?
         })
     }
 

@@ -6,15 +6,21 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Script};
 
-/// Keeps a reference's record hash for at least `ARGV[n]` milliseconds of the ledger's clock
-/// beyond the server's `TIME`, and never less than the margin: shared by the scripts that write.
+/// Keeps a reference's record hash until `until_ms` of the ledger's clock (measured against the
+/// server's `TIME`), and never less than the margin: shared by the scripts that write. A hash
+/// needed past what a TTL can say (`i64::MAX` ms: kept for ever) keeps none — the sweep removes
+/// it — since a `PEXPIRE` that failed would fail the script after its writes.
 const KEEP: &str = r"
 local function keep(key, until_ms, margin)
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local ttl = tonumber(until_ms) - now
   if ttl < tonumber(margin) then ttl = tonumber(margin) end
-  redis.call('PEXPIRE', key, ttl)
+  if ttl > 1e13 then
+    redis.call('PERSIST', key)
+  else
+    redis.call('PEXPIRE', key, ttl)
+  end
 end
 ";
 
@@ -58,7 +64,8 @@ return 1"
 
 /// The compare-and-set: if the hash's version is still the one read (an empty one: no hash),
 /// sets and deletes the fields given, stores a new version and answers 1 — deleting the hash
-/// once no record is left; else answers 0 and writes nothing. KEYS: the hash. ARGV: the version
+/// once no record is left (counted with the version in: on a hash that did not exist, one
+/// record set is one record kept); else answers 0 and writes nothing. KEYS: the hash. ARGV: the version
 /// read, the new version, keep until, margin, how many fields to set, then field–value pairs,
 /// then the fields to delete.
 pub(super) static SWAP: Lua = Lua(LazyLock::new(|| {
@@ -76,11 +83,11 @@ while i <= #ARGV do
   redis.call('HDEL', KEYS[1], ARGV[i])
   i = i + 1
 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2])
 if redis.call('HLEN', KEYS[1]) <= 1 then
   redis.call('DEL', KEYS[1])
   return 1
 end
-redis.call('HSET', KEYS[1], 'v', ARGV[2])
 keep(KEYS[1], ARGV[3], ARGV[4])
 return 1"
     ))
