@@ -442,9 +442,15 @@ impl Records {
     }
 }
 
-/// Orders pending records oldest first (by creation, then key) and keeps the first `limit`.
+/// Orders pending records oldest first (by creation, then key), drops copies of one record, and
+/// keeps the first `limit`.
 pub(crate) fn oldest_first(found: &mut Vec<PendingRecord>, limit: usize) {
-    found.sort_by(|a, b| (a.created_at, a.key.as_bytes()).cmp(&(b.created_at, b.key.as_bytes())));
+    found.sort_by(|a, b| {
+        (a.created_at, a.key.as_bytes(), a.window_end).cmp(&(b.created_at, b.key.as_bytes(), b.window_end))
+    });
+    // A scan may return a record twice (Redis's `SCAN` while it rehashes): the copies are now
+    // side by side.
+    found.dedup();
     found.truncate(limit);
 }
 
@@ -479,4 +485,33 @@ fn low(reference: Ref) -> [u8; 32] {
     let mut low = [0u8; 32];
     low[..reference.as_bytes().len()].copy_from_slice(reference.as_bytes());
     low
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record a scan met twice (Redis's `SCAN` while it rehashes) is listed once; two records
+    /// of one key (a current and a superseded one) both stay.
+    #[test]
+    fn oldest_first_lists_each_record_once() {
+        let record = |key: u8, created_at: u64, window_end: u64| PendingRecord {
+            key: Key::from_bytes([key; 32]),
+            reference: Key::from_bytes([key; 32]).reference(),
+            tenant: TenantTag::from_bytes([1; 8]),
+            state: State::InProgress,
+            created_at,
+            window_end,
+            expires_at: window_end + 10,
+            lease_until: created_at + 5,
+            superseded: false,
+            label: None,
+        };
+        let mut found = vec![record(2, 5, 50), record(1, 9, 90), record(2, 5, 40), record(2, 5, 50), record(3, 1, 10)];
+        oldest_first(&mut found, 10);
+        let listed: Vec<(u64, u64)> = found.iter().map(|record| (record.created_at, record.window_end)).collect();
+        assert_eq!(listed, [(1, 10), (5, 40), (5, 50), (9, 90)]);
+        oldest_first(&mut found, 2);
+        assert_eq!(found.len(), 2);
+    }
 }

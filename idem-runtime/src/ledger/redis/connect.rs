@@ -216,30 +216,47 @@ impl Conn {
         }
     }
 
-    /// Every primary: what the operator's scans (pending, stats, sweep) must visit.
+    /// Every primary: what the operator's scans (pending, stats, sweep) and the startup checks
+    /// must visit.
     pub(super) async fn primaries(&mut self) -> RedisResult<Vec<Node>> {
         let Self::Cluster(conn) = self else { return Ok(vec![None]) };
         let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
         let nodes = conn.route_command(redis::cmd("CLUSTER").arg("NODES").clone(), routing).await?;
         let nodes: String = redis::from_redis_value(nodes).map_err(RedisError::from)?;
-        let mut primaries = Vec::new();
-        for line in nodes.lines() {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else { continue };
-            let serves = fields.len() > 8;
-            if !flags.split(',').any(|flag| flag == "master") || flags.contains("fail") || !serves {
-                continue;
-            }
-            let address = address.split('@').next().unwrap_or(address);
-            if let Some((host, port)) = address.rsplit_once(':')
-                && let Ok(port) = port.parse()
-            {
-                primaries.push(Some((host.to_owned(), port)));
-            }
-        }
-        primaries.sort();
-        Ok(primaries)
+        primaries_in(&nodes)
     }
+}
+
+/// The primaries that serve slots in a `CLUSTER NODES` answer, sorted. Flags are read whole:
+/// `nofailover` is a setting, and a `fail?` node is one node's suspicion and still serves its
+/// slots. A primary marked `fail` that still serves slots (its replica not promoted yet) is an
+/// error: a scan without it would miss its records.
+fn primaries_in(nodes: &str) -> RedisResult<Vec<Node>> {
+    let mut primaries = Vec::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else { continue };
+        let serves = fields.len() > 8;
+        let flag = |name: &str| flags.split(',').any(|flag| flag == name);
+        if !flag("master") || !serves {
+            continue;
+        }
+        let address = address.split('@').next().unwrap_or(address);
+        if flag("fail") {
+            return Err(RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+                "a primary is down",
+                format!("{address} still serves slots and its replica is not promoted yet; try again in a few seconds"),
+            )));
+        }
+        if let Some((host, port)) = address.rsplit_once(':')
+            && let Ok(port) = port.parse()
+        {
+            primaries.push(Some((host.to_owned(), port)));
+        }
+    }
+    primaries.sort();
+    Ok(primaries)
 }
 
 /// What a failed command means for its caller: an answer that never came (I/O, a dropped
@@ -298,6 +315,33 @@ mod tests {
         assert!(target.nodes[0].contains("s3cret"), "the crate gets it");
         let error = Target::parse("redis://app:s3cret@host:6379?wait=x").unwrap_err().to_string();
         assert!(!error.contains("s3cret") && error.contains("wait"), "{error}");
+    }
+
+    /// A primary is visited unless it serves no slots: `nofailover` (a setting, not a state) and
+    /// `fail?` (one node's suspicion; it still serves) are primaries like any other, and one marked
+    /// failed that still serves slots — its replica not promoted yet — is an error, since a scan
+    /// without it would miss its records and the startup check would not read its policy. (Read
+    /// as a substring, "fail" skipped `master,nofailover`: found by review.)
+    #[test]
+    fn the_primaries_are_every_node_that_serves_slots() {
+        let line = |id: &str, port: u16, flags: &str, slots: &str| {
+            format!("{id} 127.0.0.1:{port}@1{port} {flags} - 0 0 1 connected {slots}").trim_end().to_owned()
+        };
+        let nodes = [
+            line("a", 7101, "myself,master,nofailover", "0-5460"),
+            line("b", 7102, "master,fail?", "5461-10922"),
+            line("c", 7103, "master", "10923-16383"),
+            line("d", 7104, "slave,nofailover", ""),
+            line("e", 7105, "master,fail,noaddr", ""),
+            line("f", 7106, "master", ""),
+        ]
+        .join("\n");
+        let ports: Vec<u16> =
+            super::primaries_in(&nodes).unwrap().into_iter().flatten().map(|(_, port)| port).collect();
+        assert_eq!(ports, [7101, 7102, 7103]);
+        let down = format!("{nodes}\n{}", line("g", 7107, "master,fail", "16000"));
+        let error = super::primaries_in(&down).unwrap_err().to_string();
+        assert!(error.contains("127.0.0.1:7107") && error.contains("try again"), "{error}");
     }
 
     #[test]
