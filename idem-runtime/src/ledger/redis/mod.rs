@@ -90,13 +90,7 @@ impl RedisLedger {
     /// not `noeviction` (an evicted record lets a repeat run again: the message says what to set).
     pub async fn connect(url: &str) -> Result<Self, LedgerError> {
         let target = Target::parse(url)?;
-        let conn = Conn::open(&target).await.map_err(|error| {
-            LedgerError::unavailable(format!(
-                "no Redis answers at {}: {error}. Start it, or set IDEM_DATABASE_URL to one that runs",
-                target.place
-            ))
-            .with_source(error)
-        })?;
+        let conn = Conn::open(&target).await.map_err(|error| unreachable(&target.place, error))?;
         let timeout = Duration::from_millis(target.wait_timeout_ms);
         let mut ledger = Self {
             conn,
@@ -336,9 +330,7 @@ impl RedisLedger {
                 Ok(conns)
             })
             .await
-            .map_err(|error: redis::RedisError| {
-                LedgerError::unavailable(format!("no Redis answers at {}: {error}", self.place)).with_source(error)
-            })?;
+            .map_err(|error| unreachable(&self.place, error))?;
         let turn = self.waiting.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(conns[turn % conns.len()].clone())
     }
@@ -693,6 +685,14 @@ fn scripted(value: Value) -> Result<Value, LedgerError> {
         Value::ServerError(error) => Err(LedgerError::unavailable(format!("Redis refused the step: {error:?}"))),
         value => Ok(value),
     }
+}
+
+/// No connection to the Redis at `place` could be opened: nothing was sent.
+fn unreachable(place: &str, error: redis::RedisError) -> LedgerError {
+    LedgerError::unavailable(format!(
+        "no Redis answers at {place}: {error}. Start it, or set IDEM_DATABASE_URL to one that runs"
+    ))
+    .with_source(error)
 }
 
 /// Whether a node answered that it does not know the script sent (`NOSCRIPT`): nothing ran.
