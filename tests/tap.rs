@@ -70,6 +70,12 @@ pub trait Tap: Send + Sync + 'static {
 
     /// Once the ledger beneath has answered a call that went through.
     fn after(&self, _call: Call) {}
+
+    /// Milliseconds added to the time [`Ledger::now`] answers (a server with another clock: a
+    /// standby promoted in a failover).
+    fn clock_shift(&self) -> i64 {
+        0
+    }
 }
 
 /// `inner`, every call through `tap`; everything else (`local`, `keeps_labels`, the default
@@ -190,7 +196,11 @@ impl<T: Tap> Ledger for Tapped<T> {
         self.gate(Call::Sweep, move || self.inner.sweep(now, limit))
     }
     fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
-        self.gate(Call::Now, move || self.inner.now())
+        let shifted = self.gate(Call::Now, move || self.inner.now());
+        Box::pin(async move {
+            let now = shifted.await?;
+            Ok(now.map(|now| now.saturating_add_signed(self.tap.clock_shift())))
+        })
     }
     fn keeps_labels(&self) -> bool {
         self.inner.keeps_labels()

@@ -5,7 +5,7 @@
 //! `reliability::pg_failover`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::ledger::{Ledger, LedgerError, Token};
@@ -46,7 +46,17 @@ struct Cut {
     lookups: AtomicUsize,
     /// Claims that commit before their answer is lost.
     committed_claims: AtomicUsize,
+    /// Reads of the ledger's clock that take [`SLOW`] (a new primary still warming up).
+    slow_nows: AtomicUsize,
+    /// Reads of the ledger's clock that fail.
+    failed_nows: AtomicUsize,
+    /// The server that answers reads [`AHEAD`] of the one before (on a ledger whose clock the
+    /// test cannot move).
+    ahead: AtomicBool,
 }
+
+/// How long a slow read of the ledger's clock takes.
+const SLOW: Duration = Duration::from_millis(800);
 
 fn take(left: &AtomicUsize) -> bool {
     left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
@@ -59,13 +69,20 @@ impl Tap for Cut {
             Call::Lookup | Call::Status => take(&self.lookups),
             _ => false,
         };
-        if cut {
+        if cut || (call == Call::Now && take(&self.failed_nows)) {
             return Pass::Fail(LedgerError::ambiguous("connection reset by peer"));
+        }
+        if call == Call::Now && take(&self.slow_nows) {
+            return Pass::After(SLOW);
         }
         if call == Call::Claim && take(&self.committed_claims) {
             return Pass::Lost(LedgerError::ambiguous("connection reset by peer"));
         }
         Pass::Through
+    }
+
+    fn clock_shift(&self) -> i64 {
+        if self.ahead.load(Ordering::SeqCst) { i64::try_from(AHEAD.as_millis()).unwrap() } else { 0 }
     }
 }
 
@@ -112,7 +129,7 @@ fn fresh_replica(ledger: &Arc<Tapped<Cut>>) -> Idem {
 
 /// Runs `order` on `first` (held in its handler) and repeats it on `second`: the repeat must
 /// hear "in flight", not take over a lease `first` stamped on the old primary's clock.
-async fn repeat_while_running(first: &Idem, second: &Idem, order: &str) {
+async fn repeat_while_running(first: &Idem, second: &Idem, order: &str, backend: &str) {
     let (runs, release) = (AtomicUsize::new(0), tokio::sync::Notify::new());
     let running = charge(first, order, &runs, Some(&release));
     let repeat = async {
@@ -123,7 +140,7 @@ async fn repeat_while_running(first: &Idem, second: &Idem, order: &str) {
         };
         if tokio::time::timeout(Duration::from_secs(5), started).await.is_err() {
             release.notify_one();
-            return Err(Error::Idem(Rejection::ledger_unavailable("the first call never ran")));
+            return Err(Error::Idem(Rejection::ledger_unavailable(format!("{backend}: the first call never ran"))));
         }
         let answer = charge(second, order, &runs, None).await;
         release.notify_one();
@@ -131,11 +148,14 @@ async fn repeat_while_running(first: &Idem, second: &Idem, order: &str) {
     };
     let (first_answer, repeat) = tokio::join!(running, repeat);
     let ran = runs.load(Ordering::SeqCst);
-    assert_eq!(ran, 1, "the charge ran {ran} times across the failover, not once");
-    assert_eq!(first_answer.expect("the first call runs").value, "charged #1");
+    assert_eq!(ran, 1, "{backend}: the charge ran {ran} times across the failover, not once");
+    match first_answer {
+        Ok(served) => assert_eq!(served.value, "charged #1", "{backend}"),
+        Err(Error::Idem(rejection)) => panic!("{backend}: the first call was refused: {rejection}"),
+    }
     match repeat {
-        Err(Error::Idem(rejection)) => assert_eq!(rejection.code(), "in_flight", "{rejection}"),
-        Ok(served) => panic!("the repeat was answered {:?} while the first ran", served.value),
+        Err(Error::Idem(rejection)) => assert_eq!(rejection.code(), "in_flight", "{backend}: {rejection}"),
+        Ok(served) => panic!("{backend}: the repeat was answered {:?} while the first ran", served.value),
     }
 }
 
@@ -148,7 +168,7 @@ async fn a_claim_cut_by_a_failover_is_sent_again_on_the_new_primarys_clock() {
     let (server, ledger, replica, _) = measured_replica().await;
     server.advance(AHEAD);
     ledger.claims.store(1, Ordering::SeqCst);
-    repeat_while_running(&replica, &fresh_replica(&ledger), &order()).await;
+    repeat_while_running(&replica, &fresh_replica(&ledger), &order(), "memory").await;
 }
 
 /// The same, when the cut claim had committed (and reached the standby that was promoted):
@@ -159,7 +179,7 @@ async fn a_claim_that_committed_before_the_cut_holds_a_lease_on_the_new_clock() 
     let (server, ledger, replica, _) = measured_replica().await;
     server.advance(AHEAD);
     ledger.committed_claims.store(1, Ordering::SeqCst);
-    repeat_while_running(&replica, &fresh_replica(&ledger), &order()).await;
+    repeat_while_running(&replica, &fresh_replica(&ledger), &order(), "memory").await;
     assert_eq!(ledger.committed_claims.load(Ordering::SeqCst), 0);
 }
 
@@ -173,5 +193,94 @@ async fn a_replica_measures_the_clock_again_after_a_lost_connection() {
     let cut = replica.status(&Caller::new("acme", "alice"), &reference).await;
     assert!(cut.is_err(), "the status read was not cut: {cut:?}");
     assert_eq!(ledger.lookups.load(Ordering::SeqCst), 0, "the status read never reached the ledger");
-    repeat_while_running(&replica, &fresh_replica(&ledger), &order()).await;
+    repeat_while_running(&replica, &fresh_replica(&ledger), &order(), "memory").await;
+}
+
+/// Every ledger the promise must hold on — memory, SQLite, PostgreSQL, MariaDB and Redis — each
+/// behind a [`Cut`], with the clocks of this machine (a failover's new clock is [`Cut::ahead`]).
+async fn every_backend(test: &str) -> Vec<(&'static str, Arc<Tapped<Cut>>)> {
+    let mut ledgers = idem_tests::every_ledger(test).await;
+    // The memory ledger with a clock of its own, as a server's (the default keeps none).
+    ledgers[0] = ("memory", Arc::new(idem_runtime::MemoryLedger::with_clock(idem_runtime::clock::SystemClock)));
+    if let Some(redis) = crate::ledger_redis::redis("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379").await {
+        let prefix = format!("idem-test-{test}-{}", Token::random().get());
+        ledgers.push(("redis", Arc::new(redis.with_prefix(&prefix))));
+    }
+    ledgers.into_iter().map(|(name, ledger)| (name, Tapped::new(ledger, Cut::default()))).collect()
+}
+
+fn replica_on(ledger: &Arc<Tapped<Cut>>) -> Idem {
+    idem_tests::builder(Arc::clone(ledger) as Arc<dyn Ledger>).lease(LEASE).build().unwrap()
+}
+
+/// A replica on `ledger` that has measured its clock against the ledger's (its first call), and
+/// that call's ref.
+async fn serving(ledger: &Arc<Tapped<Cut>>, backend: &str) -> (Idem, String) {
+    let replica = replica_on(ledger);
+    let first = charge(&replica, &order(), &AtomicUsize::new(0), None).await;
+    let Ok(first) = first else { panic!("{backend}: a first call measures the clock and runs") };
+    (replica, first.reference.to_string())
+}
+
+/// Issue 41, item 1 (a). After a statement lost its server, one call measures the new primary's
+/// clock (slowly) and a second call arrives meanwhile. The second must wait for that
+/// measurement: before, it fell through to the old offset ("untrusted" is not "fresh"), claimed
+/// with a lease that had lapsed already on the new primary's clock, ran, and a repeat through
+/// another replica took it over and charged again (ran 2 times, on every backend).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_arriving_while_another_call_measures_is_stamped_on_the_new_clock() {
+    for (backend, ledger) in every_backend("failover_measuring").await {
+        let (replica, reference) = serving(&ledger, backend).await;
+        // The failover: a status read loses its server, and the server that answers next reads
+        // a minute ahead.
+        ledger.ahead.store(true, Ordering::SeqCst);
+        ledger.lookups.store(1, Ordering::SeqCst);
+        let cut = replica.status(&Caller::new("acme", "alice"), &reference).await;
+        assert!(cut.is_err(), "{backend}: the status read was not cut: {cut:?}");
+        ledger.slow_nows.store(1, Ordering::SeqCst);
+        let measuring = async { charge(&replica, &order(), &AtomicUsize::new(0), None).await };
+        let arriving = async {
+            tokio::time::sleep(SLOW / 8).await;
+            repeat_while_running(&replica, &replica_on(&ledger), &order(), backend).await;
+        };
+        let (measured, ()) = tokio::join!(measuring, arriving);
+        assert!(measured.is_ok(), "{backend}: the call that measured was refused");
+        assert_eq!(ledger.slow_nows.load(Ordering::SeqCst), 0, "{backend}: the clock was never read slowly");
+    }
+}
+
+/// Issue 41, item 1 (b). A claim cut by a failover is sent again only on a clock read after the
+/// cut; when that read fails too, the caller is told nothing was executed. Before, `restamp` kept
+/// the old stamp when the read failed, the resend won with a lease that had lapsed already on the
+/// new primary's clock, and a repeat through another replica took it over and charged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_claim_is_not_sent_again_on_the_old_clock_when_the_clock_cannot_be_read() {
+    for (backend, ledger) in every_backend("failover_unmeasured").await {
+        let (replica, _) = serving(&ledger, backend).await;
+        ledger.ahead.store(true, Ordering::SeqCst);
+        ledger.claims.store(1, Ordering::SeqCst);
+        ledger.failed_nows.store(1, Ordering::SeqCst);
+        let (order, runs, release) = (order(), AtomicUsize::new(0), tokio::sync::Notify::new());
+        let cut = charge(&replica, &order, &runs, Some(&release));
+        let repeat = async {
+            // The repeat comes once the cut call has run its handler, or ended without.
+            tokio::time::sleep(SLOW).await;
+            let answer = charge(&replica_on(&ledger), &order, &runs, None).await;
+            release.notify_one();
+            answer
+        };
+        let (cut, repeat) = tokio::join!(cut, repeat);
+        let ran = runs.load(Ordering::SeqCst);
+        assert_eq!(ran, 1, "{backend}: the charge ran {ran} times across the failover, not once");
+        match cut {
+            Err(Error::Idem(rejection)) => assert_eq!(rejection.code(), "ledger_unavailable", "{backend}: {rejection}"),
+            Ok(served) => panic!(
+                "{backend}: the cut claim was sent again on the old primary's clock and answered {:?}",
+                served.value
+            ),
+        }
+        let Ok(repeat) = repeat else { panic!("{backend}: the repeat, the only run, was refused") };
+        assert!(!repeat.replayed, "{backend}");
+        assert_eq!(ledger.failed_nows.load(Ordering::SeqCst), 0, "{backend}: the clock read never failed");
+    }
 }

@@ -12,9 +12,10 @@ use crate::key::Key;
 use crate::ledger::{ClaimRequest, LedgerError, Token};
 
 use super::Idem;
+use super::drain::Drain;
 use super::ending::Ending;
 use super::operation::LeaseState;
-use super::time::millis;
+use super::time::{clamp, millis};
 
 /// How many times a lost claim's release is tried.
 const RELEASE_TRIES: u32 = 8;
@@ -64,10 +65,16 @@ impl Idem {
             if recorded.load(Ordering::SeqCst) {
                 return;
             }
-            // On the last measurement, not a new one: a renewal is one statement, bounded by one
-            // ledger timeout, even while the ledger is away (calls measure again after a lost
-            // statement, and the renewal after them stamps on theirs).
-            let until = self.keep_until(self.inner.settings.lease);
+            // On a measurement taken after the last lost statement (see `time.rs`): the one the
+            // calls keep fresh, or one taken now — a renewal stamped on a server that is gone
+            // could read as lapsed already on the one that answers.
+            let until = match self.ledger_time().await {
+                Ok((now, _)) => clamp(now.saturating_add(millis(self.inner.settings.lease))),
+                Err(error) => {
+                    tracing::warn!(reference = %key.reference(), %error, "lease renewal waits for the ledger's clock");
+                    continue;
+                }
+            };
             match self.inner.ledger.renew(&key, token, until).await {
                 Ok(()) => lease.until.fetch_max(until, Ordering::SeqCst),
                 Err(LedgerError::Fenced) => {
@@ -96,8 +103,10 @@ impl Idem {
             return;
         };
         let idem = self.clone();
+        let counted = Drain::background(&self.inner, key.reference(), "releasing a claim whose answer was lost");
         tokio::spawn(async move {
             let _permit = permit;
+            let _counted = counted;
             // A few tries, spread over about a lease (and at least a few seconds, for a ledger
             // coming back from an outage).
             let mut pause = (idem.inner.settings.lease / 16).max(Duration::from_millis(20));
@@ -133,8 +142,11 @@ impl Idem {
         };
         let (idem, request) = (self.clone(), request.clone());
         let until = lease.until.load(Ordering::SeqCst).saturating_add(millis(self.inner.settings.lease));
+        // The caller has its answer: a drain waits for this recording as for the call itself.
+        let counted = Drain::background(&self.inner, reference, "recording an answered call's outcome");
         tokio::spawn(async move {
             let _permit = permit;
+            let _counted = counted;
             let mut pause = Duration::from_millis(500);
             while idem.ledger_now() < until {
                 tokio::time::sleep(pause).await;

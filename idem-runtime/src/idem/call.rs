@@ -419,9 +419,13 @@ impl<'a> Attempt<'a> {
         let timer = Timer::start();
         let first = idem.inner.ledger.claim(&self.request).await;
         let (claim, ambiguous) = match first {
-            Err(error @ (LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. })) => {
+            Err(error @ (LedgerError::Unavailable { .. } | LedgerError::Ambiguous { .. })) => 'again: {
                 let stamped = self.request.lease_until;
-                self.restamp().await;
+                // Not sent again on the old stamp: if the clock cannot be read now, the call is
+                // told nothing was executed (and a first send that may have committed is undone).
+                if let Err(unmeasured) = self.restamp().await {
+                    break 'again (Err(unmeasured), error.is_ambiguous());
+                }
                 let again = idem.inner.ledger.claim(&self.request).await;
                 if matches!(again, Ok(Claim::Won { .. })) && self.request.lease_until > stamped {
                     // Had the first send committed, the ledger would hold its lease, stamped on
@@ -450,8 +454,11 @@ impl<'a> Attempt<'a> {
     /// against whichever server answers now (see `time.rs`). The lease this call counts on stays
     /// the earlier of the two until the ledger is known to hold the later one: if the first send
     /// committed, the ledger holds the first stamp.
-    async fn restamp(&mut self) {
-        let Ok((now, clock_trusted)) = self.idem.ledger_time().await else { return };
+    ///
+    /// # Errors
+    /// The clock could not be measured again: the claim is not sent again on the old stamp.
+    async fn restamp(&mut self) -> Result<(), LedgerError> {
+        let (now, clock_trusted) = self.idem.ledger_time().await?;
         let request = &mut self.request;
         let before = request.now;
         let shift = |at: u64| clamp(at.saturating_sub(before).saturating_add(now));
@@ -461,6 +468,7 @@ impl<'a> Attempt<'a> {
         request.now = now;
         request.clock_trusted = clock_trusted;
         self.lease.until.fetch_min(request.lease_until, Ordering::SeqCst);
+        Ok(())
     }
 
     /// After a fresh claim under the current secret (`holds`), or a claim found in flight under

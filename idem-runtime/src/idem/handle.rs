@@ -188,9 +188,12 @@ impl Idem {
     /// Stops the handle gracefully, for a shutdown (on SIGTERM, before the process exits): new
     /// calls are refused from now on ([`Rejection::ShuttingDown`], safe to retry elsewhere), and
     /// this waits up to `deadline` for the calls under way to end and record their outcomes —
-    /// keep serving meanwhile, so their answers reach their callers. A call still running at the
-    /// deadline keeps its record in progress, and its tool's stale policy decides once its lease
-    /// lapses. Every clone of the handle is drained.
+    /// keep serving meanwhile, so their answers reach their callers — including calls already
+    /// answered whose outcome is still being recorded in the background (the ledger did not
+    /// take it at once: a short outage). A call still running or recording at the deadline
+    /// keeps its record in progress (counted in [`Drained::still_running`] and logged by
+    /// reference), and its tool's stale policy decides once its lease lapses. Every clone of
+    /// the handle is drained.
     pub async fn drain(&self, deadline: std::time::Duration) -> Drained {
         self.inner.drain.run(deadline).await
     }

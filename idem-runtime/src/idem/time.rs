@@ -6,7 +6,7 @@
 //! is stated.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::ledger::LedgerError;
@@ -51,12 +51,15 @@ impl Idem {
     /// Now on the ledger's clock, and whether it can be acted on. The first call measures the
     /// skew against the ledger's clock; after that a measurement older than a third of the lease
     /// is refreshed in the background (one extra statement per handle that often, never per
-    /// call), and one older than the whole lease — the handle sat idle — is measured again on
-    /// the call that finds it so (while another call measures, it is not acted on).
+    /// call), and one older than the whole lease — the handle sat idle — or taken before a
+    /// statement lost its server is measured again on the call that finds it so (a call that
+    /// arrives while another measures waits for that measurement: nothing is stamped on the old
+    /// one).
     ///
     /// # Errors
-    /// The ledger's clock has never been read: no time is stated on an unmeasured clock (a
-    /// claim's lease and window would be on this replica's own clock).
+    /// The ledger's clock has never been read, or could not be read again after a lost statement
+    /// or an idle spell: no time is stated on an unmeasured clock (a claim's lease and window
+    /// would be on this replica's own clock, or on a server that is gone).
     pub(super) async fn ledger_time(&self) -> Result<(u64, bool), LedgerError> {
         let local = self.now_ms();
         let skew = match self.skew() {
@@ -68,7 +71,7 @@ impl Idem {
             // This clock stepped back since the last measurement (an NTP step, a restored VM):
             // its offset is void, and nothing may be stamped with it — measure again now.
             Some(skew) if local < skew.at => {
-                let skew = self.measure().await?;
+                let skew = self.measure_again().await?;
                 return Ok((self.now_ms().saturating_add_signed(skew.offset), skew.trusted));
             }
             Some(skew) => skew,
@@ -93,33 +96,69 @@ impl Idem {
             }
         };
         let age = local - skew.at;
-        // A statement lost its server since: the ledger that answers now may be a promoted
-        // standby, another machine with another clock. Until measured against it, this
-        // measurement is not acted on, nor stamped on a claim (a renewal stamps on the latest
-        // measurement without measuring: it stays one statement).
-        let fresh = age < millis(self.inner.settings.lease).max(1) && self.inner.time.lost_count() == skew.lost;
-        if !fresh && let Some(measuring) = Measuring::start(&self.inner.time.measuring) {
-            // Idle for a lease or more (no call refreshed it), or measured on a server that may
-            // be gone: not to be acted on. Measure now, once per idle spell or lost connection,
-            // rather than answer this call on no time — a dead holder's lapsed lease would read
-            // as "in flight" to the first repeat after a quiet spell, and a claim stamped on
-            // the old primary's clock could have lapsed already on the new one's.
-            let _measuring = measuring;
-            return Ok(match self.measure().await {
-                Ok(skew) => (self.now_ms().saturating_add_signed(skew.offset), skew.trusted),
-                Err(_) => (local.saturating_add_signed(skew.offset), false),
-            });
+        // Idle for a lease or more (no call refreshed it), or measured before a statement lost
+        // its server: the ledger that answers now may be a promoted standby, another machine
+        // with another clock. Nothing is stamped on that measurement — not even "untrusted": a
+        // dead holder's lapsed lease would read as "in flight" to the first repeat after a quiet
+        // spell, and a claim stamped on the old primary's clock could have lapsed already on the
+        // new one's. Measure now (or take the measurement another call is taking), or answer
+        // "unavailable".
+        if !self.fresh(&skew, local) {
+            let skew = self.measure_again().await?;
+            return Ok((self.now_ms().saturating_add_signed(skew.offset), skew.trusted));
         }
         if age >= millis(self.inner.settings.lease / 3).max(1)
-            && let Some(measuring) = Measuring::start(&self.inner.time.measuring)
+            && let Ok(measuring) = Arc::clone(&self.inner.time.measuring).try_lock_owned()
         {
             let idem = self.clone();
             tokio::spawn(async move {
-                let _measuring = measuring;
-                let _ = idem.measure().await;
+                let mut measuring = measuring;
+                let outcome = idem.measure().await;
+                idem.inner.time.measured(&mut measuring, outcome);
             });
         }
-        Ok((local.saturating_add_signed(skew.offset), skew.trusted && fresh))
+        Ok((local.saturating_add_signed(skew.offset), skew.trusted))
+    }
+
+    /// Whether `skew` may be stamped on at `local`: taken less than a lease ago, and after the
+    /// last statement that lost its server.
+    fn fresh(&self, skew: &Skew, local: u64) -> bool {
+        local >= skew.at
+            && local - skew.at < millis(self.inner.settings.lease).max(1)
+            && self.inner.time.lost_count() == skew.lost
+    }
+
+    /// A measurement that may be stamped on, taken now: by this call, or by the call measuring
+    /// while this one queued (its reading, or its failure — the calls that queue behind a
+    /// failed measurement do not each send one more, every one bounded by the ledger timeout).
+    ///
+    /// # Errors
+    /// The ledger's clock could not be read: the caller is told nothing was executed.
+    async fn measure_again(&self) -> Result<Skew, LedgerError> {
+        let time = &self.inner.time;
+        let seen = time.measurements.load(Ordering::Acquire);
+        let mut measuring = time.measuring.lock().await;
+        if let Some(skew) = self.skew()
+            && self.fresh(&skew, self.now_ms())
+        {
+            return Ok(skew);
+        }
+        if time.measurements.load(Ordering::Acquire) != seen
+            && let Some(error) = &*measuring
+        {
+            return Err(error.clone());
+        }
+        let outcome = self.measure().await.and_then(|skew| {
+            // Another statement lost its server while this one measured: the reading may be the
+            // old server's.
+            if time.lost_count() == skew.lost || skew.clockless {
+                Ok(skew)
+            } else {
+                Err(LedgerError::unavailable("the ledger lost a connection while its clock was measured; try again"))
+            }
+        });
+        time.measured(&mut measuring, outcome.clone());
+        outcome
     }
 
     /// Ledger time that may be acted on (takeovers, expiry), for the operator's paths.
@@ -133,7 +172,8 @@ impl Idem {
     }
 
     /// Measures this handle's clock against the ledger's, and keeps the measurement. A failed
-    /// read keeps the last good offset, untrusted; with none, it keeps nothing and fails.
+    /// read fails, and keeps the last good offset only untrusted and as old as it was (for
+    /// [`Idem::ledger_now`]: nothing is stamped on it, see [`Idem::fresh`]).
     async fn measure(&self) -> Result<Skew, LedgerError> {
         let last = self.skew();
         let lost = self.inner.time.lost_count();
@@ -163,9 +203,12 @@ impl Idem {
             }
             Err(error) => {
                 tracing::warn!(%error, "could not read the ledger's clock; no takeovers until it can be read");
-                let Some(last) = last else { return Err(error) };
-                // Still the measurement of a server that may be gone: measured again next time.
-                Skew { at: after, offset: last.offset, trusted: false, clockless: false, lost: last.lost }
+                if let Some(last) = last {
+                    // Still the measurement of a server that may be gone: measured again next time.
+                    let kept = Skew { trusted: false, ..last };
+                    *self.inner.time.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(kept);
+                }
+                return Err(error);
             }
         };
         *self.inner.time.skew.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(skew);
@@ -185,8 +228,11 @@ pub(super) struct LedgerTime {
     skew: std::sync::Mutex<Option<Skew>>,
     /// How many statements lost their server (counted by the timeout layer).
     lost: Arc<AtomicU64>,
-    /// Set while a background measurement of the skew runs, so calls start at most one.
-    measuring: Arc<AtomicBool>,
+    /// Held while a measurement of the skew runs (so calls start at most one, and a call that
+    /// needs a new reading waits for the one under way); holds the last one's failure.
+    measuring: Arc<tokio::sync::Mutex<Option<LedgerError>>>,
+    /// How many measurements taken under `measuring` have ended.
+    measurements: AtomicU64,
     /// A cold handle's first measurement of the skew, shared by the calls that queue on it.
     first: FirstMeasure,
 }
@@ -200,6 +246,12 @@ impl LedgerTime {
     fn lost_count(&self) -> u64 {
         self.lost.load(Ordering::Acquire)
     }
+
+    /// A measurement taken under `measuring` ended with `outcome`.
+    fn measured(&self, measuring: &mut Option<LedgerError>, outcome: Result<Skew, LedgerError>) {
+        *measuring = outcome.err();
+        self.measurements.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 /// A cold handle's first measurement: taken by the call that sends it, while the calls that
@@ -211,21 +263,6 @@ struct FirstMeasure {
     failures: AtomicU64,
     /// The last failure, with its number.
     failed: tokio::sync::Mutex<Option<(u64, LedgerError)>>,
-}
-
-/// The one background skew measurement in flight; ends when dropped.
-struct Measuring(Arc<AtomicBool>);
-
-impl Measuring {
-    fn start(flag: &Arc<AtomicBool>) -> Option<Self> {
-        flag.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).ok().map(|_| Self(Arc::clone(flag)))
-    }
-}
-
-impl Drop for Measuring {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
 }
 
 /// Times are stored as signed 64-bit integers by SQL backends: keep them in that range, so
