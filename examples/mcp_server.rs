@@ -396,7 +396,7 @@ async fn stop_requested() {
 async fn drain(idem: &Idem) {
     tracing::info!("stopping: draining the calls under way (up to {DRAIN_DEADLINE:?})");
     let drained = idem.drain(DRAIN_DEADLINE).await;
-    tracing::info!(still_running = drained.still_running, "stopped");
+    tracing::info!(still_running = drained.still_running, still_recording = drained.still_recording, "stopped");
 }
 
 /// What `--help` prints.
