@@ -12,7 +12,6 @@ use crate::key::Key;
 use crate::ledger::{ClaimRequest, LedgerError, Token};
 
 use super::Idem;
-use super::drain::Drain;
 use super::ending::Ending;
 use super::operation::LeaseState;
 use super::time::{clamp, millis};
@@ -103,7 +102,7 @@ impl Idem {
             return;
         };
         let idem = self.clone();
-        let counted = Drain::background(&self.inner, key.reference(), "releasing a claim whose answer was lost");
+        let counted = self.inner.drain.background(key.reference(), "releasing a claim whose answer was lost");
         tokio::spawn(async move {
             let _permit = permit;
             let _counted = counted;
@@ -143,7 +142,7 @@ impl Idem {
         let (idem, request) = (self.clone(), request.clone());
         let until = lease.until.load(Ordering::SeqCst).saturating_add(millis(self.inner.settings.lease));
         // The caller has its answer: a drain waits for this recording as for the call itself.
-        let counted = Drain::background(&self.inner, reference, "recording an answered call's outcome");
+        let counted = self.inner.drain.background(reference, "recording an answered call's outcome");
         tokio::spawn(async move {
             let _permit = permit;
             let _counted = counted;

@@ -20,7 +20,10 @@ use crate::rejection::Rejection;
 
 /// Whether the handle still takes calls, and how many calls and background endings are under way.
 #[derive(Default)]
-pub(super) struct Drain {
+pub(super) struct Drain(Arc<Shared>);
+
+#[derive(Default)]
+struct Shared {
     closed: AtomicBool,
     /// Calls under way plus background endings ([`Background`]).
     running: AtomicUsize,
@@ -44,7 +47,7 @@ pub struct Drained {
 }
 
 /// A call under way: counted until dropped.
-pub(super) struct Underway<'a>(&'a Drain);
+pub(super) struct Underway<'a>(&'a Shared);
 
 impl Drop for Underway<'_> {
     fn drop(&mut self) {
@@ -55,25 +58,25 @@ impl Drop for Underway<'_> {
 /// Work a call left to the background — recording its outcome, releasing its lost claim —
 /// counted by the drain until dropped, like the call itself.
 pub(super) struct Background {
-    inner: Arc<super::handle::Inner>,
+    drain: Arc<Shared>,
     number: u64,
 }
 
 impl Drop for Background {
     fn drop(&mut self) {
-        let drain = &self.inner.drain;
-        drain.background.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.number);
-        drain.leave();
+        self.drain.background.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.number);
+        self.drain.leave();
     }
 }
 
 impl Drain {
     /// A call starts, unless the handle is draining.
     pub(super) fn enter(&self) -> Result<Underway<'_>, Rejection> {
-        self.running.fetch_add(1, Ordering::AcqRel);
-        let underway = Underway(self);
+        let drain = &*self.0;
+        drain.running.fetch_add(1, Ordering::AcqRel);
+        let underway = Underway(drain);
         // Checked after counting, so a drain that closes meanwhile waits for this call.
-        if self.closed.load(Ordering::Acquire) {
+        if drain.closed.load(Ordering::Acquire) {
             return Err(Rejection::ShuttingDown);
         }
         Ok(underway)
@@ -82,23 +85,29 @@ impl Drain {
     /// Work of `reference` (`what` it does) goes to the background: counted, also while the
     /// handle drains — it finishes a call that was already under way. Taken before the work is
     /// spawned, while the call that leaves it is still counted, so a drain never sees none.
-    pub(super) fn background(inner: &Arc<super::handle::Inner>, reference: Ref, what: &'static str) -> Background {
-        let drain = &inner.drain;
+    pub(super) fn background(&self, reference: Ref, what: &'static str) -> Background {
+        let drain = &self.0;
         drain.running.fetch_add(1, Ordering::AcqRel);
         let number = drain.numbered.fetch_add(1, Ordering::Relaxed);
         drain.background.lock().unwrap_or_else(PoisonError::into_inner).insert(number, (reference, what));
-        Background { inner: Arc::clone(inner), number }
+        Background { drain: Arc::clone(drain), number }
     }
 
+    /// Closes to new calls and waits up to `deadline` for those under way and the work they
+    /// left to the background.
+    pub(super) async fn run(&self, deadline: Duration) -> Drained {
+        self.0.run(deadline).await
+    }
+}
+
+impl Shared {
     fn leave(&self) {
         if self.running.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.ended.notify_waiters();
         }
     }
 
-    /// Closes to new calls and waits up to `deadline` for those under way and the work they
-    /// left to the background.
-    pub(super) async fn run(&self, deadline: Duration) -> Drained {
+    async fn run(&self, deadline: Duration) -> Drained {
         self.closed.store(true, Ordering::Release);
         let waited = tokio::time::timeout(deadline, async {
             loop {
