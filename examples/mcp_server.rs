@@ -50,6 +50,11 @@ use rmcp::{ErrorData, Json, ServerHandler, ServiceExt, tool, tool_handler, tool_
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// This program's name, for good: its default ledger (and secret) is `idem/mcp_server/` in the user's
+/// data directory whatever the executable file is called. A package of one program passes
+/// `env!("CARGO_PKG_NAME")`; this package holds several examples, each with a ledger of its own.
+const PROGRAM: &str = "mcp_server";
+
 /// `charge_card_confirmed` asks the user to confirm a charge above this (200.00).
 const CONFIRM_ABOVE_CENTS: u64 = 20_000;
 
@@ -530,7 +535,7 @@ async fn main() -> Result<(), Stopped> {
         serve_metrics(address).await?;
     }
     // A Redis URL opens the Redis ledger; any other, the SQL one.
-    let ledger = idem_runtime::ledger::from_env().await?;
+    let ledger = idem_runtime::ledger::from_env(PROGRAM).await?;
     let local = std::env::var("IDEM_LOCAL_CALLER").unwrap_or_else(|_| "local:user".to_owned());
     let (tenant, subject) = local.split_once(':').ok_or("IDEM_LOCAL_CALLER must be `tenant:subject`")?;
     // Keys are keyed with IDEM_SECRET, or on the SQLite default with a secret kept beside the

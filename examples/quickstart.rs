@@ -15,6 +15,11 @@ use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::{Caller, ErrorClass, HasIdem, Idem, IdempotentError, Rejection, current_operation, idempotent};
 use serde::{Deserialize, Serialize};
 
+/// This program's name, for good: its default ledger (and secret) is `idem/quickstart/` in the user's
+/// data directory whatever the executable file is called. A package of one program passes
+/// `env!("CARGO_PKG_NAME")`; this package holds several examples, each with a ledger of its own.
+const PROGRAM: &str = "quickstart";
+
 /// The tool's errors, each saying what it means for a repeat.
 #[derive(Debug, Serialize, Deserialize)]
 enum ChargeError {
@@ -95,7 +100,7 @@ async fn main() {
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
-    let ledger = match SeaOrmLedger::from_env().await {
+    let ledger = match SeaOrmLedger::from_env(PROGRAM).await {
         Ok(ledger) => ledger,
         Err(error) => {
             eprintln!("cannot open the ledger: {error}");

@@ -193,8 +193,9 @@ fn the_mcp_server_serves_its_metrics() {
             }
         }
     });
-    let address = address.recv().expect(
-        "the server logs where its metrics are (it exited instead: is it built? `cargo build --example mcp_server`)",
+    let address = address.recv_timeout(std::time::Duration::from_secs(30)).expect(
+        "the server logs where its metrics are within 30 s (it exited or hung instead: is it built? `cargo build \
+         --example mcp_server`)",
     );
 
     let mut stdin = child.stdin.take().expect("its stdin");

@@ -26,10 +26,21 @@ skip() {
 command -v psql >/dev/null 2>&1 || skip "psql is not installed"
 psql "$server/postgres" -qAtc "SELECT 1" >/dev/null 2>&1 || skip "cannot reach PostgreSQL at $server"
 
-cargo build --quiet --example mcp_server
-cargo build --quiet -p idem-cli
-server_bin=target/debug/examples/mcp_server
-idem=target/debug/idem
+# built CARGO-BUILD-ARGS...: builds one executable and prints where cargo put it (its own report,
+# so CARGO_TARGET_DIR, a --target triple or a build.target-dir setting are all respected).
+built() {
+    local path
+    path="$(cargo build --quiet --message-format=json "$@" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("reason") == "compiler-artifact" and message.get("executable"):
+        print(message["executable"])' | tail -1)"
+    [ -n "$path" ] && [ -x "$path" ] || { echo "walkthrough FAILED: cargo build $* reported no executable" >&2; exit 1; }
+    echo "$path"
+}
+server_bin="$(built --example mcp_server)"
+idem="$(built -p idem-cli --bin idem)"
 
 work="$(mktemp -d)"
 database="idem_walkthrough_$$"

@@ -27,8 +27,11 @@ pub mod guide {
     #[doc = include_str!("../docs/src/redis-ledger.md")]
     pub mod redis_ledger {}
 }
+pub mod databases;
 pub mod owners;
 pub mod tap;
+
+pub use databases::{own_database, suite_database};
 
 /// Expands to one `#[tokio::test]` per conformance case, each calling `$make().await` for its
 /// ledger (`Option<Arc<dyn Ledger>>`; `None` skips).
@@ -99,33 +102,77 @@ pub fn skip(test: &str, why: &str) {
     eprintln!("SKIPPED {test}: {why}");
 }
 
-/// Connects a durable ledger for a test, or reports it skipped (`None`) when the server is not
-/// reachable — a failure instead under `CI=true`. Each database's schema is migrated once per
-/// process (the PostgreSQL and MariaDB suites share one).
+/// The PostgreSQL server the suite uses: the variable that names it and its default. The URL
+/// names a server; the suite keeps its state in databases of its own there ([`databases`]).
+pub const POSTGRES: (&str, &str) = ("IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test");
+
+/// The MariaDB/MySQL server the suite uses, as [`POSTGRES`].
+pub const MYSQL: (&str, &str) = ("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+
+/// Connects a durable ledger for a test to the suite's own database on the server the URL in
+/// `url_env` (or `default_url`) names — made fresh, with the ledger's schema, once per process
+/// ([`suite_database`]) — or reports it skipped (`None`) when the server is not reachable: a
+/// failure instead under `CI=true`.
+///
+/// # Panics
+/// The suite's database cannot be made, or a connection to it fails.
 pub async fn durable(
     test: &str,
     url_env: &str,
     default_url: &str,
 ) -> Option<std::sync::Arc<dyn idem_runtime::ledger::Ledger>> {
     use idem_runtime::ledger::sea::SeaOrmLedger;
-    static MIGRATED: tokio::sync::Mutex<std::collections::BTreeSet<String>> =
-        tokio::sync::Mutex::const_new(std::collections::BTreeSet::new());
-    let url = std::env::var(url_env).unwrap_or_else(|_| default_url.to_owned());
-    match sea_orm::Database::connect(SeaOrmLedger::connect_options(&url)).await {
-        Ok(db) => {
-            let ledger = SeaOrmLedger::from_connection(db);
-            let mut migrated = MIGRATED.lock().await;
-            if !migrated.contains(&url) {
-                ledger.migrate().await.expect("migrate the ledger schema");
-                migrated.insert(url);
-            }
-            Some(std::sync::Arc::new(ledger))
-        }
-        Err(error) => {
-            skip(test, &format!("cannot reach {url} ({error}); set {url_env} to run it"));
-            None
-        }
+    let url = suite_database(test, url_env, default_url).await?;
+    let db = sea_orm::Database::connect(SeaOrmLedger::connect_options(&url))
+        .await
+        .unwrap_or_else(|error| panic!("{test}: connect to the suite's database {url}: {error}"));
+    Some(std::sync::Arc::new(SeaOrmLedger::from_connection(db)))
+}
+
+/// How long a test waits for something another task or process does — a handler to start, a
+/// repeat to reach the ledger, a server to say where it listens — before it fails naming what it
+/// waited for: far above any healthy wait, so it bounds a hang, not a speed.
+pub const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Polls `done` every 5 ms until it holds.
+///
+/// # Panics
+/// Naming `what`, once [`WAIT`] has passed without it.
+pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "waited {WAIT:?} for {what}, in vain");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// Waits until `started` holds — the handler of the call `running` runs has begun.
+///
+/// # Panics
+/// With the call's answer, if it ends first (refused: its handler will never start); naming
+/// `what`, once [`WAIT`] has passed.
+pub async fn wait_for_start<T: std::fmt::Debug>(
+    what: &str,
+    running: &mut tokio::task::JoinHandle<T>,
+    mut started: impl FnMut() -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !started() {
+        if running.is_finished() {
+            let ended = running.await;
+            panic!("{what}: the call ended before its handler started: {ended:?}");
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: the handler did not start within {WAIT:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// `future`'s output (a notification, a message, a task's end).
+///
+/// # Panics
+/// Naming `what`, once [`WAIT`] has passed without it.
+pub async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, future).await.unwrap_or_else(|_| panic!("waited {WAIT:?} for {what}, in vain"))
 }
 
 /// The secret every test handle on a shared database keys with: fixed, so separate processes
@@ -155,48 +202,9 @@ pub fn idem_shared(ledger: std::sync::Arc<dyn idem_runtime::ledger::Ledger>) -> 
     builder(ledger).build().unwrap()
 }
 
-/// A database of a test's own, `idem_<name>`, on the server the URL in `env` (or `default`)
-/// names, with the ledger schema and empty tables; `None` (reported skipped; a failure under CI)
-/// without a server.
-///
-/// # Panics
-/// The database cannot be made or migrated.
-pub async fn own_database(test: &str, env: &str, default: &str, name: &str) -> Option<String> {
-    use sea_orm::ConnectionTrait;
-    let base = std::env::var(env).unwrap_or_else(|_| default.to_owned());
-    let admin = match sea_orm::Database::connect(idem_runtime::ledger::sea::SeaOrmLedger::connect_options(&base)).await
-    {
-        Ok(admin) => admin,
-        Err(error) => {
-            skip(test, &format!("cannot reach {base} ({error}); set {env} to run it"));
-            return None;
-        }
-    };
-    let (prefix, _) = base.rsplit_once('/').expect("a database URL ends in /<database>");
-    let name = format!("idem_{name}");
-    let create = match admin.get_database_backend() {
-        sea_orm::DbBackend::Postgres => format!("CREATE DATABASE {name}"),
-        _ => format!("CREATE DATABASE IF NOT EXISTS {name}"),
-    };
-    if let Err(error) = admin.execute_unprepared(&create).await {
-        // PostgreSQL has no IF NOT EXISTS for databases: an existing one (an earlier run) is fine.
-        assert!(error.to_string().contains("already exists"), "create {name}: {error}");
-    }
-    let url = format!("{prefix}/{name}");
-    let ledger =
-        idem_runtime::ledger::sea::SeaOrmLedger::connect(&url).await.expect("connect to the test's own database");
-    ledger.migrate().await.expect("migrate");
-    let db = sea_orm::Database::connect(idem_runtime::ledger::sea::SeaOrmLedger::connect_options(&url))
-        .await
-        .expect("connect");
-    db.execute_unprepared("DELETE FROM idem_records").await.expect("empty the table");
-    db.execute_unprepared("DELETE FROM idem_superseded").await.expect("empty the table");
-    Some(url)
-}
-
 /// Every ledger a behaviour must hold on, by name: memory, a SQLite file of its own, and the
-/// PostgreSQL and MariaDB test databases (each left out, reported skipped, without its server —
-/// a failure under `CI=true`).
+/// suite's own PostgreSQL and MariaDB databases ([`durable`]; each left out, reported skipped,
+/// without its server — a failure under `CI=true`).
 ///
 /// # Panics
 /// The SQLite file cannot be made.
@@ -209,11 +217,7 @@ pub async fn every_ledger(test: &str) -> Vec<(&'static str, std::sync::Arc<dyn i
         ("memory", std::sync::Arc::new(idem_runtime::MemoryLedger::new())),
         ("sqlite", std::sync::Arc::new(sqlite)),
     ];
-    let servers = [
-        ("postgres", "IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"),
-        ("mysql", "IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
-    ];
-    for (name, env, default) in servers {
+    for (name, (env, default)) in [("postgres", POSTGRES), ("mysql", MYSQL)] {
         if let Some(ledger) = durable(&format!("{test}::{name}"), env, default).await {
             ledgers.push((name, ledger));
         }

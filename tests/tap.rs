@@ -38,7 +38,7 @@ pub enum Call {
     Sweep,
     /// [`Ledger::now`]
     Now,
-    /// [`Ledger::secret_check`]
+    /// [`Ledger::secret_check`] and [`Ledger::secret_versions`]
     SecretCheck,
     /// [`Ledger::tool_owners`]
     ToolOwners,
@@ -214,6 +214,9 @@ impl<T: Tap> Ledger for Tapped<T> {
         check: Option<&'a [u8; 32]>,
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
         self.gate(Call::SecretCheck, move || self.inner.secret_check(version, check))
+    }
+    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>> {
+        self.gate(Call::SecretCheck, move || self.inner.secret_versions(live))
     }
     fn tool_owners<'a>(
         &'a self,

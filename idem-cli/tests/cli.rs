@@ -2,8 +2,8 @@
 //! that an `Idem` handle in this test filled with real operations (completed, unknown), output
 //! asserted — `pending`, `show`, `resolve`, `stats`, `sweep`, `tools` — and its errors: a wrong URL, a missing secret,
 //! an unknown ref, a settled record. On SQLite (a temporary file, its secret file beside it) and
-//! PostgreSQL (`IDEM_TEST_POSTGRES_URL`, default the local `test` database; skipped loudly when
-//! unreachable, a failure under `CI=true`).
+//! PostgreSQL (a database of the test's own on the server `IDEM_TEST_POSTGRES_URL` names, default
+//! the local one; skipped loudly when unreachable, a failure under `CI=true`).
 //!
 //! Alone: `cargo test -p idem-cli`.
 
@@ -349,16 +349,18 @@ async fn postgres_session() {
         assert!(!ci, "cli::postgres_session: {why} (CI=true, so a missing server is a failure)");
         eprintln!("SKIPPED cli::postgres_session: {why}");
     };
-    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+    let base = std::env::var("IDEM_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let ledger = match SeaOrmLedger::connect(&url).await {
-        Ok(ledger) => ledger,
-        Err(error) => return skip(format!("cannot reach {url}: {error}")),
+    // A database of its own on the server the URL names (dropped when the test ends, passed or
+    // failed): what a user, an example or another test left in that database — another secret
+    // kept under version 1, operations under other versions — cannot change what the CLI shows.
+    let own = match OwnDatabase::make(&base, "idem_cli_session").await {
+        Ok(own) => own,
+        Err(error) => return skip(format!("cannot reach {base}: {error}")),
     };
-    // A version of its own: the shared database keeps the check value of every version used on
-    // it, and other tests key version 1 with other bytes.
-    let version = u32::try_from(idem_runtime::ledger::Token::random().get() % 1_000_000_000).unwrap() + 1_000;
-    let (secret, text) = Secret::generate(version);
+    let url = own.url.clone();
+    let ledger = SeaOrmLedger::connect(&url).await.expect("connect to the test's own database");
+    let (secret, text) = Secret::generate(1);
     let idem_handle = Idem::builder(ledger).secret(secret).build().unwrap();
     let tenant = format!("tenant-{}", idem_runtime::ledger::Token::random().get());
     let (done, unknown) = operations(&idem_handle, &tenant).await;
@@ -366,6 +368,45 @@ async fn postgres_session() {
     session(&env, &tenant, &done, &unknown, true);
     // A shared ledger keeps no secret: without IDEM_SECRET, the tool says to set it.
     failed(&idem(&env[..1], &["show", &done.to_string(), "--tenant", &tenant]), 1, "set IDEM_SECRET");
+}
+
+/// A PostgreSQL database of a test's own, `<prefix>_<random>` on the server `base` names, dropped
+/// (with any session still on it) when this is dropped — also when the test fails.
+struct OwnDatabase {
+    base: String,
+    name: String,
+    url: String,
+}
+
+impl OwnDatabase {
+    async fn make(base: &str, prefix: &str) -> Result<Self, sea_orm::DbErr> {
+        use sea_orm::ConnectionTrait;
+        let admin = sea_orm::Database::connect(base).await?;
+        let name = format!("{prefix}_{}", idem_runtime::ledger::Token::random().get() % 1_000_000_000_000);
+        admin.execute_unprepared(&format!("CREATE DATABASE {name}")).await?;
+        admin.close().await?;
+        let (server, _) = base.rsplit_once('/').expect("a database URL ends in /<database>");
+        Ok(Self { base: base.to_owned(), url: format!("{server}/{name}"), name })
+    }
+}
+
+impl Drop for OwnDatabase {
+    fn drop(&mut self) {
+        use sea_orm::ConnectionTrait;
+        let (base, name) = (self.base.clone(), self.name.clone());
+        // A runtime of its own: drop may run on the test's runtime, which cannot be blocked on.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            runtime.block_on(async move {
+                let admin = sea_orm::Database::connect(&base).await?;
+                admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
+                admin.close().await
+            })
+        });
+        if let Ok(Err(error)) = dropped.join() {
+            eprintln!("cli: could not drop the test's database {}: {error}", self.name);
+        }
+    }
 }
 
 /// Two handlers of one tool: the ticket tool's, and the same after it moved in code.

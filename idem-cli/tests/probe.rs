@@ -204,14 +204,20 @@ async fn every_hint_of_the_payments_example_holds() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start the payments example");
-    let mut lines = std::io::BufReader::new(server.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("the example logs where it serves").unwrap();
-        if let Some((_, url)) = line.split_once("serving streamable HTTP at ") {
-            break url.trim().to_owned();
+    // Read on a thread of its own (the rest of the log drained there), so an example that never
+    // says where it serves fails the test instead of hanging it.
+    let (found, url) = std::sync::mpsc::channel();
+    let log = std::io::BufReader::new(server.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in log.lines().map_while(Result::ok) {
+            if let Some((_, url)) = line.split_once("serving streamable HTTP at ") {
+                let _ = found.send(url.trim().to_owned());
+            }
         }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
+    });
+    let url = url
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the example logs where it serves within 30 s (it exited or hung instead)");
     let fixtures = dir.join("probe.json");
     std::fs::write(
         &fixtures,

@@ -330,13 +330,42 @@ fn wrap_body(
     let statements = &args.statements;
     let rebinds = &args.rebinds;
     // Who serves the tool, so that two different handlers under one tool name are refused: a
-    // method by its type's path (known only at run time), a function by its module's; a
-    // handler pinned with `name = "..."` by that name (the runtime's default).
+    // method by its type's path with its generic arguments (known only at run time), any other
+    // function by the path rustc gives a closure in its body (its module, impl and name); with
+    // the function's generic arguments that no parameter carries. A handler pinned with
+    // `name = "..."` by that name (and its instance, if generic).
     let function = item.sig.ident.unraw().to_string();
-    let owner = match (&recipe.name, audited) {
-        (Some(_), _) => None,
-        (None, true) => Some(quote!(#idem_args.owner_in::<Self>(#function);)),
-        (None, false) => Some(quote!(#idem_args.owner(::core::concat!(::core::module_path!(), "::", #function));)),
+    let pinned = match &recipe.name {
+        Some(_) => quote!(::core::option::Option::Some(#tool_name)),
+        None => quote!(::core::option::Option::None),
+    };
+    let phantom = phantom_generics(item).into_iter().map(|param| match param {
+        syn::GenericParam::Type(ty) => {
+            let ident = &ty.ident;
+            quote!(::core::any::type_name::<#ident>())
+        }
+        syn::GenericParam::Const(constant) => {
+            let ident = &constant.ident;
+            quote!(&*#private::shown(&#ident))
+        }
+        syn::GenericParam::Lifetime(_) => quote!(),
+    });
+    let owner = if audited {
+        quote!(#idem_args.owner_in::<Self>(#function, #pinned, &[#(#phantom),*]);)
+    } else {
+        let marker = Ident::new("idem_handler_marker", Span::mixed_site());
+        quote! {
+            #idem_args.owner_at(
+                ::core::any::type_name_of_val(&|| ()),
+                {
+                    fn #marker() {}
+                    ::core::any::type_name_of_val(&#marker)
+                },
+                #function,
+                #pinned,
+                &[#(#phantom),*],
+            );
+        }
     };
     // The body's statements go straight into the async block, not as a nested `{ ... }`: a
     // one-line body would otherwise draw `unused_braces` with a suggestion that does not compile.
@@ -438,6 +467,37 @@ fn wrap_body(
         let #handle: ::core::option::Option<#krate::__private::Idem> = #handle_expr;
         #run
     }
+}
+
+/// The handler's own type and const parameters that no parameter's type mentions
+/// (`load::<OrderRow>(id)`): they are part of which handler runs, not of the call's arguments.
+/// A parameter a parameter's type carries (`value: T`, `impl Serialize`) is keyed by its value.
+fn phantom_generics(item: &Handler) -> Vec<&syn::GenericParam> {
+    let mentioned = |ident: &Ident| {
+        item.sig.inputs.iter().any(|input| match input {
+            syn::FnArg::Typed(typed) => mentions(typed.ty.to_token_stream(), ident),
+            syn::FnArg::Receiver(_) => false,
+        })
+    };
+    item.sig
+        .generics
+        .params
+        .iter()
+        .filter(|param| match param {
+            syn::GenericParam::Type(ty) => !mentioned(&ty.ident),
+            syn::GenericParam::Const(constant) => !mentioned(&constant.ident),
+            syn::GenericParam::Lifetime(_) => false,
+        })
+        .collect()
+}
+
+/// Whether `tokens` hold the identifier `ident`, at any depth.
+fn mentions(tokens: TokenStream, ident: &Ident) -> bool {
+    tokens.into_iter().any(|token| match token {
+        proc_macro2::TokenTree::Ident(found) => found == *ident,
+        proc_macro2::TokenTree::Group(group) => mentions(group.stream(), ident),
+        _ => false,
+    })
 }
 
 /// `self` as a `&Self`, whatever the receiver: `&self`, `self`, `self: Arc<Self>`, `self: Pin<&mut Self>`.

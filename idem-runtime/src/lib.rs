@@ -223,14 +223,22 @@ pub mod settings {
 /// refused from then on, whichever came first; replicas of one build are one handler. The
 /// ledger is asked at a tool's first call in a process and at most once a minute after.
 ///
-/// - A method is named by its type's path and its name (`billing::Invoices::create`; the
-///   generic arguments of a generic service left out), a free function by its module's path.
-///   A function with no `self` in an impl without [`audit_idempotent`] is named by its module:
-///   two such functions of one name in one module are one handler to idem (one handle still
-///   refuses them, by where their recipes are declared).
-/// - `name = "..."` pins the tool: the handler is then named by that name alone, so moving or
-///   renaming it in code changes neither its keys nor its owner. Give `name` to any handler you
-///   expect to move.
+/// - A method is named by its type's path and its name (`billing::Invoices::create`), any other
+///   function by its module, impl and name (`billing::create`, `billing::Parcels::ship`, audited
+///   or not). Never by an address: replicas and restarts of one build name it the same.
+/// - The instances of a generic handler run different code, so each is its own handler, named
+///   with its generic arguments: `Store<OrderRow>::create` and `Store<InvoiceRow>::create`, or
+///   `load::<OrderRow>` when no parameter carries the type parameter. Two under one tool name
+///   are refused like any two handlers: serve each on a handle with its own namespace, or give
+///   each type a handler of its own with its own `name`. A type parameter a parameter carries
+///   (`value: T`, `id: impl Serialize`) is no part of the handler: the argument is keyed by its
+///   value.
+/// - `name = "..."` pins the tool: the handler is then named by that name alone (a generic
+///   one's instance by the name and its generic arguments), so moving or renaming it in code
+///   changes neither its keys nor its owner. Give `name` to any handler you expect to move. In
+///   one process two handlers pinned to one name are refused on one handle or many (told
+///   apart by where they are declared); across processes a pin is one handler wherever it is
+///   declared, which is what lets it move — so never pin two handlers to one name.
 /// - Moving or renaming an unpinned handler makes it another handler: a server with the new code
 ///   is refused while the old one's operations can still be replayed (the tool's window or the
 ///   ledger retention, 24 h by default), or until an operator runs

@@ -216,6 +216,14 @@ impl fmt::Display for Rejection {
                  (another replica takes it, or this one once it has restarted)",
             ),
             Self::InvalidArguments { error } => write!(f, "nothing was executed: {error}"),
+            Self::DuplicateTool { namespace, tool, first, second } if instances_of_one(first, second) => write!(
+                f,
+                "nothing was executed: two instances of one generic handler serve tool `{tool}` in namespace \
+                 `{namespace}` on this ledger (`{second}` and `{first}`); they run different code, so they would \
+                 share keys and replay each other's results; both are refused. One `name` cannot tell them apart: \
+                 serve each instance on a handle with its own namespace (`Idem::builder(…).namespace(…)`), or \
+                 give each type a handler of its own with its own `#[idempotent(name = \"...\")]`"
+            ),
             Self::DuplicateTool { namespace, tool, first, second } => write!(
                 f,
                 "nothing was executed: two different handlers serve tool `{tool}` in namespace `{namespace}` on \
@@ -258,6 +266,40 @@ impl std::error::Error for Rejection {}
 
 /// Logs `detail` (a backend's words: hosts, users, relations) at error level under a new random
 /// ref, and returns the ref — what a caller is shown instead.
+/// Whether the handlers of a [`Rejection::DuplicateTool`] are instances of one generic handler
+/// (`Store<A>::create`, `Store<B>::create`): the same once their generic arguments are left out
+/// (a leading qualified path, `<A as Handler>::handle`, is kept: `A` is no generic argument).
+fn instances_of_one(first: &str, second: &str) -> bool {
+    fn declaration(owner: &str) -> String {
+        // Per open bracket: whether it is left out (generic arguments) or kept.
+        let mut open: Vec<bool> = Vec::new();
+        let mut previous = ' ';
+        let mut out = String::with_capacity(owner.len());
+        for (at, c) in owner.char_indices() {
+            let kept = !open.contains(&true);
+            // `->` of a function pointer type is no bracket.
+            let closing = c == '>' && previous != '-';
+            if c == '<' {
+                open.push(at != 0);
+                if at == 0 {
+                    out.push(c);
+                }
+            } else if closing {
+                let left_out = open.pop() != Some(false);
+                if !left_out {
+                    out.push(c);
+                }
+            } else if kept {
+                out.push(c);
+            }
+            previous = c;
+        }
+        out
+    }
+    let second = declaration(second);
+    first.split("`, `").all(|first| declaration(first) == second)
+}
+
 pub(crate) fn incident(detail: &str) -> Ref {
     let incident = Ref::from_bytes(crate::bytes::random());
     tracing::error!(%incident, %detail, "the idempotency ledger is unavailable; nothing was done");
@@ -378,4 +420,21 @@ pub trait IdempotentError: StorableError + Sized {
 
     /// Builds the error returned when idem answers without running the handler.
     fn from_rejection(rejection: Rejection) -> Self;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instances_of_one;
+
+    #[test]
+    fn instances_of_one_generic_handler_are_told_from_two_handlers() {
+        assert!(instances_of_one("a::Store<a::B>::create", "a::Store<a::A>::create"));
+        assert!(instances_of_one("a::load::<a::B>", "a::load::<a::A>"));
+        assert!(instances_of_one("name = \"p\" for <a::B>", "name = \"p\" for <a::A>"));
+        assert!(instances_of_one("<a::W<u8> as a::H>::handle", "<a::W<u16> as a::H>::handle"));
+        assert!(!instances_of_one("<a::A as a::H>::handle", "<a::B as a::H>::handle"));
+        assert!(!instances_of_one("a::Orders::create", "a::Invoices::create"));
+        assert!(!instances_of_one("a::Store<a::A>::create`, `a::Orders::create", "a::Store<a::B>::create"));
+        assert!(!instances_of_one("a::f<fn(u8) -> u8>::g", "a::f<u8>::h"));
+    }
 }

@@ -11,6 +11,14 @@
 //! secret (`IDEM_SECRET_PREVIOUS`, [`Builder::previous_secret`](crate::Builder::previous_secret))
 //! until the longest window has run. A call whose operation was recorded under a previous
 //! secret is answered from that record (replayed, in flight, unknown), never run a second time.
+//!
+//! A secret change never silently re-keys live operations: the ledger keeps, per version, until
+//! when operations keyed under it may still be repeated (each serving handle keeps its current
+//! version's time ahead), and a handle that honours that version neither as its secret nor as a
+//! previous one refuses to serve until then ([`SecretError::Rekeying`]) — unless the version is
+//! named in [`RETIRED_VERSIONS_ENV`]
+//! ([`Builder::retired_secret_version`](crate::Builder::retired_secret_version)): re-keying
+//! accepted, repeats of its operations run again.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -26,6 +34,12 @@ pub const SECRET_ENV: &str = "IDEM_SECRET";
 /// The environment variable holding secrets still honoured for operations recorded under them,
 /// comma-separated, each `<version>:<hex>`.
 pub const PREVIOUS_SECRETS_ENV: &str = "IDEM_SECRET_PREVIOUS";
+/// The environment variable naming secret versions given up (comma-separated, e.g. `1,2`): a
+/// handle serves even while operations keyed under them may still be repeated, accepting that
+/// such a repeat gets a new key and runs again (re-keying). For a version dropped after its
+/// longest window, or one a ledger shares with another service; never needed once its time in
+/// the ledger has passed.
+pub const RETIRED_VERSIONS_ENV: &str = "IDEM_SECRET_RETIRED";
 /// The fewest bytes a secret may have.
 pub const MIN_SECRET_BYTES: usize = 32;
 
@@ -325,7 +339,11 @@ impl Secret {
         let linked = std::fs::hard_link(&temporary, path);
         let _ = std::fs::remove_file(&temporary);
         match linked {
-            Ok(()) => tracing::info!(path = %path.display(), "generated the ledger's secret; keep it with the ledger"),
+            Ok(()) => tracing::warn!(
+                path = %path.display(),
+                "generated a new idem secret beside the ledger: operations keyed under any other secret are not \
+                 found under it (their repeats run again); back it up, apart from the ledger"
+            ),
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(error) => return Err(io(error)),
         }
@@ -368,6 +386,25 @@ pub fn from_env() -> Result<Option<(Secret, Vec<Secret>)>, SecretError> {
         .map(|text| Secret::parse(text).map_err(|error| error.in_env(PREVIOUS_SECRETS_ENV)))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Some((current, previous)))
+}
+
+/// The secret versions named in [`RETIRED_VERSIONS_ENV`], comma-separated; none when it is unset.
+///
+/// # Errors
+/// Anything in it that is not a version (a number from 1).
+pub fn retired_from_env() -> Result<Vec<u32>, SecretError> {
+    let text = std::env::var(RETIRED_VERSIONS_ENV).unwrap_or_default();
+    text.split(',')
+        .map(str::trim)
+        .filter(|version| !version.is_empty())
+        .map(|version| match version.parse::<u32>() {
+            Ok(version) if version > 0 => Ok(version),
+            _ => Err(SecretError::Malformed {
+                why: format!("`{version}` is not a secret version: name versions, comma-separated (e.g. `1,2`)"),
+            }
+            .in_env(RETIRED_VERSIONS_ENV)),
+        })
+        .collect()
 }
 
 /// A process-wide random secret, for ledgers that forget everything when the process exits.
@@ -417,6 +454,22 @@ pub enum SecretError {
     Unchecked {
         /// The ledger's words.
         detail: String,
+    },
+    /// Operations keyed under versions this handle honours neither as its secret nor as a
+    /// previous one may still be repeated: serving would give their repeats new keys, and they
+    /// would run again. Keep those secrets as previous ones until the time given, or name the
+    /// versions as retired to accept re-keying.
+    Rekeying {
+        /// The version this handle keys new operations with.
+        current: u32,
+        /// Each such version, with the time (the ledger's, in milliseconds since the Unix epoch)
+        /// until which its operations may be repeated.
+        live: Vec<(u32, u64)>,
+    },
+    /// A version named retired is this handle's secret or a previous one.
+    RetiredInUse {
+        /// The version.
+        version: u32,
     },
     /// A malformed secret in an environment variable or file.
     In {
@@ -468,6 +521,34 @@ impl fmt::Display for SecretError {
                 "the idem secret could not be checked against the ledger's check value ({detail}); nothing runs \
                  until the ledger answers"
             ),
+            Self::Rekeying { current, live } => {
+                let versions = |separator: &str| {
+                    live.iter().map(|(version, _)| version.to_string()).collect::<Vec<_>>().join(separator)
+                };
+                let until = live
+                    .iter()
+                    .map(|(version, until)| format!("version {version} until {}", crate::clock::rfc3339(*until)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let which = if live.len() == 1 { "version" } else { "versions" };
+                write!(
+                    f,
+                    "this idem handle keys with secret version {current}, but operations keyed under {which} {} may \
+                     still be repeated ({until}, ledger time): with that secret kept neither as the secret nor as a \
+                     previous one, each repeat would get a new key and run again. Keep the old secret in \
+                     {PREVIOUS_SECRETS_ENV} ({PREVIOUS_SECRETS_ENV}=<version>:<hex>, or `Builder::previous_secret`) \
+                     until then, or accept that their repeats run again: {RETIRED_VERSIONS_ENV}={} (or \
+                     `Builder::retired_secret_version`)",
+                    versions(", "),
+                    versions(",")
+                )
+            }
+            Self::RetiredInUse { version } => write!(
+                f,
+                "secret version {version} is named retired ({RETIRED_VERSIONS_ENV}, or \
+                 `Builder::retired_secret_version`), but this handle keys with it, as its secret or a previous one: \
+                 retire only a version it no longer uses"
+            ),
             Self::In { place, error } => write!(f, "{place}: {error}"),
         }
     }
@@ -482,7 +563,9 @@ impl std::error::Error for SecretError {
             | Self::TooShort { .. }
             | Self::Malformed { .. }
             | Self::Mismatch { .. }
-            | Self::Unchecked { .. } => None,
+            | Self::Unchecked { .. }
+            | Self::Rekeying { .. }
+            | Self::RetiredInUse { .. } => None,
         }
     }
 }
@@ -501,6 +584,8 @@ impl PartialEq for SecretError {
                 a == b && x == y && k == l
             }
             (Self::Unchecked { detail: a }, Self::Unchecked { detail: b }) => a == b,
+            (Self::Rekeying { current: a, live: x }, Self::Rekeying { current: b, live: y }) => a == b && x == y,
+            (Self::RetiredInUse { version: a }, Self::RetiredInUse { version: b }) => a == b,
             _ => false,
         }
     }

@@ -472,6 +472,9 @@ impl Ledger for Faulty {
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
         self.fault().unwrap_or_else(|| self.inner.secret_check(version, check))
     }
+    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>> {
+        self.fault().unwrap_or_else(|| self.inner.secret_versions(live))
+    }
     fn inspect<'a>(
         &'a self,
         tenant: TenantTag,

@@ -872,9 +872,11 @@ async fn main() {
     if all || only.as_deref() == Some("http") {
         http_layer(&mut rows).await;
     }
-    let pg_url =
-        std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let my_url = std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    // The suite's own databases on the servers the URLs name (what else used `test` cannot
+    // fail a run); a server that does not answer is reported skipped and left out.
+    let (pg, my) = (idem_tests::POSTGRES, idem_tests::MYSQL);
+    let pg_url = idem_tests::suite_database("bench::postgres", pg.0, pg.1).await.unwrap_or_else(|| pg.1.to_owned());
+    let my_url = idem_tests::suite_database("bench::mysql", my.0, my.1).await.unwrap_or_else(|| my.1.to_owned());
     let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let sqlite_url = format!("sqlite://{}?mode=rwc", dir.join("bench.sqlite3").display());

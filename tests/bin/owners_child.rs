@@ -2,7 +2,7 @@
 //! happened.
 //!
 //! ```text
-//! owners_child <ledger-url> <namespace> <orders|invoices> <id>
+//! owners_child <ledger-url> <namespace> <orders|invoices|store-orders|store-invoices|parcels|letters> <id>
 //! ```
 //!
 //! It prints `DONE <answer> RAN <n>` (n: how many times the handler ran in this process) or
@@ -11,12 +11,14 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_runtime::ledger::sea::SeaOrmLedger;
-use idem_tests::owners::{Invoices, Orders, ServiceError};
+use idem_tests::owners::{
+    InvoiceRow, Invoices, LETTERS_RAN, Letters, OrderRow, Orders, PARCELS_RAN, Parcels, ServiceError, Store,
+};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let [_, url, namespace, service, id] = args.as_slice() else {
-        println!("ERROR usage: owners_child <url> <namespace> <orders|invoices> <id>");
+        println!("ERROR usage: owners_child <url> <namespace> <service> <id>");
         std::process::exit(2);
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
@@ -36,6 +38,16 @@ fn main() {
                 let invoices = Invoices { idem, ran: AtomicUsize::new(0) };
                 (invoices.create(id.clone()).await, invoices.ran.load(Ordering::SeqCst))
             }
+            "store-orders" => {
+                let store = Store::<OrderRow>::new(idem);
+                (store.create(id.parse().map_err(|_| "a numeric id")?).await, store.ran.load(Ordering::SeqCst))
+            }
+            "store-invoices" => {
+                let store = Store::<InvoiceRow>::new(idem);
+                (store.create(id.parse().map_err(|_| "a numeric id")?).await, store.ran.load(Ordering::SeqCst))
+            }
+            "parcels" => (Parcels::ship(&idem, id.clone()).await, PARCELS_RAN.load(Ordering::SeqCst)),
+            "letters" => (Letters::ship(&idem, id.clone()).await, LETTERS_RAN.load(Ordering::SeqCst)),
             other => return Err(format!("no service {other}")),
         };
         Ok(match answer {

@@ -50,17 +50,13 @@ fn a_startup_failure_says_what_to_set() {
 }
 
 /// On a shared database without a secret, the error names `IDEM_SECRET` and how to make one.
-#[test]
-fn a_missing_secret_on_a_shared_ledger_says_how_to_set_it() {
-    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+#[tokio::test]
+async fn a_missing_secret_on_a_shared_ledger_says_how_to_set_it() {
+    let test = "example_server::a_missing_secret_on_a_shared_ledger_says_how_to_set_it";
+    let (env, default) = idem_tests::POSTGRES;
+    let Some(url) = idem_tests::suite_database(test, env, default).await else { return };
     let output = server(&[("IDEM_DATABASE_URL", &url)], &[]);
     let text = String::from_utf8_lossy(&output.stderr);
-    if text.contains("cannot reach") || text.contains("refused") {
-        let ci = std::env::var("CI").is_ok_and(|value| value == "true" || value == "1");
-        assert!(!ci, "example_server: no PostgreSQL at {url} (CI=true): {text}");
-        return eprintln!("SKIPPED example_server::a_missing_secret_on_a_shared_ledger_says_how_to_set_it: {text}");
-    }
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(text.contains("IDEM_SECRET=1:") && text.contains("openssl rand -hex 32"), "{text}");
     assert!(!text.contains("Required {"), "Rust debug syntax: {text}");
@@ -234,21 +230,13 @@ fn the_payments_example_runs_on_the_redis_ledger() {
 /// body is 422; no key is 400; another merchant's identical request is its own charge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_processor_example_charges_once_per_key() {
-    use std::io::BufRead;
     let mut child = Command::new(idem_tests::example_binary("processor"))
         .args(["--http", "127.0.0.1:0"])
         .env("RUST_LOG", "info")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start the processor");
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().expect("the processor logs where it serves").unwrap();
-        if let Some((_, url)) = line.split_once("serving on ") {
-            break url.trim().to_owned();
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
+    let base = served_at(&mut child, "serving on ");
     let client = reqwest::Client::new();
     let charge = |merchant: &str, key: Option<&str>, amount: u64| {
         let mut request = client
@@ -284,19 +272,36 @@ async fn the_processor_example_charges_once_per_key() {
     child.wait().unwrap();
 }
 
-/// A process's line of log that names its address (`… serving … http://ADDR…`), the rest of its
-/// log drained meanwhile.
+/// The address a process's log names (`… serving … http://ADDR…`, the word after `marker`), its
+/// log read (and the rest of it drained) on a thread of its own.
+///
+/// # Panics
+/// The process ends, or [`idem_tests::WAIT`] passes, before it logs `marker`.
 fn served_at(child: &mut std::process::Child, marker: &str) -> String {
     use std::io::BufRead;
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let found = loop {
-        let line = lines.next().expect("the process logs where it serves").unwrap();
-        if let Some((_, rest)) = line.split_once(marker) {
-            break rest.split_whitespace().next().unwrap_or_default().to_owned();
+    let stderr = child.stderr.take().expect("the process's stderr, piped");
+    let (sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = sender.send(line);
         }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    found
+    });
+    let deadline = std::time::Instant::now() + idem_tests::WAIT;
+    loop {
+        match lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(line) => {
+                if let Some((_, rest)) = line.split_once(marker) {
+                    return rest.split_whitespace().next().unwrap_or_default().to_owned();
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("the process logged no `{marker}` within {:?}", idem_tests::WAIT)
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("the process ended ({:?}) without logging `{marker}`", child.try_wait())
+            }
+        }
+    }
 }
 
 /// One MCP tool call over streamable HTTP (a session of its own): the call's `result`.

@@ -178,7 +178,7 @@ async fn an_in_flight_repeat_while_the_first_call_runs(backend: &str) {
         .await
     };
     let repeat = async {
-        started.notified().await;
+        idem_tests::within("the first call's handler to start", started.notified()).await;
         let repeat = tokio::spawn({
             let (idem, args) = (idem.clone(), args.clone());
             async move { idem.call(&CHARGE, Some(&alice()), &args, || async { Ok::<_, Error>("second".to_owned()) }).await }
@@ -292,17 +292,25 @@ async fn a_dead_holders_lease_is_taken_over(backend: &str) {
     });
     // The holder's call is dropped once its handler runs: it dies holding the claim.
     tokio::select! {
-        _ = dying => unreachable!("the handler never returns"),
+        answer = dying => panic!("the holder's call ended before its handler started: {answer:?}"),
         () = started.notified() => {}
     }
     let events = recording.take();
     let r = events[0].strip_prefix("claim ").expect("a claim first").to_owned();
     assert_eq!(events, [format!("claim {r}")], "a dead holder records nothing");
     let run = || async { Ok::<_, Error>("charged".to_owned()) };
+    let deadline = tokio::time::Instant::now() + idem_tests::WAIT;
     let again = loop {
         // In flight until the lease has lapsed (on the ledger's clock), then taken over.
         match repeats.call(&CHARGE_TAKEOVER, Some(&alice()), &args, run).await {
-            Err(Error::Idem(code)) if code == "in_flight" => tokio::time::sleep(lease / 3).await,
+            Err(Error::Idem(code)) if code == "in_flight" => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "still in flight {:?} after its holder died",
+                    idem_tests::WAIT
+                );
+                tokio::time::sleep(lease / 3).await;
+            }
             other => break other.unwrap(),
         }
     };

@@ -17,7 +17,8 @@ use serde_json::json;
 #[derive(Debug, Serialize, Deserialize)]
 enum Error {
     Rolled,
-    Idem(String),
+    /// idem answered instead of the handler: the code, then the message.
+    Idem(String, String),
 }
 
 impl IdempotentError for Error {
@@ -25,7 +26,7 @@ impl IdempotentError for Error {
         ErrorClass::NothingHappened
     }
     fn from_rejection(rejection: Rejection) -> Self {
-        Self::Idem(rejection.code().to_owned())
+        Self::Idem(rejection.code().to_owned(), rejection.to_string())
     }
 }
 
@@ -39,28 +40,19 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", idem_runtime::ledger::Token::random().get())
 }
 
-/// The database URL of `backend`, or `None` (reported skipped; a failure under CI).
+/// The database URL of `backend` — a SQLite file of its own, or the suite's own database on the
+/// server — or `None` (reported skipped; a failure under CI).
 async fn url(backend: &str, test: &str) -> Option<String> {
-    let url = match backend {
+    let (env, default) = match backend {
         "sqlite" => {
             let dir = std::env::temp_dir().join(unique("idem-durable"));
             std::fs::create_dir_all(&dir).unwrap();
             return Some(format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display()));
         }
-        "postgres" => std::env::var("IDEM_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
-        _ => std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
+        "postgres" => idem_tests::POSTGRES,
+        _ => idem_tests::MYSQL,
     };
-    match Database::connect(&url).await {
-        Ok(db) => {
-            let _ = db.close().await;
-            Some(url)
-        }
-        Err(error) => {
-            idem_tests::skip(&format!("ledger_durable::{test}::{backend}"), &format!("cannot reach {url}: {error}"));
-            None
-        }
-    }
+    idem_tests::suite_database(&format!("ledger_durable::{test}::{backend}"), env, default).await
 }
 
 macro_rules! on_every_backend {
@@ -191,8 +183,10 @@ async fn handler_transaction_commits_with_the_result(backend: &str) {
 }
 
 /// The statements a handle's first use sends to check its secret against the ledger's check
-/// value: keep it if none is kept, read back what is.
-const SECRET_CHECK: usize = 2;
+/// value — keep it if none is kept, read back what is — and that no secret version it leaves
+/// out has operations that may still be repeated: read the versions' times, keep its own
+/// version's, read them again (issue 41, item 2).
+const SECRET_CHECK: usize = 5;
 
 /// What a handle sends the ledger at a tool's first call to record its handler and read the
 /// tool's other handlers (again at most once a minute): one write and one read; then, once per
@@ -270,7 +264,7 @@ async fn a_storm_of_identical_calls_costs_the_ledger_one_claim(backend: &str) {
     for call in calls {
         match call.await.unwrap() {
             Ok(served) => assert!(!served.replayed),
-            Err(Error::Idem(code)) if code == "in_flight" => in_flight += 1,
+            Err(Error::Idem(code, _)) if code == "in_flight" => in_flight += 1,
             Err(other) => panic!("{backend}: {other:?}"),
         }
     }
@@ -288,9 +282,15 @@ struct Held {
     release: Arc<tokio::sync::Notify>,
 }
 
+/// Starts a [`Held`] call and waits for its handler.
+///
+/// # Panics
+/// The call ends before its handler starts (refused: a panic with idem's answer — before, this
+/// waited for ever, and `cargo test` hung on a database that refused every call), or the handler
+/// has not started within [`idem_tests::WAIT`].
 async fn held(holder: idem_runtime::Idem, recipe: &'static Recipe, args: &serde_json::Value, value: &str) -> Held {
     let (runs, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
-    let running = {
+    let mut running = {
         let (runs, release, args, value) = (Arc::clone(&runs), Arc::clone(&release), args.clone(), value.to_owned());
         tokio::spawn(async move {
             holder
@@ -302,10 +302,74 @@ async fn held(holder: idem_runtime::Idem, recipe: &'static Recipe, args: &serde_
                 .await
         })
     };
-    while runs.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    let what = format!("the held call of {}", recipe.tool());
+    idem_tests::wait_for_start(&what, &mut running, || runs.load(Ordering::SeqCst) > 0).await;
     Held { running, runs, release }
+}
+
+/// Issue 41, item 5: what a user left on the suite's server cannot fail the suite. The user's
+/// database holds the check value of a secret of their own under version 1 (as
+/// `IDEM_DATABASE_URL=<the test database> cargo run --example quickstart` leaves it), so a handle
+/// keyed with the suite's secret is refused there; pointed at that database, the suite's helpers
+/// keep their state in a database of their own on its server, and their calls run. (Before,
+/// `durable` used the database the URL named: every call was refused, and the suite hung.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_user_left_on_the_server_cannot_fail_the_suite() {
+    for (backend, (env, default)) in [("postgres", idem_tests::POSTGRES), ("mysql", idem_tests::MYSQL)] {
+        let test = format!("ledger_durable::what_a_user_left_on_the_server_cannot_fail_the_suite::{backend}");
+        let Some(users) = idem_tests::own_database(&test, env, default, "a_users_database").await else { continue };
+        let (secret, _) = idem_runtime::secret::Secret::generate(1);
+        let user = idem_runtime::Idem::builder(SeaOrmLedger::connect(&users).await.unwrap()).secret(secret).build();
+        let args = json!({ "order_id": "o-1" });
+        let handler = || async { Ok::<_, Error>("placed".to_owned()) };
+        user.unwrap().call(&PLACE, Some(&alice()), &args, handler).await.unwrap();
+        let there = idem_tests::idem(SeaOrmLedger::connect(&users).await.unwrap());
+        let refused = there.call(&PLACE, Some(&alice()), &args, handler).await;
+        assert!(
+            matches!(&refused, Err(Error::Idem(code, _)) if code == "ledger_unavailable"),
+            "{backend}: {refused:?}"
+        );
+
+        // No variable names another server: the default is the user's database.
+        let unset = "IDEM_TEST_NO_SUCH_VARIABLE";
+        let Some(ledger) = idem_tests::durable(&test, unset, &users).await else { continue };
+        let suite = idem_tests::suite_database(&test, unset, &users).await.unwrap();
+        assert_ne!(suite, users, "{backend}: the suite keeps its state in a database of its own");
+        let served = idem_tests::idem_shared(ledger).call(&PLACE, Some(&alice()), &args, handler).await;
+        assert_eq!(served.map(|served| served.replayed).ok(), Some(false), "{backend}: the suite's call runs");
+        let Held { running, runs, release } = held(
+            idem_tests::idem(SeaOrmLedger::connect(&suite).await.unwrap()),
+            &PLACE,
+            &json!({ "order_id": unique("o") }),
+            "held",
+        )
+        .await;
+        release.notify_one();
+        assert_eq!((running.await.unwrap().unwrap().value.as_str(), runs.load(Ordering::SeqCst)), ("held", 1));
+    }
+}
+
+/// Issue 41, item 5: a held call that is refused (here: a ledger whose table is missing) fails
+/// the test that waits for it, with idem's answer. Before, `held` polled for a handler that would
+/// never start, for ever: with a user's secret's check value in the shared `test` database every
+/// call there was refused, and `cargo test --workspace` hung in
+/// `a_replica_whose_clock_runs_ahead_does_not_take_over`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_that_is_refused_fails_with_the_reason() {
+    let db = Database::connect(SeaOrmLedger::connect_options("sqlite::memory:")).await.unwrap();
+    let refusing = idem_tests::idem(SeaOrmLedger::from_connection(db));
+    let waiting = tokio::spawn(async move {
+        held(refusing, &PLACE, &json!({ "order_id": unique("refused") }), "never").await;
+    });
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("held() returns (a panic) once the call it waits on ends; it does not wait for ever");
+    let panic = ended.expect_err("the call was refused, so held() fails").into_panic();
+    let message = panic.downcast_ref::<String>().map_or("", String::as_str);
+    assert!(
+        message.contains("ended before its handler started") && message.contains("ledger_unavailable"),
+        "{message}"
+    );
 }
 
 /// Repeats that reach a replica while another one runs the operation: the ledger's "in flight"
@@ -326,7 +390,7 @@ async fn repeats_on_another_replica_share_its_in_flight_answer(backend: &str) {
     let started = std::time::Instant::now();
     for _ in 0..40 {
         match repeat().await {
-            Err(Error::Idem(code)) if code == "in_flight" => {}
+            Err(Error::Idem(code, _)) if code == "in_flight" => {}
             other => panic!("{backend}: a repeat while the other replica runs it: {other:?}"),
         }
     }
@@ -383,7 +447,7 @@ async fn a_broken_ledger_never_lets_the_handler_run() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(&error, Error::Idem(code) if code == "ledger_unavailable"), "{error:?}");
+    assert!(matches!(&error, Error::Idem(code, _) if code == "ledger_unavailable"), "{error:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
@@ -426,7 +490,7 @@ async fn a_replica_whose_clock_runs_ahead_does_not_take_over(backend: &str) {
             Ok::<_, Error>("second".to_owned())
         })
         .await;
-    assert!(matches!(&repeat, Err(Error::Idem(code)) if code == "in_flight"), "{backend}: {repeat:?}");
+    assert!(matches!(&repeat, Err(Error::Idem(code, _)) if code == "in_flight"), "{backend}: {repeat:?}");
     release.notify_one();
     assert_eq!(running.await.unwrap().unwrap().value, "first");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: one execution");
@@ -480,7 +544,7 @@ async fn a_blocking_handler_keeps_its_lease(backend: &str) {
         if !asked_in_time && matches!(&repeat, Ok(served) if served.replayed) {
             continue;
         }
-        assert!(matches!(&repeat, Err(Error::Idem(code)) if code == "in_flight"), "{backend}: {repeat:?}");
+        assert!(matches!(&repeat, Err(Error::Idem(code, _)) if code == "in_flight"), "{backend}: {repeat:?}");
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}");
         return;
     }
@@ -517,5 +581,5 @@ async fn an_idle_handle_measures_its_clock_before_judging_a_dead_holder() {
     // A quiet spell of five leases: nothing refreshes the handle's clock measurement.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let repeat = idem.call(&PLACE, Some(&alice()), &args, || async { Ok::<_, Error>(()) }).await;
-    assert!(matches!(&repeat, Err(Error::Idem(code)) if code == "outcome_unknown"), "{repeat:?}");
+    assert!(matches!(&repeat, Err(Error::Idem(code, _)) if code == "outcome_unknown"), "{repeat:?}");
 }

@@ -1,5 +1,6 @@
-//! The conformance suite on MySQL or MariaDB (`IDEM_TEST_MYSQL_URL`, default the local `test`
-//! database). Skipped, by name, when no server answers — a failure under `CI=true`.
+//! The conformance suite on MySQL or MariaDB: the suite's own database on the server
+//! `IDEM_TEST_MYSQL_URL` names (default the local one; see `idem_tests::databases`). Skipped, by
+//! name, when no server answers — a failure under `CI=true`.
 
 use std::sync::Arc;
 

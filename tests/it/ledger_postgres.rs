@@ -1,5 +1,6 @@
-//! The conformance suite on PostgreSQL (`IDEM_TEST_POSTGRES_URL`, default the local `test`
-//! database). Skipped, by name, when no server answers — a failure under `CI=true`.
+//! The conformance suite on PostgreSQL: the suite's own database on the server `IDEM_TEST_POSTGRES_URL`
+//! names (default the local one; see `idem_tests::databases`). Skipped, by name, when no server
+//! answers — a failure under `CI=true`.
 
 use std::sync::Arc;
 
@@ -19,13 +20,10 @@ idem_tests::ledger_conformance!(postgres);
 /// ("relation … already exists, skipping" came five times, at INFO, on every start).
 #[tokio::test]
 async fn a_restart_on_an_existing_ledger_logs_no_notices() {
-    let url = std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+    let test = "ledger_postgres::a_restart_on_an_existing_ledger_logs_no_notices";
+    let Some(url) = idem_tests::suite_database(test, "IDEM_TEST_POSTGRES_URL", DEFAULT_URL).await else { return };
     // The first start may create the tables; the second finds them.
-    if let Err(error) = idem_runtime::ledger::sea::SeaOrmLedger::connect(&url).await {
-        let ci = std::env::var("CI").is_ok_and(|value| value == "true" || value == "1");
-        assert!(!ci, "ledger_postgres: no server at {url} (CI=true): {error}");
-        return eprintln!("SKIPPED ledger_postgres::a_restart_on_an_existing_ledger_logs_no_notices: {error}");
-    }
+    idem_runtime::ledger::sea::SeaOrmLedger::connect(&url).await.expect("connect to the suite's database");
     let captured = idem_tests::CapturedLog::default();
     let logging = tracing::subscriber::set_default(captured.subscriber());
     let again = idem_runtime::ledger::sea::SeaOrmLedger::connect(&url).await.expect("connect again");

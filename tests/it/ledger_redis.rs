@@ -25,14 +25,26 @@ pub(crate) async fn redis(env: &str, default: &str) -> Option<RedisLedger> {
     }
 }
 
+/// A key prefix of the case's own: what a user or an example left under the default prefix
+/// (`idem`) on the same server — another secret's check values, its records — neither fails the
+/// suite nor is swept by it (issue 41, item 5).
+fn own_prefix() -> String {
+    format!("idem-test-{}", idem_runtime::ledger::Token::random().get())
+}
+
 mod standalone {
     use super::*;
 
     async fn standalone() -> Option<Arc<dyn Ledger>> {
-        Some(Arc::new(redis("IDEM_TEST_REDIS_URL", STANDALONE).await?))
+        Some(Arc::new(redis("IDEM_TEST_REDIS_URL", STANDALONE).await?.with_prefix(&own_prefix())))
     }
 
     idem_tests::ledger_conformance!(standalone);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_sweeps_report_only_what_they_removed() {
+        super::concurrent_sweeps_report_only_what_they_removed("IDEM_TEST_REDIS_URL", STANDALONE).await;
+    }
 
     /// Exactly, under a prefix of the test's own; and the memory its hashes take.
     #[tokio::test]
@@ -50,10 +62,15 @@ mod cluster {
     use super::*;
 
     async fn cluster() -> Option<Arc<dyn Ledger>> {
-        Some(Arc::new(redis("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER).await?))
+        Some(Arc::new(redis("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER).await?.with_prefix(&own_prefix())))
     }
 
     idem_tests::ledger_conformance!(cluster);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_sweeps_report_only_what_they_removed() {
+        super::concurrent_sweeps_report_only_what_they_removed("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER).await;
+    }
 
     /// Exactly, under a prefix of the test's own: the count (and the memory) visits every primary.
     #[tokio::test]
@@ -119,6 +136,52 @@ fn claim_request(now: u64) -> idem_runtime::ledger::ClaimRequest {
         clock_trusted: true,
         label: None,
     }
+}
+
+/// Four sweeps at once — each on a ledger, and connections, of its own — over 400 records past
+/// their retention report 400 removed between them, and none is left. A sweep whose
+/// compare-and-set lost to another's took the hash it then read (the other's deletion, which
+/// looks exactly like its own) for its own write, and counted it: four sweeps of 400 records
+/// reported up to 1,600 (issue 41, item 4; red first).
+async fn concurrent_sweeps_report_only_what_they_removed(env: &str, default: &str) {
+    use idem_runtime::ledger::{Claim, Token};
+    const RECORDS: usize = 400;
+    let Some(first) = redis(env, default).await else { return };
+    let prefix = format!("idem-test-{}", Token::random().get());
+    let first = first.with_prefix(&prefix);
+    let now = first.now().await.unwrap().unwrap();
+    let requests: Vec<_> = (0..RECORDS).map(|_| claim_request(now)).collect();
+    for request in &requests {
+        assert!(matches!(first.claim(request).await.unwrap(), Claim::Won { .. }));
+    }
+    // Past every record's retention (two minutes) and lease; within the hashes' TTLs.
+    let later = now + 600_000;
+    let mut sweepers = Vec::new();
+    for _ in 0..4 {
+        sweepers.push(redis(env, default).await.expect("the ledger answered once").with_prefix(&prefix));
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(sweepers.len()));
+    let mut sweeps = tokio::task::JoinSet::new();
+    for sweeper in sweepers {
+        let start = Arc::clone(&start);
+        sweeps.spawn(async move {
+            start.wait().await;
+            sweeper.sweep(later, 10_000).await.unwrap()
+        });
+    }
+    let mut reported = Vec::new();
+    while let Some(removed) = sweeps.join_next().await {
+        reported.push(removed.unwrap());
+    }
+    assert_eq!(
+        reported.iter().sum::<usize>(),
+        RECORDS,
+        "each record is counted by the one sweep that removed it: {reported:?}"
+    );
+    for request in &requests {
+        assert_eq!(first.lookup(&request.key, now).await.unwrap(), None, "every record is gone");
+    }
+    assert_eq!(first.sweep(later, 10_000).await.unwrap(), 0, "nothing is left to sweep");
 }
 
 /// A primary and a replica of the test's own (no persistence, free ports), killed on drop.
@@ -286,15 +349,18 @@ async fn a_completion_sent_again_is_recognised_and_waited_for_again() {
     assert_eq!(other, Err(LedgerError::Fenced));
 }
 
-/// A TCP proxy in front of the Redis at `upstream` (host:port) that, once `armed`, deletes the
-/// hash `doomed` (through a connection of its own) just before it forwards the second `EVALSHA`
-/// after arming: a claim's read-and-judge (`CREATE` finding a record) has gone out, its
-/// compare-and-set not yet — where a sweep, a TTL or another caller's release can land. Answers
-/// the proxy's port.
-async fn vanishing_proxy(
+/// What a proxy does between two round trips of the connection it carries.
+type Between = Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A TCP proxy in front of the Redis at `upstream` (host:port) that, once `armed`, runs `between`
+/// (to completion) just before it forwards the `nth` `EVALSHA` after arming (from 0): what another
+/// caller does between a step's read and its compare-and-set, or between a claim's
+/// read-and-judge (`CREATE` finding a record, the first) and its compare-and-set (the second).
+/// Answers the proxy's port.
+async fn between_proxy(
     upstream: String,
-    side: redis::Client,
-    doomed: String,
+    nth: usize,
+    between: Between,
     armed: Arc<std::sync::atomic::AtomicBool>,
 ) -> u16 {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -308,7 +374,7 @@ async fn vanishing_proxy(
             let (mut client_read, mut client_write) = client.into_split();
             let (mut server_read, mut server_write) = server.into_split();
             tokio::spawn(async move { tokio::io::copy(&mut server_read, &mut client_write).await });
-            let (side, doomed, armed, seen) = (side.clone(), doomed.clone(), Arc::clone(&armed), Arc::clone(&seen));
+            let (between, armed, seen) = (Arc::clone(&between), Arc::clone(&armed), Arc::clone(&seen));
             tokio::spawn(async move {
                 let mut buffer = vec![0; 64 * 1024];
                 loop {
@@ -318,10 +384,8 @@ async fn vanishing_proxy(
                     };
                     let chunk = &buffer[..read];
                     let evalsha = chunk.windows(7).any(|window| window.eq_ignore_ascii_case(b"EVALSHA"));
-                    if armed.load(Ordering::SeqCst) && evalsha && seen.fetch_add(1, Ordering::SeqCst) == 1 {
-                        let mut conn = side.get_multiplexed_async_connection().await.unwrap();
-                        let deleted: i64 = redis::cmd("DEL").arg(&doomed).query_async(&mut conn).await.unwrap();
-                        assert_eq!(deleted, 1, "the hash was there to vanish");
+                    if armed.load(Ordering::SeqCst) && evalsha && seen.fetch_add(1, Ordering::SeqCst) == nth {
+                        between().await;
                     }
                     if server_write.write_all(chunk).await.is_err() {
                         return;
@@ -333,6 +397,14 @@ async fn vanishing_proxy(
     port
 }
 
+/// The host:port of the standalone Redis the tests use, and a URL for it without parameters.
+fn standalone_address() -> (String, String) {
+    let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| STANDALONE.to_owned());
+    let upstream = url.trim_start_matches("redis://").split(['/', '?']).next().unwrap();
+    let upstream = upstream.rsplit('@').next().unwrap().to_owned();
+    (upstream, url.split('?').next().unwrap().to_owned())
+}
+
 /// A claim that read a record (an expired one, to be replaced) and then found the whole hash
 /// gone — swept, expired by its TTL, or released by another caller between the two round trips
 /// — writes its fresh record into a new hash. It used to be answered "won" with nothing
@@ -342,7 +414,6 @@ async fn vanishing_proxy(
 #[tokio::test]
 async fn a_claim_whose_hash_vanished_under_it_is_still_written() {
     use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, State, Token};
-    let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| STANDALONE.to_owned());
     let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
     let prefix = format!("idem-test-{}", Token::random().get());
     let plain = plain.with_prefix(&prefix);
@@ -356,11 +427,19 @@ async fn a_claim_whose_hash_vanished_under_it_is_still_written() {
     let again = ClaimRequest { key: first.key, fingerprint: first.fingerprint, ..again };
 
     let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let upstream = url.trim_start_matches("redis://").split(['/', '?']).next().unwrap();
-    let upstream = upstream.rsplit('@').next().unwrap().to_owned();
+    let (upstream, url) = standalone_address();
     let doomed = format!("{prefix}:r:{{{}}}", first.key.reference());
-    let side = redis::Client::open(url.split('?').next().unwrap()).unwrap();
-    let port = vanishing_proxy(upstream, side, doomed, Arc::clone(&armed)).await;
+    let side = redis::Client::open(url).unwrap();
+    // The hash vanishes between the claim's two round trips.
+    let vanish: Between = Arc::new(move || {
+        let (side, doomed) = (side.clone(), doomed.clone());
+        Box::pin(async move {
+            let mut conn = side.get_multiplexed_async_connection().await.unwrap();
+            let deleted: i64 = redis::cmd("DEL").arg(&doomed).query_async(&mut conn).await.unwrap();
+            assert_eq!(deleted, 1, "the hash was there to vanish");
+        })
+    });
+    let port = between_proxy(upstream, 1, vanish, Arc::clone(&armed)).await;
     let proxied = RedisLedger::connect(&format!("redis://127.0.0.1:{port}")).await.unwrap().with_prefix(&prefix);
     armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let won = proxied.claim(&again).await;
@@ -426,4 +505,158 @@ async fn a_record_kept_for_ever_is_written_without_a_ttl() {
     let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut conn).await.unwrap();
     assert_eq!(ttl, -1, "kept without a TTL (the sweep, not Redis, removes it)");
     let () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+}
+
+/// A release whose compare-and-set lost to another writer that left exactly what the release
+/// would have — a sweep that removed the record, its retention over, between the release's read
+/// and its write — is not answered as if it had released the claim itself: nothing of its own
+/// was left to undo (fenced, as on every other ledger). It used to take the other's removal,
+/// which looks the same, for its own write (issue 41, item 4; red first).
+#[tokio::test]
+async fn a_release_is_not_answered_by_another_writers_removal() {
+    use idem_runtime::ledger::{Claim, LedgerError, Token};
+    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
+    let prefix = format!("idem-test-{}", Token::random().get());
+    let plain = plain.with_prefix(&prefix);
+    let now = plain.now().await.unwrap().unwrap();
+    let request = claim_request(now);
+    assert!(matches!(plain.claim(&request).await.unwrap(), Claim::Won { .. }));
+
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (upstream, _) = standalone_address();
+    let sweeper = plain.clone();
+    let sweep: Between = Arc::new(move || {
+        let sweeper = sweeper.clone();
+        Box::pin(async move { assert_eq!(sweeper.sweep(now + 600_000, 100).await.unwrap(), 1, "the sweep removes it") })
+    });
+    let port = between_proxy(upstream, 0, sweep, Arc::clone(&armed)).await;
+    let proxied = RedisLedger::connect(&format!("redis://127.0.0.1:{port}")).await.unwrap().with_prefix(&prefix);
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let released = proxied.release(&request.key, request.token).await;
+    assert_eq!(released, Err(LedgerError::Fenced), "the sweep removed it, not the release");
+}
+
+/// Two operators settle one operation with the same verdict at once: only the one whose
+/// verdict was stored is told so; the other is told the operation is no longer resolvable, as
+/// it would be a moment later. The second used to take the first's write, which looks exactly
+/// like its own, for its own (issue 41, item 4; red first).
+#[tokio::test]
+async fn only_the_operator_whose_verdict_was_stored_is_told_so() {
+    use idem_runtime::key::Address;
+    use idem_runtime::ledger::{Claim, LedgerError, Resolution, State, Token};
+    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
+    let prefix = format!("idem-test-{}", Token::random().get());
+    let plain = plain.with_prefix(&prefix);
+    let now = plain.now().await.unwrap().unwrap();
+    let request = claim_request(now);
+    assert!(matches!(plain.claim(&request).await.unwrap(), Claim::Won { .. }));
+    // Its lease (ten seconds) has lapsed: an operator may settle it.
+    let (later, keep_until) = (now + 20_000, now + 90_000);
+    let address = Address { reference: request.key.reference(), window_end: request.window_end };
+
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (upstream, _) = standalone_address();
+    let other = plain.clone();
+    let tenant = request.tenant;
+    let first: Between = Arc::new(move || {
+        let other = other.clone();
+        Box::pin(async move {
+            let stored = other.resolve(tenant, address, Resolution::NothingHappened, later, keep_until).await;
+            assert_eq!(stored, Ok(()), "the first operator's verdict");
+        })
+    });
+    let port = between_proxy(upstream, 0, first, Arc::clone(&armed)).await;
+    let proxied = RedisLedger::connect(&format!("redis://127.0.0.1:{port}")).await.unwrap().with_prefix(&prefix);
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let second = proxied.resolve(tenant, address, Resolution::NothingHappened, later, keep_until).await;
+    assert_eq!(second, Err(LedgerError::NotResolvable { state: State::Failed }), "the second operator's");
+}
+
+/// A holder's result is recognised as its own when sent again (its answer lost), but an
+/// operator's verdict that stores the same outcome is not taken for it: the holder is fenced,
+/// as on every other ledger, and its caller is given the verdict. (A holder's completion clears
+/// the record's label; a verdict keeps it.) It used to be told its result was recorded (issue 41,
+/// item 4; red first).
+#[tokio::test]
+async fn an_operators_verdict_is_not_taken_for_the_holders_result() {
+    use idem_runtime::key::Address;
+    use idem_runtime::ledger::{Claim, ClaimRequest, LedgerError, Outcome, Resolution, Token};
+    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
+    let prefix = format!("idem-test-{}", Token::random().get());
+    let ledger = plain.with_prefix(&prefix);
+    let now = ledger.now().await.unwrap().unwrap();
+    let (later, keep_until) = (now + 20_000, now + 90_000);
+    for (verdict, outcome) in [
+        (Resolution::NothingHappened, Outcome::Failed),
+        (Resolution::Completed(b"charged".to_vec()), Outcome::Completed(b"charged".to_vec())),
+    ] {
+        let request = ClaimRequest { label: Some(b"sealed label".to_vec()), ..claim_request(now) };
+        assert!(matches!(ledger.claim(&request).await.unwrap(), Claim::Won { .. }));
+        let address = Address { reference: request.key.reference(), window_end: request.window_end };
+        ledger.resolve(request.tenant, address, verdict.clone(), later, keep_until).await.unwrap();
+        let late = ledger.complete(&request.key, request.token, outcome.clone(), keep_until).await;
+        assert_eq!(late, Err(LedgerError::Fenced), "the holder, after the verdict {verdict:?}");
+    }
+}
+
+/// An operation a repeat marked unknown under `hold` (its lease lapsed) and whose holder then
+/// settles it "unknown" is kept as long as the holder asks, as on every other ledger: the
+/// record already read "unknown" under the holder's token, which used to be taken for the
+/// holder's own completion, and nothing was written (issue 41, item 4; red first).
+#[tokio::test]
+async fn a_holders_unknown_is_written_though_a_repeat_marked_it_unknown() {
+    use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, State, Token};
+    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
+    let prefix = format!("idem-test-{}", Token::random().get());
+    let ledger = plain.with_prefix(&prefix);
+    let now = ledger.now().await.unwrap().unwrap();
+    let later = now + 20_000;
+    let request = ClaimRequest { stale: idem_runtime::StalePolicy::Hold, ..claim_request(now) };
+    assert!(matches!(ledger.claim(&request).await.unwrap(), Claim::Won { .. }));
+    let repeat = ClaimRequest { token: Token::random(), now: later, ..request.clone() };
+    assert_eq!(ledger.claim(&repeat).await.unwrap(), Claim::Unknown, "the lapsed lease, held");
+    let kept = now + 900_000;
+    ledger.complete(&request.key, request.token, Outcome::Unknown, kept).await.unwrap();
+    let report = ledger.lookup(&request.key, later).await.unwrap().expect("the record");
+    assert_eq!((report.state, report.expires_at), (State::Unknown, kept), "kept as long as its holder asked");
+}
+
+/// With `wait=N`, the check value a replica keeps for its secret, and the owner it records for
+/// a tool, are answered only once the replicas hold them — with what was read: a replica
+/// compares its secret, and a handler its tool's owners, against what it is answered, and a
+/// failover that lost it would let another replica keep another secret, or another handler
+/// the same tool, unseen (issue 41, item 4; red first: both were answered at once).
+#[tokio::test]
+async fn secret_checks_and_tool_owners_are_answered_once_the_replicas_hold_them() {
+    use idem_runtime::ledger::LedgerError;
+    let test = "ledger_redis::secret_checks_and_tool_owners_are_answered_once_the_replicas_hold_them";
+    let Some(pair) = Pair::start(test).await else { return };
+    let ledger = RedisLedger::connect(&format!("{}?wait=1&wait_timeout_ms=2000", pair.url)).await.unwrap();
+    let now = ledger.now().await.unwrap().unwrap();
+    let (check, other) = ([7; 32], [8; 32]);
+    assert_eq!(ledger.secret_check(1, Some(&check)).await, Ok(Some(check)), "the replica in step");
+    assert_eq!(ledger.tool_owners("ns", "charge", "a", now, 0).await, Ok(vec!["a".to_owned()]));
+
+    pair.signal_replica("-STOP");
+    let kept = ledger.secret_check(2, Some(&check)).await;
+    assert!(matches!(kept, Err(LedgerError::Ambiguous { .. })), "a check value only the primary holds: {kept:?}");
+    let read = ledger.secret_check(1, Some(&other)).await;
+    assert!(matches!(read, Err(LedgerError::Ambiguous { .. })), "a check value read, unconfirmed: {read:?}");
+    let owners = ledger.tool_owners("ns", "charge", "b", now, 0).await;
+    assert!(matches!(owners, Err(LedgerError::Ambiguous { .. })), "an owner only the primary holds: {owners:?}");
+    let live = ledger.secret_versions(Some((1, now + 60_000))).await;
+    assert!(matches!(live, Err(LedgerError::Ambiguous { .. })), "a version's time only the primary holds: {live:?}");
+
+    pair.signal_replica("-CONT");
+    let mut answers = (Err(LedgerError::Fenced), Err(LedgerError::Fenced));
+    for _ in 0..50 {
+        answers = (ledger.secret_check(2, Some(&other)).await, ledger.tool_owners("ns", "charge", "b", now, 0).await);
+        if answers.0.is_ok() && answers.1.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(answers.0, Ok(Some(check)), "the check value first kept, once the replica has it");
+    assert_eq!(answers.1, Ok(vec!["a".to_owned(), "b".to_owned()]), "both owners, once the replica has them");
+    assert_eq!(ledger.secret_versions(None).await, Ok(vec![(1, now + 60_000)]), "the version's time");
 }

@@ -131,7 +131,7 @@ async fn counters_after_a_fresh_call_a_replay_a_conflict_and_an_in_flight_repeat
         Ok::<_, Error>("shipped".to_owned())
     });
     let repeat = async {
-        started.notified().await;
+        idem_tests::within("the first call's handler to start", started.notified()).await;
         let during = read(&snapshotter, &mut totals);
         let repeat = idem.call(&SHIP, Some(&alice), &args, ship).await;
         release.notify_one();

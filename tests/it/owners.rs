@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_runtime::Caller;
 use idem_runtime::ledger::Token;
-use idem_tests::owners::{Invoices, Orders, Receipts, ServiceError};
+use idem_tests::owners::{
+    InvoiceRow, Invoices, LETTERS_RAN, LOADS_RAN, Letters, NOTES_RAN, OrderRow, Orders, PARCELS_RAN, Parcels,
+    PinnedInvoices, PinnedOrders, Receipts, ServiceError, Store,
+};
 
 /// A namespace of this run's own: the owners a shared database recorded in earlier runs (or
 /// other tests) stay out of it.
@@ -55,6 +58,122 @@ async fn two_handles_over_one_ledger_never_share_an_operation() {
     }
 }
 
+/// Handles on `ledger` in a namespace of their own, calling as one local caller.
+fn handles(ledger: &std::sync::Arc<dyn idem_runtime::ledger::Ledger>) -> impl Fn() -> idem_runtime::Idem {
+    let namespace = fresh_namespace();
+    let ledger = ledger.clone();
+    move || {
+        idem_tests::builder(ledger.clone())
+            .namespace(namespace.clone())
+            .local_caller(Caller::new("owners", "test"))
+            .build()
+            .unwrap()
+    }
+}
+
+/// Issue 41, item 6 (a): one generic service, two instances. `Store<OrderRow>` and
+/// `Store<InvoiceRow>` run different code; the invoice store is refused (its body never runs)
+/// rather than handed the order's result — on one handle and on two.
+#[tokio::test]
+async fn two_instances_of_a_generic_service_never_share_an_operation() {
+    for (name, ledger) in idem_tests::every_ledger("two_instances_of_a_generic_service_never_share").await {
+        for two_handles in [false, true] {
+            let handle = handles(&ledger);
+            let orders = Store::<OrderRow>::new(handle());
+            let invoices = Store::<InvoiceRow>::new(if two_handles { handle() } else { orders.idem.clone() });
+            assert_eq!(orders.create(42).await, Ok("order 42 #1".to_owned()), "{name}");
+            let answer = invoices.create(42).await;
+            assert_eq!(invoices.ran.load(Ordering::SeqCst), 0, "{name}, two handles {two_handles}: {answer:?}");
+            let message = refused(&answer).to_owned();
+            for words in [
+                "idem_tests::owners::Store<idem_tests::owners::OrderRow>::create",
+                "idem_tests::owners::Store<idem_tests::owners::InvoiceRow>::create",
+            ] {
+                assert!(message.contains(words), "{name}: the refusal names both instances: {message}");
+            }
+            assert!(
+                message.contains("instances of one generic handler"),
+                "{name}: and how to tell them apart: {message}"
+            );
+            assert!(message.contains(".namespace("), "{name}: {message}");
+            refused(&orders.create(43).await);
+            assert_eq!(orders.ran.load(Ordering::SeqCst), 1, "{name}");
+        }
+    }
+}
+
+/// Issue 41, item 6 (a), the same for a generic free function whose type parameter no argument
+/// carries: `load::<InvoiceRow>` is not handed `load::<OrderRow>`'s result.
+#[tokio::test]
+async fn two_instances_of_a_generic_function_never_share_an_operation() {
+    let ledger: std::sync::Arc<dyn idem_runtime::ledger::Ledger> =
+        std::sync::Arc::new(idem_runtime::MemoryLedger::new());
+    let idem = handles(&ledger)();
+    assert_eq!(idem_tests::owners::load::<OrderRow>(&idem, 42).await, Ok("order 42 #1".to_owned()));
+    let answer = idem_tests::owners::load::<InvoiceRow>(&idem, 42).await;
+    assert_eq!(LOADS_RAN[1].load(Ordering::SeqCst), 0, "the invoice loader never ran: {answer:?}");
+    let message = refused(&answer);
+    assert!(message.contains("idem_tests::owners::load::<idem_tests::owners::InvoiceRow>"), "{message}");
+    assert!(message.contains("instances of one generic handler"), "{message}");
+}
+
+/// Issue 41, item 6 (b): two different handlers pinned with one name are refused across two
+/// handles on one ledger as they are on one handle.
+#[tokio::test]
+async fn two_handlers_pinned_to_one_name_are_refused_on_any_handle() {
+    for (name, ledger) in idem_tests::every_ledger("two_handlers_pinned_to_one_name_are_refused").await {
+        for two_handles in [false, true] {
+            let handle = handles(&ledger);
+            let orders = PinnedOrders { idem: handle(), ran: AtomicUsize::new(0) };
+            let invoices = PinnedInvoices {
+                idem: if two_handles { handle() } else { orders.idem.clone() },
+                ran: AtomicUsize::new(0),
+            };
+            assert_eq!(orders.create("42".into()).await, Ok("order 42 #1".to_owned()), "{name}");
+            let answer = invoices.create("42".into()).await;
+            assert_eq!(invoices.ran.load(Ordering::SeqCst), 0, "{name}, two handles {two_handles}: {answer:?}");
+            let message = refused(&answer).to_owned();
+            assert!(message.contains("tests/owners.rs"), "{name}: the refusal says where each is declared: {message}");
+            refused(&orders.create("43".into()).await);
+            assert_eq!(orders.ran.load(Ordering::SeqCst), 1, "{name}");
+        }
+    }
+}
+
+/// Issue 41, item 6 (c): two functions with no `self`, of one name, in one module, in impls
+/// without `#[audit_idempotent]`, are two handlers on two handles as on one.
+#[tokio::test]
+async fn two_functions_of_one_name_in_unaudited_impls_never_share_an_operation() {
+    let ledger: std::sync::Arc<dyn idem_runtime::ledger::Ledger> =
+        std::sync::Arc::new(idem_runtime::MemoryLedger::new());
+    let handle = handles(&ledger);
+    let (first, second) = (handle(), handle());
+    assert_eq!(Parcels::ship(&first, "42".into()).await, Ok("parcel 42 #1".to_owned()));
+    let answer = Letters::ship(&second, "42".into()).await;
+    assert_eq!(LETTERS_RAN.load(Ordering::SeqCst), 0, "the letter handler never ran: {answer:?}");
+    let message = refused(&answer);
+    for words in ["idem_tests::owners::Parcels::ship", "idem_tests::owners::Letters::ship"] {
+        assert!(message.contains(words), "the refusal names both handlers: {message}");
+    }
+    assert!(!message.contains("instances of one generic handler"), "{message}");
+    refused(&Parcels::ship(&first, "43".into()).await);
+    assert_eq!(PARCELS_RAN.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 41, item 6, the regression: an `impl Serialize + Send + Sync` argument compiles and is
+/// keyed by its value — a `&str` and a `String` of the same text are one operation, as an
+/// argument's type is no part of which handler runs.
+#[tokio::test]
+async fn an_impl_serialize_argument_is_keyed_by_its_value() {
+    let ledger: std::sync::Arc<dyn idem_runtime::ledger::Ledger> =
+        std::sync::Arc::new(idem_runtime::MemoryLedger::new());
+    let idem = handles(&ledger)();
+    assert_eq!(idem_tests::owners::note(&idem, "n-1").await, Ok("note #1".to_owned()));
+    assert_eq!(idem_tests::owners::note(&idem, String::from("n-1")).await, Ok("note #1".to_owned()));
+    assert_eq!(idem_tests::owners::note(&idem, "n-2").await, Ok("note #2".to_owned()));
+    assert_eq!(NOTES_RAN.load(Ordering::SeqCst), 2);
+}
+
 /// One `owners_child` process: its line of output.
 fn child(url: &str, namespace: &str, service: &str, id: &str) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_owners_child"))
@@ -66,24 +185,21 @@ fn child(url: &str, namespace: &str, service: &str, id: &str) -> String {
     stdout
 }
 
-#[tokio::test]
-async fn two_processes_over_one_ledger_never_share_an_operation() {
+/// The ledgers `owners_child` processes share: a SQLite file, and PostgreSQL if it is there.
+async fn shared_ledgers(test: &str) -> Vec<(&'static str, String)> {
     let dir = std::env::temp_dir().join(format!("idem-owners-{:016x}", Token::random().get()));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     let mut urls = vec![("sqlite", format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display()))];
-    let postgres = std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    if idem_tests::durable(
-        "two_processes_over_one_ledger_never_share_an_operation",
-        "IDEM_TEST_POSTGRES_URL",
-        &postgres,
-    )
-    .await
-    .is_some()
-    {
+    let (env, default) = idem_tests::POSTGRES;
+    if let Some(postgres) = idem_tests::suite_database(test, env, default).await {
         urls.push(("postgres", postgres));
     }
-    for (name, url) in urls {
+    urls
+}
+
+#[tokio::test]
+async fn two_processes_over_one_ledger_never_share_an_operation() {
+    for (name, url) in shared_ledgers("two_processes_over_one_ledger_never_share_an_operation").await {
         let namespace = fresh_namespace();
         let first = child(&url, &namespace, "orders", "42");
         assert_eq!(first, "DONE order 42 #1 RAN 1", "{name}");
@@ -93,5 +209,27 @@ async fn two_processes_over_one_ledger_never_share_an_operation() {
         // A restarted orders process is refused too: both handlers, whichever started first.
         let third = child(&url, &namespace, "orders", "43");
         assert!(third.starts_with("REFUSED duplicate_tool") && third.ends_with("RAN 0"), "{name}: {third}");
+    }
+}
+
+/// Issue 41, item 6 (a) and (c) across processes: the instances of a generic service, and two
+/// functions of one name in unaudited impls, are told apart by the name each process records in
+/// the ledger (the same in every process of one build).
+#[tokio::test]
+async fn two_processes_never_share_an_operation_of_two_instances_or_two_unaudited_functions() {
+    let test = "two_processes_never_share_an_operation_of_two_instances_or_two_unaudited_functions";
+    for (name, url) in shared_ledgers(test).await {
+        for (first, second, answer) in
+            [("store-orders", "store-invoices", "order 42 #1"), ("parcels", "letters", "parcel 42 #1")]
+        {
+            let namespace = fresh_namespace();
+            assert_eq!(child(&url, &namespace, first, "42"), format!("DONE {answer} RAN 1"), "{name}");
+            // A restart of the same build is the same handler: the repeat is replayed.
+            assert_eq!(child(&url, &namespace, first, "42"), format!("DONE {answer} RAN 0"), "{name}");
+            let refused = child(&url, &namespace, second, "42");
+            assert!(refused.starts_with("REFUSED duplicate_tool") && refused.ends_with("RAN 0"), "{name}: {refused}");
+            let again = child(&url, &namespace, first, "43");
+            assert!(again.starts_with("REFUSED duplicate_tool") && again.ends_with("RAN 0"), "{name}: {again}");
+        }
     }
 }

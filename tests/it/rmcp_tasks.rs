@@ -154,7 +154,7 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
     let deploy = fresh_deploy();
 
     let first = alice.call("deploy", &deploy, true).await;
-    downstream.started.notified().await;
+    alice.started(first, &downstream.started).await;
     let repeat = alice.call("deploy", &deploy, true).await;
     let repeat = alice.answer(repeat).await;
     let task = repeat.get("result").cloned().unwrap_or_else(|| panic!("a result: {repeat}"));
@@ -254,7 +254,7 @@ async fn a_server_without_the_extension_answers_in_flight() {
     let mut wire = Wire::connect(Deployer::new(idem, Arc::clone(&downstream), false)).await;
     let deploy = fresh_deploy();
     let first = wire.call("deploy", &deploy, true).await;
-    downstream.started.notified().await;
+    wire.started(first, &downstream.started).await;
     let repeat = wire.call("deploy", &deploy, true).await;
     let repeat = wire.answer(repeat).await;
     assert_eq!(repeat.pointer("/result/_meta/dev.idem~1outcome/code"), Some(&json!("in_flight")), "{repeat}");

@@ -279,7 +279,7 @@ async fn concurrent_repeats_wait_and_are_answered_with_the_first_calls_result(ba
     let deploy = fresh_deploy();
 
     let first = r.here.call("deploy", &deploy, false).await;
-    r.downstream.started.notified().await;
+    r.here.started(first, &r.downstream.started).await;
     let repeat_here = r.here.call("deploy", &deploy, false).await;
     let repeat_there = r.there.call("deploy", &deploy, false).await;
     // Both repeats have found the operation in flight: only now does the first call finish. The
@@ -315,7 +315,7 @@ async fn a_holder_slower_than_the_wait_is_answered_in_flight(backend: &str) {
     let deploy = fresh_deploy();
 
     let first = r.here.call("deploy_briefly", &deploy, false).await;
-    r.downstream.started.notified().await;
+    r.here.started(first, &r.downstream.started).await;
     let repeat = r.there.call("deploy_briefly", &deploy, false).await;
     let repeat = r.there.result(repeat).await;
     assert!(!r.downstream.finished(), "answered while the first call still runs: {repeat}");
@@ -344,7 +344,7 @@ async fn a_task_tool_answers_a_waited_repeat_with_its_task_or_in_flight(backend:
     let deploy = fresh_deploy();
 
     let first = r.here.call("deploy_as_task", &deploy, false).await;
-    r.downstream.started.notified().await;
+    r.here.started(first, &r.downstream.started).await;
 
     let task = r.there.call("deploy_as_task", &deploy, true).await;
     let task = r.there.result(task).await;

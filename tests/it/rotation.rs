@@ -94,7 +94,7 @@ fn order() -> String {
 /// and says which version differs; the first replica keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_with_other_bytes_for_a_version_cannot_serve() {
-    for (backend, ledger) in idem_tests::every_ledger("a_replica_with_other_bytes").await {
+    for (backend, ledger) in own_ledgers("a_replica_with_other_bytes", "rotation_other_bytes", false).await {
         let (version, _) = fresh_versions();
         let first = Idem::builder(Arc::clone(&ledger)).secret(secret(version, 0x11)).build().unwrap();
         let third = Idem::builder(Arc::clone(&ledger)).secret(secret(version, 0x33)).build().unwrap();
@@ -224,7 +224,8 @@ async fn a_cold_burst_shares_one_failed_clock_read() {
 /// a status reader would take for an outcome ("failed, nothing ran").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotation_leaves_no_false_records() {
-    for (backend, ledger) in idem_tests::every_ledger("a_rotation_leaves_no_false_records").await {
+    for (backend, ledger) in own_ledgers("a_rotation_leaves_no_false_records", "rotation_no_false_records", false).await
+    {
         let (v1, v2) = fresh_versions();
         let before = Idem::builder(Arc::clone(&ledger)).secret(secret(v1, 0x11)).build().unwrap();
         let after = Idem::builder(Arc::clone(&ledger))
@@ -266,7 +267,7 @@ impl Tap for SlowLookups {
 /// the argument that differs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_answer_names_the_operation_that_answered() {
-    for (backend, ledger) in idem_tests::every_ledger("a_shared_answer_names_the_operation").await {
+    for (backend, ledger) in own_ledgers("a_shared_answer_names_the_operation", "rotation_shared_answer", false).await {
         if backend == "memory" {
             continue; // A local ledger is not coalesced.
         }
@@ -286,9 +287,7 @@ async fn a_shared_answer_names_the_operation_that_answered() {
         let old_ref: Ref = before.admin().key_of(&PAY, &alice(), &args).unwrap().reference();
         let holder = pay(&before, &args, &runs, Some(&release));
         let repeats = async {
-            while runs.load(Ordering::SeqCst) == 0 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            idem_tests::wait_until("the holder's handler to start", || runs.load(Ordering::SeqCst) > 0).await;
             let answers = futures_join_all((0..8).map(|_| pay(&after, &args, &runs, None))).await;
             let status = after.status(&alice(), &old_ref.to_string()).await.unwrap().expect("the operation");
             release.notify_one();
@@ -348,7 +347,7 @@ impl Tap for Statements {
 /// of them gave back every 10 ms, each claiming it again to find the operation anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_repeat_during_a_rotation_does_not_spin() {
-    for (backend, ledger) in idem_tests::every_ledger("a_waiting_repeat_during_a_rotation").await {
+    for (backend, ledger) in own_ledgers("a_waiting_repeat_during_a_rotation", "rotation_waiting_repeat", false).await {
         if backend == "memory" {
             continue; // A local ledger is not coalesced.
         }
@@ -366,9 +365,7 @@ async fn a_waiting_repeat_during_a_rotation_does_not_spin() {
         let old_ref = before.admin().key_of(&PAY_WAITING, &alice(), &args).unwrap().reference();
         let holder = pay_on(&PAY_WAITING, &before, &args, &runs, Some(&release));
         let repeats = async {
-            while runs.load(Ordering::SeqCst) == 0 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            idem_tests::wait_until("the holder's handler to start", || runs.load(Ordering::SeqCst) > 0).await;
             let answers = futures_join_all((0..8).map(|_| pay_on(&PAY_WAITING, &after, &args, &runs, None))).await;
             release.notify_one();
             answers
@@ -387,6 +384,195 @@ async fn a_waiting_repeat_during_a_rotation_does_not_spin() {
         eprintln!("{backend}: eight waiters during a rotation cost {statements} statements in 600 ms");
         assert!(statements <= 20, "{backend}: eight waiters cost {statements} statements in 600 ms");
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}");
+    }
+}
+
+/// Every ledger, each of this test's own and holding no secret version yet: memory, a SQLite
+/// file, the PostgreSQL and MariaDB databases `idem_<name>` (its secrets forgotten), and — with
+/// `redis` — Redis under a prefix of its own. A handle keying with a version other than [`idem_tests::test_secret`]'s
+/// marks that version's operations live in its ledger, and a handle on the shared test databases
+/// that does not honour that version would be refused while they live: such tests keep to
+/// ledgers of their own.
+pub(crate) async fn own_ledgers(test: &str, name: &str, redis: bool) -> Vec<(&'static str, Arc<dyn Ledger>)> {
+    let mut ledgers: Vec<(&'static str, Arc<dyn Ledger>)> = vec![("memory", Arc::new(MemoryLedger::new()))];
+    for (backend, ledger) in own_sql_ledgers(test, name).await {
+        ledgers.push((backend, Arc::new(ledger)));
+    }
+    if redis && let Some(redis) = crate::ledger_redis::redis("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379").await {
+        let prefix = format!("idem-test-{}", Token::random().get());
+        ledgers.push(("redis", Arc::new(redis.with_prefix(&prefix))));
+    }
+    ledgers
+}
+
+/// The SQL ledgers of [`own_ledgers`]: a SQLite file, and the PostgreSQL and MariaDB databases
+/// `idem_<name>` with no secret version kept.
+async fn own_sql_ledgers(test: &str, name: &str) -> Vec<(&'static str, SeaOrmLedger)> {
+    use sea_orm::ConnectionTrait;
+    let dir = std::env::temp_dir().join(format!("idem-{name}-{}", Token::random().get()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let sqlite = format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display());
+    let mut ledgers = vec![("sqlite", SeaOrmLedger::connect(&sqlite).await.expect("open a SQLite file"))];
+    for (backend, (env, default)) in [("postgres", idem_tests::POSTGRES), ("mysql", idem_tests::MYSQL)] {
+        let Some(url) = idem_tests::own_database(&format!("{test}::{backend}"), env, default, name).await else {
+            continue;
+        };
+        let ledger = SeaOrmLedger::connect(&url).await.expect("connect to the test's own database");
+        ledger.connection().execute_unprepared("DELETE FROM idem_secrets").await.expect("forget the secrets");
+        ledgers.push((backend, ledger));
+    }
+    ledgers
+}
+
+/// Issue 41, item 2: a handle configured with a new secret version and no previous one — on a
+/// ledger whose live operations were keyed under another version — would re-key them, and a
+/// repeat of a completed payment would run again (a second charge). It refuses to serve instead,
+/// naming both versions and the ways out; a call on it runs nothing. With the old secret kept as
+/// a previous one the repeat is replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_secret_without_the_old_one_refuses_while_the_old_ones_operations_live() {
+    let test = "a_new_secret_without_the_old_one_refuses";
+    for (backend, ledger) in own_ledgers(test, "rotation_rekey", true).await {
+        let (old, new) = (secret(1, 0x11), secret(3, 0x33));
+        let before = Idem::builder(Arc::clone(&ledger)).secret(old.clone()).build().unwrap();
+        before.check_secret().await.expect("the first secret serves");
+        let runs = AtomicUsize::new(0);
+        let args = json!({ "order_id": order(), "amount": 5 });
+        let first = pay(&before, &args, &runs, None).await.unwrap();
+        assert_eq!(first.value, "paid #1", "{backend}");
+
+        // Version 3 alone: refused at startup, and at a call, which runs nothing.
+        let forgot = Idem::builder(Arc::clone(&ledger)).secret(new.clone()).build().unwrap();
+        let repeat = pay(&forgot, &args, &runs, None).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: the repeat ran again under the new secret: {repeat:?}");
+        let refused = repeat.expect_err("served with the old version's operations live");
+        assert_eq!(refused.code(), "ledger_unavailable", "{backend}: {refused:?}");
+        let error = forgot.check_secret().await.expect_err("a new secret without the old one served").to_string();
+        for words in ["version 1", "version 3", "IDEM_SECRET_PREVIOUS", "IDEM_SECRET_RETIRED=1"] {
+            assert!(error.contains(words), "{backend}: the refusal does not say {words:?}: {error}");
+        }
+
+        match forgot.check_secret().await {
+            Err(SecretError::Rekeying { current: 3, live }) => {
+                assert_eq!(live.iter().map(|(version, _)| *version).collect::<Vec<_>>(), [1], "{backend}");
+            }
+            other => panic!("{backend}: {other:?}"),
+        }
+
+        // Version 3 with version 1 kept as previous: the repeat is replayed.
+        let rotated =
+            Idem::builder(Arc::clone(&ledger)).secret(new.clone()).previous_secret(old.clone()).build().unwrap();
+        rotated.check_secret().await.expect("a rotation that keeps the old secret serves");
+        let again = pay(&rotated, &args, &runs, None).await.unwrap();
+        assert_eq!((again.value.as_str(), again.replayed), ("paid #1", true), "{backend}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}");
+
+        // Going back to version 1 alone is refused too: version 3 now has operations of its own.
+        let back = Idem::builder(Arc::clone(&ledger)).secret(old.clone()).build().unwrap();
+        match back.check_secret().await {
+            Err(SecretError::Rekeying { current: 1, live }) => {
+                assert_eq!(live.iter().map(|(version, _)| *version).collect::<Vec<_>>(), [3], "{backend}");
+            }
+            other => panic!("{backend}: going back to version 1 alone: {other:?}"),
+        }
+
+        // Version 1 given up: re-keying accepted, the handle serves (and the repeat runs again,
+        // as its operator said it may). Giving up a version still in use is refused.
+        let retired = Idem::builder(Arc::clone(&ledger)).secret(new.clone()).retired_secret_version(1).build().unwrap();
+        retired.check_secret().await.expect("a retired version's operations do not stop the handle");
+        let rekeyed = pay(&retired, &args, &runs, None).await.unwrap();
+        assert_eq!((rekeyed.value.as_str(), rekeyed.replayed), ("paid #2", false), "{backend}");
+        let contradictory =
+            Idem::builder(Arc::clone(&ledger)).secret(new.clone()).retired_secret_version(3).build().unwrap();
+        assert_eq!(contradictory.check_secret().await, Err(SecretError::RetiredInUse { version: 3 }), "{backend}");
+    }
+}
+
+/// A version's operations stop counting once every record made under it could no longer
+/// answer a repeat: a handle configured with another secret alone then serves, with no flag.
+#[tokio::test]
+async fn a_versions_time_passes_and_then_nothing_is_refused() {
+    const T0: u64 = 1_900_000_000_000;
+    let clock = ManualClock::new(T0);
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::with_clock(clock.clone()));
+    let short = |version: u32, byte: u8| {
+        Idem::builder(Arc::clone(&ledger))
+            .clock(clock.clone())
+            .secret(secret(version, byte))
+            .retention(Duration::from_secs(60))
+            .unsettled_retention(Duration::from_secs(60))
+            .verdict_retention(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let runs = AtomicUsize::new(0);
+    let args = json!({ "order_id": order(), "amount": 5 });
+    pay(&short(1, 0x11), &args, &runs, None).await.unwrap();
+    let error = short(3, 0x33).check_secret().await.expect_err("version 1's operations live");
+    assert!(matches!(error, SecretError::Rekeying { current: 3, .. }), "{error}");
+    // Past the records' life (three minutes and a lease) and the handle's refresh interval (an
+    // hour).
+    clock.advance(Duration::from_secs(2 * 3600));
+    let later = short(3, 0x33);
+    later.check_secret().await.expect("version 1's time has passed");
+    assert_eq!(pay(&later, &args, &runs, None).await.unwrap().value, "paid #2");
+}
+
+/// Waits 30 days: longer than the retention a handle counts on when it resolves its secret.
+static PAY_MONTHLY: Recipe = Recipe::new("pay_monthly", &["order_id"]).window(Duration::from_secs(30 * 24 * 3600));
+
+/// A call under a recipe whose window reaches past the time the ledger keeps for the handle's
+/// version keeps it further first: an operation of that window is never re-keyed before it ends.
+/// And the handle keeps it ahead while it serves, one write per half hour at most, not per call.
+#[tokio::test]
+async fn a_long_window_keeps_its_version_live_as_long() {
+    const T0: u64 = 1_900_000_000_000;
+    const DAY: u64 = 24 * 3600 * 1000;
+    let clock = ManualClock::new(T0);
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::with_clock(clock.clone()));
+    let counted = Tapped::new(Arc::clone(&ledger), Statements(AtomicUsize::new(0)));
+    let idem = Idem::builder(Arc::clone(&counted) as Arc<dyn Ledger>)
+        .clock(clock.clone())
+        .secret(secret(1, 0x11))
+        .build()
+        .unwrap();
+    let until = || async { ledger.secret_versions(None).await.unwrap() };
+    idem.check_secret().await.unwrap();
+    let [(1, first)] = until().await[..] else { panic!("{:?}", until().await) };
+    assert!((T0 + 9 * DAY..T0 + 10 * DAY).contains(&first), "the default life: {first}");
+    let runs = AtomicUsize::new(0);
+    pay_on(&PAY_MONTHLY, &idem, &json!({ "order_id": order(), "amount": 5 }), &runs, None).await.unwrap();
+    let [(1, monthly)] = until().await[..] else { panic!("{:?}", until().await) };
+    assert!(monthly >= T0 + 38 * DAY, "a 30-day window kept live only until {monthly}");
+    // Calls under the default window change nothing while the time kept covers them.
+    for _ in 0..20 {
+        pay(&idem, &json!({ "order_id": order(), "amount": 5 }), &runs, None).await.unwrap();
+    }
+    assert_eq!(until().await, [(1, monthly)]);
+}
+
+/// A ledger made before secret versions kept their time (no `idem_secrets.live_until`) is
+/// upgraded in place by the migration: the column is added, and — the ledger knowing exactly one
+/// version, which keyed every record in it — that version counts live until its last record
+/// expires, so a handle with another secret alone is refused at once, not only after a replica
+/// served again with the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_made_before_the_times_is_upgraded_in_place() {
+    use sea_orm::ConnectionTrait;
+    for (backend, sql) in own_sql_ledgers("a_ledger_made_before_the_times", "rotation_upgrade").await {
+        let ledger: Arc<dyn Ledger> = Arc::new(sql.clone());
+        let before = Idem::builder(Arc::clone(&ledger)).secret(secret(1, 0x11)).build().unwrap();
+        let runs = AtomicUsize::new(0);
+        let args = json!({ "order_id": order(), "amount": 5 });
+        pay(&before, &args, &runs, None).await.unwrap();
+        // As an earlier version left it: no column, so no time.
+        sql.connection().execute_unprepared("ALTER TABLE idem_secrets DROP COLUMN live_until").await.unwrap();
+        sql.migrate().await.expect("the upgrade");
+        sql.migrate().await.expect("run again: nothing to do");
+        let error = Idem::builder(Arc::clone(&ledger)).secret(secret(3, 0x33)).build().unwrap().check_secret().await;
+        assert!(matches!(error, Err(SecretError::Rekeying { current: 3, .. })), "{backend}: {error:?}");
+        let again = pay(&before, &args, &runs, None).await.unwrap();
+        assert!(again.replayed, "{backend}");
     }
 }
 

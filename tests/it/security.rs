@@ -172,9 +172,13 @@ async fn a_rotated_secret_still_finds_operations_made_under_the_previous_one() {
         before.admin().key_of(&CHARGE, &alice(), &new).unwrap()
     );
 
-    // Without the previous secret, the same repeat would have run again: the test can fail.
+    // Without the previous secret, the same repeat would run again (a second charge): a handle
+    // configured so refuses to serve while operations made under the old secret live, and runs
+    // nothing (issue 41, item 2).
     let forgot = Idem::builder(Arc::clone(&ledger)).secret(v2).build().unwrap();
-    assert_eq!(charge(&forgot, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-4");
+    let refused = charge(&forgot, &args, &runs, Duration::ZERO).await;
+    assert!(matches!(refused, Err(Error::Idem(ref code)) if code == "ledger_unavailable"), "{refused:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "the repeat ran again under the new secret alone");
 }
 
 /// During a rolling rotation, two replicas key the same operation under different secrets at
@@ -229,13 +233,10 @@ async fn the_sqlite_default_keeps_its_own_secret_beside_the_file() {
 /// to set one, and no call runs.
 #[tokio::test]
 async fn a_shared_database_without_a_secret_refuses_and_says_how_to_set_one() {
-    for (backend, url) in
-        [("postgres", "postgres://postgres@127.0.0.1:5432/test"), ("mysql", "mysql://root@127.0.0.1:3306/test")]
-    {
-        let Ok(ledger) = SeaOrmLedger::connect(url).await else {
-            idem_tests::skip(&format!("security::a_shared_database_without_a_secret::{backend}"), "no server");
-            continue;
-        };
+    for (backend, (env, default)) in [("postgres", idem_tests::POSTGRES), ("mysql", idem_tests::MYSQL)] {
+        let test = format!("security::a_shared_database_without_a_secret::{backend}");
+        let Some(url) = idem_tests::suite_database(&test, env, default).await else { continue };
+        let ledger = SeaOrmLedger::connect(&url).await.expect("connect to the suite's database");
         let idem = Idem::new(ledger);
         let error = idem.check_secret().await.expect_err("no secret on a shared database").to_string();
         assert!(error.contains("IDEM_SECRET=1:") && error.contains("every replica"), "{backend}: {error}");

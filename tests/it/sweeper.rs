@@ -4,9 +4,9 @@
 //! nothing more; a sweeper keeps going after a ledger error; a sweeper stops when its handle is
 //! gone; and on PostgreSQL a sweep skips rows another transaction holds instead of waiting.
 //!
-//! The durable backends get a database of their own per test (created on the server the other
-//! suites use, `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_MYSQL_URL`), since a sweeper deletes every
-//! expired record in its table — other suites' too. Without a server, a test is skipped by name
+//! The durable backends get a database of their own per test (`idem_tests::own_database`, on the
+//! server the other suites use, `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_MYSQL_URL`), since a sweeper
+//! deletes every expired record in its table — other suites' too. Without a server, a test is skipped by name
 //! (a failure under `CI=true`).
 
 use std::sync::Arc;
@@ -126,14 +126,14 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     panic!("{what}: still not the case after a minute");
 }
 
-/// `n` ledgers on one store, each with connections of its own (as replicas have), or `None`
-/// (skipped).
-async fn replicas(backend: &str, test: &str, n: usize) -> Option<Vec<Arc<dyn Ledger>>> {
+/// `n` ledgers on one store, each with connections of its own (as replicas have), and the
+/// store's URL on a server (PostgreSQL, MariaDB); or `None` (skipped).
+async fn replicas(backend: &str, test: &str, n: usize) -> Option<(Vec<Arc<dyn Ledger>>, Option<String>)> {
     let name = format!("sweeper::{backend}::{test}");
     let url = match backend {
         "memory" => {
             let shared: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
-            return Some(vec![shared; n]);
+            return Some((vec![shared; n], None));
         }
         "sqlite" => {
             let dir = std::env::temp_dir().join(format!("idem-sweeper-{}", Token::random().get()));
@@ -151,19 +151,8 @@ async fn replicas(backend: &str, test: &str, n: usize) -> Option<Vec<Arc<dyn Led
         ledger.migrate().await.expect("migrate");
         ledgers.push(Arc::new(ledger));
     }
-    Some(ledgers)
-}
-
-/// The URL of the database [`replicas`] gave a durable `backend`'s `test`.
-fn replica_url(backend: &str, test: &str) -> Option<String> {
-    let (env, default) = match backend {
-        "postgres" => ("IDEM_TEST_POSTGRES_URL", POSTGRES_URL),
-        "mysql" => ("IDEM_TEST_MYSQL_URL", MYSQL_URL),
-        _ => return None,
-    };
-    let base = std::env::var(env).unwrap_or_else(|_| default.to_owned());
-    let (prefix, _) = base.rsplit_once('/')?;
-    Some(format!("{prefix}/idem_sweeper_{test}"))
+    let server = matches!(backend, "postgres" | "mysql").then_some(url);
+    Some((ledgers, server))
 }
 
 /// Counts the times a session of the database at `url` is seen waiting on a lock, until
@@ -206,15 +195,14 @@ on_every_backend!(three_replicas_delete_every_expired_record_once_and_no_live_on
 /// left to sweep, every live record is kept, and no sweep failed.
 async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend: &str) {
     const EXPIRED: usize = 5_000;
-    let Some(ledgers) = replicas(backend, "three_replicas", 3).await else { return };
+    let Some((ledgers, url)) = replicas(backend, "three_replicas", 3).await else { return };
     let live = seed(&ledgers[0], EXPIRED, 40).await;
     let handles: Vec<Idem> = ledgers.iter().map(|ledger| idem_tests::idem_shared(Arc::clone(ledger))).collect();
     // On the servers, watch for a sweep waiting on another's row locks (a lock storm in the
     // small): never on PostgreSQL, whose sweep skips locked rows.
     let lock_waits = Arc::new(AtomicUsize::new(0));
     let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let watcher = replica_url(backend, "three_replicas")
-        .map(|url| tokio::spawn(watch_lock_waits(url, Arc::clone(&lock_waits), Arc::clone(&watching))));
+    let watcher = url.map(|url| tokio::spawn(watch_lock_waits(url, Arc::clone(&lock_waits), Arc::clone(&watching))));
     // A short period and small batches, so the three overlap on many batches.
     let sweepers: Vec<_> =
         handles.iter().map(|idem| idem.admin().spawn_sweeper(Duration::from_millis(5), 50)).collect();

@@ -114,9 +114,8 @@ impl Counting {
 
     /// Until `n` claims have been answered (the repeats found the operation in flight).
     async fn answered(&self, n: usize) {
-        while self.answered.load(Ordering::SeqCst) < n {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let what = format!("{n} repeats to reach the ledger");
+        idem_tests::wait_until(&what, || self.answered.load(Ordering::SeqCst) >= n).await;
     }
 
     fn other(&self) {
@@ -232,9 +231,8 @@ async fn a_repeat_gets_the_first_calls_result_as_a_replay(backend: &str) {
     });
     let repeat = async {
         // The repeat starts once the first call runs, and waits.
-        while downstream.attempts.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        idem_tests::wait_until("the first call's handler to start", || downstream.attempts.load(Ordering::SeqCst) > 0)
+            .await;
         let repeat =
             r.repeats.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
         let release = async {
@@ -266,9 +264,8 @@ async fn a_holder_slower_than_the_wait_is_answered_in_flight(backend: &str) {
         Ok::<_, Error>(receipt)
     });
     let repeat = async {
-        while downstream.attempts.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        idem_tests::wait_until("the first call's handler to start", || downstream.attempts.load(Ordering::SeqCst) > 0)
+            .await;
         let repeat = r
             .repeats
             .call(&DEPLOY_BRIEFLY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) })
@@ -303,9 +300,8 @@ async fn a_lapsed_holder_is_taken_over_as_a_plain_repeat_would(backend: &str) {
         Ok::<_, Error>(receipt)
     });
     let repeat = async {
-        while downstream.attempts.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        idem_tests::wait_until("the first call's handler to start", || downstream.attempts.load(Ordering::SeqCst) > 0)
+            .await;
         let repeat = repeats
             .call(&DEPLOY_TAKEOVER, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) })
             .await;
@@ -339,9 +335,8 @@ async fn a_lapsed_holder_in_this_process_is_waited_for(backend: &str) {
         Ok::<_, Error>(receipt)
     });
     let repeat = async {
-        while downstream.attempts.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        idem_tests::wait_until("the first call's handler to start", || downstream.attempts.load(Ordering::SeqCst) > 0)
+            .await;
         let repeat =
             idem.call(&DEPLOY_TAKEOVER, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
         let release = async {
@@ -402,9 +397,7 @@ async fn a_repeat_runs_the_handler_when_the_first_call_did_nothing(backend: &str
         Err::<String, _>(Error::Refused)
     });
     let repeat = async {
-        while !started.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        idem_tests::wait_until("the first call's handler to start", || started.load(Ordering::SeqCst)).await;
         let repeat =
             r.repeats.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
         let release = async {
@@ -434,9 +427,8 @@ async fn a_local_holder_wakes_its_waiters_without_polling(backend: &str) {
         Ok::<_, Error>(receipt)
     });
     let waiters = async {
-        while downstream.attempts.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        idem_tests::wait_until("the first call's handler to start", || downstream.attempts.load(Ordering::SeqCst) > 0)
+            .await;
         let call = || idem.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
         let release = async {
             // The holder's claim; its waiters in this process are answered "in flight" by the
@@ -479,9 +471,8 @@ async fn a_thousand_waiters_cost_a_bounded_number_of_statements(backend: &str) {
             .await
         })
     };
-    while downstream.attempts.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    idem_tests::wait_until("the first call's handler to start", || downstream.attempts.load(Ordering::SeqCst) > 0)
+        .await;
     let waiters: Vec<_> = (0..1000)
         .map(|_| {
             let (idem, downstream, args) = (r.repeats.clone(), downstream.clone(), args.clone());
@@ -526,9 +517,8 @@ async fn a_read_that_fails_ends_the_wait_in_flight(backend: &str) {
         Ok::<_, Error>(receipt)
     });
     let repeat = async {
-        while downstream.attempts.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        idem_tests::wait_until("the first call's handler to start", || downstream.attempts.load(Ordering::SeqCst) > 0)
+            .await;
         let repeat =
             r.repeats.call(&DEPLOY, Some(alice()), &args, || async { Ok::<_, Error>(downstream.deploy("api")) });
         let repeat = repeat.await;

@@ -58,6 +58,18 @@ impl Wire {
         id
     }
 
+    /// Waits for `started`, notified by the handler of request `id`.
+    ///
+    /// # Panics
+    /// With the request's answer, if it is answered first (refused: its handler will never start),
+    /// or when the server says nothing for as long as [`Wire::answer`] waits.
+    pub async fn started(&mut self, id: u64, started: &tokio::sync::Notify) {
+        tokio::select! {
+            () = started.notified() => {}
+            answer = self.answer(id) => panic!("request {id} was answered before its handler started: {answer}"),
+        }
+    }
+
     pub async fn answer(&mut self, id: u64) -> Value {
         loop {
             if let Some(answer) = self.answers.remove(&id) {

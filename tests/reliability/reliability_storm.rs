@@ -244,8 +244,10 @@ async fn many_keys(backend: &str) {
     assert!(answers.others().is_empty(), "{backend}: no other answer: {:?}: {}", answers.others(), answers.examples());
 }
 
-static TAKEOVER: Recipe = Recipe::new("rel_storm_charge", &["order_id"]).stale(StalePolicy::Takeover);
-static RECONCILE: Recipe = Recipe::new("rel_storm_charge", &["order_id"]).stale(StalePolicy::Reconcile);
+// Tools of their own: three recipes of one name on one ledger would be three handlers sharing
+// keys, refused as `duplicate_tool` on any handle (issue 41, item 6).
+static TAKEOVER: Recipe = Recipe::new("rel_storm_charge_takeover", &["order_id"]).stale(StalePolicy::Takeover);
+static RECONCILE: Recipe = Recipe::new("rel_storm_charge_reconcile", &["order_id"]).stale(StalePolicy::Reconcile);
 
 async fn after_a_crash(backend: &str) {
     let Some((_, ledger)) = support::connect(backend, "reliability_storm::after_a_crash").await else { return };
@@ -270,7 +272,9 @@ async fn after_a_crash(backend: &str) {
                 .await
             })
         };
-        claimed.await.unwrap();
+        if claimed.await.is_err() {
+            panic!("{name}: the holder's call ended before its handler ran: {:?}", dead.await);
+        }
         dead.abort();
         assert!(dead.await.unwrap_err().is_cancelled());
         tokio::time::sleep(Duration::from_millis(300)).await;

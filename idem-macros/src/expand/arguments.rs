@@ -92,15 +92,20 @@ impl Arguments {
                     (ident, name, false, root)
                 }
             };
-            let keyable = ignored_param(&name) || !is_impl_trait(&typed.ty);
+            // An `impl Trait` whose bounds do not say `Serialize` is refused here, in words:
+            // rustc's own error would suggest a bound on idem's internals. One that says so is
+            // keyed by its value, as any other argument.
+            let keyable = ignored_param(&name) || !is_impl_trait(&typed.ty) || says_serialize(&typed.ty);
             if !keyable {
+                let shown = typed.ty.to_token_stream().to_string().replace(" < ", "<").replace(" >", ">");
                 cx.error(
                     typed.ty.span(),
                     format!(
-                        "`{name}` cannot be keyed or fingerprinted: every argument is serialised, and an \
-                         `impl Trait` type is not known to be `serde::Serialize`; take a concrete type (`{name}: \
-                         String`), or, if it is a dependency rather than part of the call, leave it out with \
-                         `ignore = \"{name}\"`"
+                        "`{name}` cannot be keyed or fingerprinted: every argument is serialised, and `{shown}` \
+                         does not say it is `serde::Serialize`; add the bound (`{name}: {shown} + \
+                         serde::Serialize`), take a generic parameter (`<P: serde::Serialize>` and `{name}: P`) \
+                         or a concrete type (`{name}: String`), or, if it is a dependency rather than part of \
+                         the call, leave it out with `ignore = \"{name}\"`"
                     ),
                 );
             }
@@ -336,6 +341,20 @@ pub(super) fn is_impl_trait(ty: &Type) -> bool {
         Type::ImplTrait(_) => true,
         Type::Reference(reference) => is_impl_trait(&reference.elem),
         Type::Paren(paren) => is_impl_trait(&paren.elem),
+        _ => false,
+    }
+}
+
+/// Whether an `impl Trait` type (or a reference to one) names `Serialize` among its bounds
+/// (`impl Serialize + Send`, `&impl serde::Serialize`).
+pub(super) fn says_serialize(ty: &Type) -> bool {
+    match ty {
+        Type::ImplTrait(bounds) => bounds.bounds.iter().any(|bound| {
+            matches!(bound, syn::TypeParamBound::Trait(bound)
+                if bound.path.segments.last().is_some_and(|last| last.ident == "Serialize"))
+        }),
+        Type::Reference(reference) => says_serialize(&reference.elem),
+        Type::Paren(paren) => says_serialize(&paren.elem),
         _ => false,
     }
 }

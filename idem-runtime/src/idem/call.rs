@@ -139,6 +139,8 @@ impl Idem {
         self.register(recipe)?;
         let arguments = arguments?;
         let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
+        // The ledger keeps this secret version's operations live as long as this call's may be.
+        self.keep_secret_live(&keyring, recipe.window_duration()).await?;
         let caller = caller_of(self, caller, fallback)?;
         let watch = Watch::new(self, recipe, &caller);
         let inner = &self.inner;

@@ -112,36 +112,40 @@ impl Idem {
     }
 
     /// Registers `recipe` with this handle, refusing a different recipe (declared elsewhere)
-    /// with the same tool name in the same namespace: the two would share keys. Every call
-    /// registers its recipe before anything else; call this at startup to find a clash before
-    /// the first call does.
+    /// with the same tool name in the same namespace: the two would share keys. Once two are
+    /// seen, both are refused from then on, whichever came first — as on two handles of one
+    /// ledger. Every call registers its recipe before anything else; call this at startup to
+    /// find a clash before the first call does.
     ///
     /// # Errors
     /// [`Rejection::DuplicateTool`], naming both places.
     pub fn register(&self, recipe: &Recipe) -> Result<(), Rejection> {
         let namespace = self.namespace(recipe);
+        let site = recipe.site();
         let mut registry = self.inner.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let seen = registry.entry(recipe.tool()).or_default();
-        match seen.iter().find(|(known, _)| known == namespace) {
-            None => {
-                seen.push((namespace.to_owned(), recipe.site()));
-                // Every outcome's series exists from the tool's first call, at zero.
-                #[cfg(feature = "metrics")]
-                super::metrics::first_call(recipe.tool());
-                Ok(())
-            }
-            Some((_, site)) if *site == recipe.site() => Ok(()),
-            Some((_, site)) => {
-                let rejection = Rejection::DuplicateTool {
-                    namespace: namespace.to_owned(),
-                    tool: recipe.tool().to_owned(),
-                    first: site.to_string(),
-                    second: recipe.site().to_string(),
-                };
-                tracing::error!(%rejection, "duplicate tool; handler not run");
-                Err(rejection)
-            }
+        let mut here = seen.iter().filter(|(known, _)| known == namespace);
+        if here.clone().next().is_none() {
+            // Every outcome's series exists from the tool's first call, at zero.
+            #[cfg(feature = "metrics")]
+            super::metrics::first_call(recipe.tool());
         }
+        if !here.any(|(_, known)| *known == site) {
+            seen.push((namespace.to_owned(), site));
+        }
+        let others: Vec<String> =
+            seen.iter().filter(|(known, at)| known == namespace && *at != site).map(|(_, at)| at.to_string()).collect();
+        if others.is_empty() {
+            return Ok(());
+        }
+        let rejection = Rejection::DuplicateTool {
+            namespace: namespace.to_owned(),
+            tool: recipe.tool().to_owned(),
+            first: others.join("`, `"),
+            second: site.to_string(),
+        };
+        tracing::error!(%rejection, "duplicate tool; handler not run");
+        Err(rejection)
     }
 
     /// The status of operation `reference`, if the caller may see it: its own operations, and

@@ -2,9 +2,15 @@
 //! the same keys and replay each other's results, so each call first makes sure its handler is
 //! the only one seen for its tool — on this ledger, by every process.
 //!
-//! A handler is named by its path (`billing::Invoices::create`; `#[idempotent]` names it), or
-//! by its tool name when pinned with `name = "..."` or built by hand without
-//! [`Recipe::owner`]. The ledger records each owner seen per (namespace, tool) with the time
+//! A handler is named by its path (`billing::Invoices::create`, with the generic arguments of
+//! an instance of a generic one: `Store<OrderRow>::create`; `#[idempotent]` names it), or by its
+//! tool name when pinned with `name = "..."` (with the instance's generic arguments, if any) or
+//! built by hand without [`Recipe::owner`]. That name is what the ledger keeps: the same across
+//! restarts and replicas of the same code. In this process a handler is also told by where its
+//! recipe is declared ([`Recipe::site`]): two handlers pinned to one name, or two hand-built
+//! recipes of one tool, are two on any handle, as they are on one handle. Across processes a
+//! pinned name is one handler wherever it is declared, as a pin is meant to survive moves.
+//! The ledger records each owner seen per (namespace, tool) with the time
 //! ([`Ledger::tool_owners`]); this process keeps the owners it has seen per ledger too, so a
 //! second handler on another handle of the same ledger is seen at once, with no round trip. The
 //! ledger is asked at a handler's first call and again at most every [`RECHECK`], which also
@@ -15,6 +21,7 @@
 //! [`Rejection::DuplicateTool`].
 
 use std::collections::BTreeSet;
+use std::panic::Location;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -36,8 +43,9 @@ struct Seen {
     ledger: Weak<dyn Ledger>,
     namespace: String,
     tool: String,
-    /// The handlers of this process that called the tool.
-    here: BTreeSet<String>,
+    /// The handlers of this process that called the tool: their owner names, and where each
+    /// one's recipe is declared.
+    here: BTreeSet<(String, Site)>,
     /// The owners the ledger returned last, and when.
     recorded: Vec<String>,
     checked: Option<Instant>,
@@ -54,16 +62,33 @@ impl Seen {
             && self.ledger.strong_count() > 0
     }
 
-    /// Another owner than `owner`, if any is known.
-    fn other(&self, owner: &str) -> Option<String> {
+    /// Another handler than `owner` declared at `site`, if any is known: another owner, or the
+    /// same owner name declared elsewhere in this process (then named with where).
+    fn other(&self, owner: &str, site: Site) -> Option<String> {
         // Every call asks: the usual answer (none) allocates nothing.
-        if self.here.iter().chain(&self.recorded).all(|other| other == owner) {
+        let same = |(other, at): &(String, Site)| other == owner && *at == site;
+        if self.here.iter().all(same) && self.recorded.iter().all(|other| other == owner) {
             return None;
         }
-        let others: BTreeSet<&str> =
-            self.here.iter().chain(&self.recorded).map(String::as_str).filter(|other| *other != owner).collect();
+        let others: BTreeSet<String> = (self.here.iter().filter(|handler| !same(handler)))
+            .map(|(other, at)| if other == owner { declared(other, at) } else { other.clone() })
+            .chain(self.recorded.iter().filter(|other| *other != owner).cloned())
+            .collect();
         (!others.is_empty()).then(|| others.into_iter().collect::<Vec<_>>().join("`, `"))
     }
+
+    /// Whether the owner name `owner` is declared at another site than `site` here.
+    fn twice(&self, owner: &str, site: Site) -> bool {
+        self.here.iter().any(|(other, at)| other == owner && *at != site)
+    }
+}
+
+/// Where a recipe is declared.
+type Site = &'static Location<'static>;
+
+/// `owner` as declared at `site`, for a refusal of two handlers with one owner name.
+fn declared(owner: &str, site: Site) -> String {
+    format!("{owner} declared at {site}")
 }
 
 /// Every tool's owners this process has seen, per ledger (a dropped ledger's entries go).
@@ -98,12 +123,14 @@ impl Ownership<'_> {
         let Self { ledger, timed, namespace, recipe, owner, result_schema, now, horizon, patience } = self;
         let tool = recipe.tool();
         let owner = owner_name(owner.or(recipe.owner_path()), tool);
-        let refuse = |other: String| {
+        let site = recipe.site();
+        let refuse = |entry: &Seen, other: String| {
+            let second = if entry.twice(&owner, site) { declared(&owner, site) } else { owner.clone() };
             let rejection = Rejection::DuplicateTool {
                 namespace: namespace.to_owned(),
                 tool: tool.to_owned(),
                 first: other,
-                second: owner.clone(),
+                second,
             };
             tracing::error!(%rejection, "two handlers serve one tool; handler not run");
             rejection
@@ -111,10 +138,10 @@ impl Ownership<'_> {
         {
             let seen = SEEN.read().unwrap_or_else(PoisonError::into_inner);
             if let Some(entry) = seen.iter().find(|entry| entry.is(ledger, namespace, tool))
-                && entry.here.contains(&owner)
+                && entry.here.iter().any(|(known, at)| *known == owner && *at == site)
             {
-                if let Some(other) = entry.other(&owner) {
-                    return Err(refuse(other));
+                if let Some(other) = entry.other(&owner, site) {
+                    return Err(refuse(entry, other));
                 }
                 if entry.checked.is_some_and(|checked| checked.elapsed() < RECHECK) {
                     return Ok(());
@@ -139,9 +166,9 @@ impl Ownership<'_> {
                     seen.len() - 1
                 }
             };
-            seen[index].here.insert(owner.clone());
-            if let Some(other) = seen[index].other(&owner) {
-                return Err(refuse(other));
+            seen[index].here.insert((owner.clone(), site));
+            if let Some(other) = seen[index].other(&owner, site) {
+                return Err(refuse(&seen[index], other));
             }
             Arc::clone(&seen[index].asking)
         };
@@ -153,7 +180,7 @@ impl Ownership<'_> {
             if let Some(entry) = seen.iter().find(|entry| entry.is(ledger, namespace, tool))
                 && entry.checked.is_some_and(|checked| checked.elapsed() < RECHECK)
             {
-                return entry.other(&owner).map_or(Ok(()), |other| Err(refuse(other)));
+                return entry.other(&owner, site).map_or(Ok(()), |other| Err(refuse(entry, other)));
             }
         }
         let since = now.saturating_sub(millis(horizon));
@@ -178,8 +205,8 @@ impl Ownership<'_> {
         if let Some(entry) = seen.iter_mut().find(|entry| entry.is(ledger, namespace, tool)) {
             entry.recorded = recorded;
             entry.checked = Some(Instant::now());
-            if let Some(other) = entry.other(&owner) {
-                return Err(refuse(other));
+            if let Some(other) = entry.other(&owner, site) {
+                return Err(refuse(entry, other));
             }
         }
         Ok(())

@@ -62,6 +62,8 @@ pub(super) struct Settings {
     pub(super) secret: Option<Secret>,
     /// Previous secrets given in code, still honoured for operations recorded under them.
     pub(super) previous: Vec<Secret>,
+    /// Secret versions given up in code: re-keying their live operations accepted.
+    pub(super) retired: Vec<u32>,
     /// Told of each call's lifecycle.
     pub(super) hooks: Option<Arc<dyn Hooks>>,
 }
@@ -131,6 +133,7 @@ impl Builder {
                 namespace: None,
                 secret: None,
                 previous: Vec::new(),
+                retired: Vec::new(),
                 hooks: None,
             },
             ledger_timeout: None,
@@ -217,11 +220,27 @@ impl Builder {
 
     /// Also honours `secret`, a previous one, for operations recorded under it: during a
     /// rotation a repeat of an operation made under the old secret is answered from that record
-    /// (replayed, in flight, unknown) rather than run again. Keep it until the longest window
-    /// (or retention) of operations made under it has run; see [`crate::secret`] for the steps.
-    /// May be given more than once.
+    /// (replayed, in flight, unknown) rather than run again. Keep it until no operation made
+    /// under it can answer a repeat: until then a handle without it refuses to serve
+    /// ([`SecretError::Rekeying`](crate::secret::SecretError::Rekeying)) unless its version is
+    /// given up ([`Builder::retired_secret_version`]); see [`crate::secret`] for the steps. May
+    /// be given more than once.
     pub fn previous_secret(mut self, secret: Secret) -> Self {
         self.settings.previous.push(secret);
+        self
+    }
+
+    /// Gives up secret `version`: serves even while operations keyed under it may still be
+    /// repeated, accepting that such a repeat gets a new key and runs again (re-keying). Without
+    /// it, a handle that keeps a version the ledger has seen neither as its secret nor as a
+    /// previous one refuses to serve until that version's last operation could no longer be
+    /// repeated ([`SecretError::Rekeying`](crate::secret::SecretError::Rekeying), which names the
+    /// versions and until when). For a version dropped after its longest window has run (its
+    /// unsettled operations then unreadable by the operator), or one another service keys with
+    /// on a shared ledger. The same as [`IDEM_SECRET_RETIRED`](crate::secret::RETIRED_VERSIONS_ENV)
+    /// (read when no secret is given in code). May be given more than once.
+    pub fn retired_secret_version(mut self, version: u32) -> Self {
+        self.settings.retired.push(version);
         self
     }
 

@@ -23,6 +23,8 @@ mod model;
 struct Extras {
     /// The check value of each secret version seen.
     checks: HashMap<u32, [u8; 32]>,
+    /// Until when operations keyed under each secret version may be repeated.
+    live: BTreeMap<u32, u64>,
     /// When each handler was last seen serving each tool: (namespace, tool) → owner → time.
     owners: HashMap<(String, String), BTreeMap<String, u64>>,
     /// Each tool's facts and when they were written: (namespace, tool) → (time, facts).
@@ -195,6 +197,20 @@ impl Ledger for MemoryLedger {
             None => extras.checks.get(&version).copied(),
         };
         Box::pin(async move { Ok(kept) })
+    }
+
+    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>> {
+        let mut extras = self.extras();
+        if let Some((version, until)) = live
+            && extras.checks.contains_key(&version)
+        {
+            let kept = extras.live.entry(version).or_insert(until);
+            *kept = (*kept).max(until);
+        }
+        let versions = extras.checks.keys().map(|version| (*version, extras.live.get(version).copied().unwrap_or(0)));
+        let mut versions: Vec<_> = versions.collect();
+        versions.sort_unstable();
+        Box::pin(async move { Ok(versions) })
     }
 
     fn tool_owners<'a>(

@@ -621,6 +621,17 @@ pub trait Ledger: Send + Sync + 'static {
         check: Option<&'a [u8; 32]>,
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>>;
 
+    /// The secret versions whose operations may still be repeated, each with the time until
+    /// which they may be (ledger time) — keeping first, when `live` is given as
+    /// `(version, until)`, that operations keyed under `version` may be repeated until `until`
+    /// (the later of it and the time kept wins, atomically; for a version whose check value
+    /// [`Ledger::secret_check`] keeps). A serving handle keeps its current version's time ahead
+    /// of every record it may make; a handle that honours a version of this list neither as its
+    /// secret nor as a previous one refuses to serve while that version's time is ahead
+    /// ([`SecretError::Rekeying`]): its repeats would run again. A version whose time was never
+    /// kept is listed with 0, or not at all.
+    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>>;
+
     /// Records that the handler `owner` serves `tool` in `namespace`, seen at `now` (keeping the
     /// later time if it was seen before), and returns every owner recorded for that tool seen
     /// at or after `since` — this one included — in order. Two owners mean two different
@@ -749,6 +760,9 @@ impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
         check: Option<&'a [u8; 32]>,
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
         (**self).secret_check(version, check)
+    }
+    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>> {
+        (**self).secret_versions(live)
     }
     fn tool_owners<'a>(
         &'a self,

@@ -34,20 +34,24 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Ledger>, LedgerError> {
 }
 
 /// Connects to the ledger [`DATABASE_URL_ENV`] names, as [`connect`] does; when it is unset,
-/// to the SQL ledger's default SQLite file
-/// ([`SeaOrmLedger::from_env`](super::sea::SeaOrmLedger::from_env)).
+/// to the SQL ledger's default SQLite file of `program`
+/// ([`SeaOrmLedger::from_env`](super::sea::SeaOrmLedger::from_env): pass
+/// `env!("CARGO_PKG_NAME")`, so a renamed executable keeps its ledger).
 ///
 /// # Errors
 /// As [`connect`]; the message names [`DATABASE_URL_ENV`].
-pub async fn from_env() -> Result<Arc<dyn Ledger>, LedgerError> {
+pub async fn from_env(program: &str) -> Result<Arc<dyn Ledger>, LedgerError> {
     let url = std::env::var(DATABASE_URL_ENV).unwrap_or_default();
     if is_redis_url(&url) {
         return connect(&url).await;
     }
     #[cfg(feature = "_sea")]
-    return Ok(Arc::new(super::sea::SeaOrmLedger::from_env().await?));
+    return Ok(Arc::new(super::sea::SeaOrmLedger::from_env(program).await?));
     #[cfg(not(feature = "_sea"))]
-    Err(missing("a SQL ledger", "sqlite, postgres or mysql"))
+    {
+        let _ = program;
+        Err(missing("a SQL ledger", "sqlite, postgres or mysql"))
+    }
 }
 
 #[cfg(any(not(feature = "redis"), not(feature = "_sea")))]

@@ -199,10 +199,13 @@ impl Records {
     }
 
     /// Whether a record of `key` — current, or superseded — already holds what
-    /// [`Records::complete`] would write for `token` and `outcome`: the completion was sent
-    /// before, took effect, and its answer was lost. (A ledger whose writes are not durable when
-    /// they are answered, Redis waiting for its replicas, must recognise it and wait again; a
-    /// token is one claim's, so no other holder's completion looks the same.)
+    /// [`Records::complete`] would write for `token` and a settled `outcome` (completed or
+    /// failed): the completion was sent before, took effect, and its answer was lost. (A ledger
+    /// whose writes are not durable when they are answered, Redis waiting for its replicas, must
+    /// recognise it and wait again.) A token is one claim's, so no other holder's completion
+    /// looks the same; an operator's verdict on the claim keeps its token, but also its label,
+    /// which a holder's settled completion clears — so an identical verdict is not taken for it
+    /// (on a ledger that keeps labels, for a claim sent with one).
     #[cfg(feature = "redis")]
     pub(crate) fn settled_as(&self, key: &Key, token: Token, outcome: &Outcome) -> bool {
         let result = match outcome {
@@ -210,7 +213,10 @@ impl Records {
             Outcome::Failed | Outcome::Unknown => None,
         };
         let same = |record: &Record| {
-            record.token == token && record.state == outcome.state() && record.result.as_ref() == result
+            record.token == token
+                && record.state == outcome.state()
+                && record.result.as_ref() == result
+                && record.label.is_none()
         };
         self.current.get(key).is_some_and(same)
             || self.superseded.range((*key, 0)..=(*key, u64::MAX)).any(|(_, record)| same(record))

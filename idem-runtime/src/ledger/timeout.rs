@@ -140,6 +140,9 @@ impl Ledger for Timeout {
     ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
         self.bound(self.inner.secret_check(version, check))
     }
+    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>> {
+        self.bound(self.inner.secret_versions(live))
+    }
     fn keep_tool_facts<'a>(
         &'a self,
         namespace: &'a str,

@@ -22,6 +22,7 @@ use super::error::ToolError;
 use super::meta::OUTCOME_META_KEY;
 use super::outcome::mark_served;
 use crate::StatusError;
+use crate::clock::rfc3339;
 use crate::idem::Idem;
 use crate::idem::StoredValue;
 use crate::key::Ref;
@@ -257,24 +258,6 @@ fn replayed_result(stored: &[u8], reference: Ref) -> Result<JsonObject, ()> {
         Ok(Value::Object(result)) => Ok(result),
         _ => Err(()),
     }
-}
-
-/// Unix milliseconds as an RFC 3339 (ISO 8601) UTC timestamp: `2026-07-28T09:30:00.250Z`.
-fn rfc3339(ms: u64) -> String {
-    let (secs, millis) = (ms / 1000, ms % 1000);
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil_from_days, for days since 1970-01-01 (never negative here).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    let (hour, minute, second) = (rest / 3600, rest % 3600 / 60, rest % 60);
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z")
 }
 
 #[cfg(test)]

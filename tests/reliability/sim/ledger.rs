@@ -209,6 +209,13 @@ impl Ledger for SimLedger {
         Box::pin(async move { answer })
     }
 
+    /// Outside the fault plan, as the secret's check is.
+    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>> {
+        let answer =
+            self.sim.store().run(self.sim.now(), move |l| Box::pin(async move { l.secret_versions(live).await }));
+        Box::pin(async move { answer })
+    }
+
     /// The operator's reads, outside the fault plan: the simulation is of calls.
     fn inspect<'a>(
         &'a self,

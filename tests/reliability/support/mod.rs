@@ -27,14 +27,6 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:016x}", idem_runtime::ledger::Token::random().get())
 }
 
-pub fn postgres_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-pub fn mysql_url() -> String {
-    std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
-}
-
 /// A fresh SQLite file URL in its own temporary directory.
 pub fn sqlite_url() -> String {
     let dir = std::env::temp_dir().join(unique("idem-rel"));
@@ -42,22 +34,24 @@ pub fn sqlite_url() -> String {
     format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display())
 }
 
-/// The URL of `backend` (`sqlite`, `postgres`, `mysql`) and its migrated ledger, or `None` when
-/// the server cannot be reached (reported skipped; a failure under `CI=true`).
+/// The URL of `backend` (`sqlite`: a fresh file; `postgres`, `mysql`: the suite's own database
+/// on the server `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_MYSQL_URL` names, see
+/// `idem_tests::databases`) and its migrated ledger, or `None` when the server cannot be reached
+/// (reported skipped; a failure under `CI=true`).
 pub async fn connect(backend: &str, test: &str) -> Option<(String, SeaOrmLedger)> {
-    let url = match backend {
-        "sqlite" => sqlite_url(),
-        "postgres" => postgres_url(),
-        "mysql" => mysql_url(),
+    let (env, default) = match backend {
+        "sqlite" => {
+            let url = sqlite_url();
+            let ledger = SeaOrmLedger::connect(&url).await.expect("open a SQLite file");
+            return Some((url, ledger));
+        }
+        "postgres" => idem_tests::POSTGRES,
+        "mysql" => idem_tests::MYSQL,
         other => panic!("unknown backend {other}"),
     };
-    match SeaOrmLedger::connect(&url).await {
-        Ok(ledger) => Some((url, ledger)),
-        Err(error) => {
-            idem_tests::skip(&format!("{test}::{backend}"), &format!("cannot reach {url}: {error}"));
-            None
-        }
-    }
+    let url = idem_tests::suite_database(&format!("{test}::{backend}"), env, default).await?;
+    let ledger = SeaOrmLedger::connect(&url).await.unwrap_or_else(|error| panic!("{test}: connect to {url}: {error}"));
+    Some((url, ledger))
 }
 
 /// A handler error that keeps idem's answer (code, ref) when idem answered instead.

@@ -1,4 +1,4 @@
-//! An argument of type `impl Trait`: the macro cannot serialise a type it does not know. Without
+//! An argument of type `impl Trait` whose bounds do not say `Serialize`: the macro cannot serialise it. Without
 //! help, rustc suggests adding idem's internal `__private::KeyArgument` bound to it.
 
 use idem_runtime::{ErrorClass, IdempotentError, Rejection, idempotent};

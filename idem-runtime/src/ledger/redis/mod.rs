@@ -12,11 +12,12 @@
 //! stats, sweep) scan every primary.
 //!
 //! With `wait=N` in the URL ([`RedisLedger::wait_for_replicas`]), what a caller relies on — a
-//! won claim, a recorded result or verdict, a result it is replayed — is answered only once `N`
-//! replicas hold it: the write goes out in one pipeline with the `WAIT` that asks them (one
-//! connection to one node, so the `WAIT` counts that write), and a read that is relied on first
-//! writes the version it read back to the hash (`TOUCH`, which changes nothing but is
-//! replicated) in one pipeline with a `WAIT`. Without `wait`, as soon as the primary has it.
+//! won claim, a renewed lease, a recorded result or verdict, a result it is replayed, a secret's
+//! check value, a tool's owners — is answered only once `N` replicas hold it: the write goes out
+//! in one pipeline with the `WAIT` that asks them (one connection to one node, so the `WAIT`
+//! counts that write), and a read that is relied on first writes the version it read back to the
+//! hash (`TOUCH`, which changes nothing but is replicated) in one pipeline with a `WAIT`.
+//! Without `wait`, as soon as the primary has it.
 //! What either promises through a failover is measured in RELIABILITY.md and stated in the
 //! guide (`docs/src/redis-ledger.md`).
 
@@ -258,13 +259,16 @@ impl RedisLedger {
                 self.acknowledged(acknowledged)?;
                 return Ok(answer);
             }
+            // Another writer came first: the step again, on what it left. Never "the hash now
+            // holds what this step would have written, so it is mine": another writer's result
+            // can look exactly the same (another sweep's deletion, another operator's identical
+            // verdict), and an answer that says who wrote — how many this sweep removed, whether
+            // this release undid its claim — would be taken from it. This step's own write, sent
+            // again by the client after its answer was lost, is recognised by the script itself,
+            // by the version only this step wrote; a deletion leaves no version, so a lost
+            // answer to one is answered as the step finds the hash (fewer counted swept, a
+            // release fenced: nothing of its own left to undo), never as more than it did.
             read = self.load(reference).await?;
-            // The hash holds exactly what this step wrote: a send the client retried after it
-            // took effect, whose first answer was lost — done, once the replicas have it.
-            if read.records == records && (!waits || self.confirm(&key, &read).await?) {
-                tracing::debug!(%reference, "redis ledger: found its own write");
-                return Ok(answer);
-            }
         }
         Err(LedgerError::unavailable(format!(
             "the record of ref {reference} changed under {ATTEMPTS} attempts in a row; try again"
@@ -440,13 +444,14 @@ impl Ledger for RedisLedger {
         Box::pin(async move {
             let done = self
                 .update(key.reference(), None, |records| {
+                    let done = records.complete(key, token, outcome.clone(), keep_until);
                     // Sent again after its answer was lost (a replica's acknowledgement that did not
                     // come in time, a connection cut): the record holds this very completion, which
-                    // is done — once the replicas have it.
-                    if records.settled_as(key, token, &outcome) {
+                    // is done — once the replicas have it. Asked only of a completion refused: one
+                    // the holder may still write (an unknown a repeat marked under `hold`) is written.
+                    if matches!(done, Err(LedgerError::Fenced)) && records.settled_as(key, token, &outcome) {
                         return (Ok(()), true);
                     }
-                    let done = records.complete(key, token, outcome.clone(), keep_until);
                     let ok = done.is_ok();
                     (done, ok)
                 })
@@ -604,16 +609,40 @@ impl Ledger for RedisLedger {
         Box::pin(async move {
             let key = format!("{}:secret:{version}", self.prefix);
             let kept: Option<Vec<u8>> = match check {
-                Some(check) => scripts::KEEP_CHECK.key(&key).arg(&check[..]).invoke_async(&mut self.conn.clone()).await,
-                None => self.conn.clone().get(&key).await,
-            }
-            .map_err(failed)?;
+                // Relied on — a replica that keys with its secret has compared it with the value
+                // kept — so waited for like a won claim, whoever kept it.
+                Some(check) => {
+                    let mut keep = scripts::KEEP_CHECK.on(&key);
+                    keep.arg(&check[..]);
+                    let (kept, acknowledged) = self.write(&key, &scripts::KEEP_CHECK, keep, true).await?;
+                    self.acknowledged(acknowledged)?;
+                    read(kept)?
+                }
+                None => self.conn.clone().get(&key).await.map_err(failed)?,
+            };
             kept.map(|bytes| {
                 <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
                     LedgerError::corrupt(format!("the check value of secret version {version} is not 32 bytes"))
                 })
             })
             .transpose()
+        })
+    }
+
+    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>> {
+        Box::pin(async move {
+            // One hash, version → time: one slot, read whole.
+            let key = format!("{}:secrets-live", self.prefix);
+            let (version, until) = live.map_or((0, 0), |(version, until)| (version, until));
+            // Relied on — a replica refuses to serve while another version's time is ahead — so
+            // a time kept is waited for like a won claim.
+            let mut keep = scripts::KEEP_LIVE.on(&key);
+            keep.arg(version).arg(until);
+            let (kept, acknowledged) = self.write(&key, &scripts::KEEP_LIVE, keep, live.is_some()).await?;
+            self.acknowledged(acknowledged)?;
+            let mut kept: Vec<(u32, u64)> = read(kept)?;
+            kept.sort_unstable();
+            Ok(kept)
         })
     }
 
@@ -627,13 +656,13 @@ impl Ledger for RedisLedger {
     ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
         Box::pin(async move {
             let key = self.tool_key("owners", namespace, tool);
-            let seen: Vec<(String, u64)> = scripts::KEEP_OWNER
-                .key(&key)
-                .arg(owner)
-                .arg(now)
-                .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(failed)?;
+            // Relied on — a handler serves the tool only if no other owner is answered — so
+            // waited for like a won claim: this owner, and every other answered.
+            let mut keep = scripts::KEEP_OWNER.on(&key);
+            keep.arg(owner).arg(now);
+            let (seen, acknowledged) = self.write(&key, &scripts::KEEP_OWNER, keep, true).await?;
+            self.acknowledged(acknowledged)?;
+            let seen: Vec<(String, u64)> = read(seen)?;
             let mut owners: Vec<String> =
                 seen.into_iter().filter(|(_, at)| *at >= since).map(|(owner, _)| owner).collect();
             owners.sort();

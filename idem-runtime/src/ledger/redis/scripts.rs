@@ -65,13 +65,21 @@ return 1"
 /// The compare-and-set: if the hash's version is still the one read (an empty one: no hash),
 /// sets and deletes the fields given, stores a new version and answers 1 — deleting the hash
 /// once no record is left (counted with the version in: on a hash that did not exist, one
-/// record set is one record kept); else answers 0 and writes nothing. KEYS: the hash. ARGV: the version
-/// read, the new version, keep until, margin, how many fields to set, then field–value pairs,
-/// then the fields to delete.
+/// record set is one record kept); else answers 0 and writes nothing. A hash that already has
+/// the new version holds this very write, sent again by the client after it took effect (its
+/// answer lost): answered 1, its version written again so that a `WAIT` after it covers the
+/// first send's writes. The new version is this write's alone (random), so nothing another
+/// writer left — however alike — is taken for it. KEYS: the hash. ARGV: the version read, the
+/// new version, keep until, margin, how many fields to set, then field–value pairs, then the
+/// fields to delete.
 pub(super) static SWAP: Lua = Lua(LazyLock::new(|| {
     made(format!(
         "{KEEP}
 local version = redis.call('HGET', KEYS[1], 'v') or ''
+if version == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'v', ARGV[2])
+  return 1
+end
 if version ~= ARGV[1] then return 0 end
 local sets = tonumber(ARGV[5])
 local i = 6
@@ -106,20 +114,48 @@ return 1"
     )
 }));
 
-/// Keeps a secret version's check value unless one is kept, and answers the one kept. KEYS: its
-/// key. ARGV: the check value.
-pub(super) static KEEP_CHECK: LazyLock<Script> =
-    LazyLock::new(|| Script::new("redis.call('SET', KEYS[1], ARGV[1], 'NX') return redis.call('GET', KEYS[1])"));
+/// Keeps a secret version's check value unless one is kept, and answers the one kept. Writes it
+/// (again) either way, so that a `WAIT` after it covers the value answered, whoever kept it.
+/// KEYS: its key. ARGV: the check value.
+pub(super) static KEEP_CHECK: Lua = Lua(LazyLock::new(|| {
+    made(
+        "local kept = redis.call('GET', KEYS[1]) or ARGV[1]
+redis.call('SET', KEYS[1], kept)
+return kept"
+            .to_owned(),
+    )
+}));
+
+/// Keeps until when a secret version's operations may be repeated, keeping the later time and
+/// writing it (again) either way, so that a `WAIT` after it covers the version's time (for
+/// version 0, nothing is written: a read), and answers every version with its time. KEYS: the
+/// hash. ARGV: version, time.
+pub(super) static KEEP_LIVE: Lua = Lua(LazyLock::new(|| {
+    made(
+        "if ARGV[1] ~= '0' then
+local seen = redis.call('HGET', KEYS[1], ARGV[1])
+local at = ARGV[2]
+if seen and tonumber(seen) > tonumber(at) then at = seen end
+redis.call('HSET', KEYS[1], ARGV[1], at)
+end
+return redis.call('HGETALL', KEYS[1])"
+            .to_owned(),
+    )
+}));
 
 /// Records an owner of a tool as seen at a time, keeping the later time, and answers every
-/// owner with its time. KEYS: the tool's hash. ARGV: owner, time.
-pub(super) static KEEP_OWNER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
-if seen < tonumber(ARGV[2]) then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
-return redis.call('HGETALL', KEYS[1])",
+/// owner with its time. Writes the owner's time (again) either way, so that a `WAIT` after it
+/// covers every owner answered. KEYS: the tool's hash. ARGV: owner, time.
+pub(super) static KEEP_OWNER: Lua = Lua(LazyLock::new(|| {
+    made(
+        "local seen = redis.call('HGET', KEYS[1], ARGV[1])
+local at = ARGV[2]
+if seen and tonumber(seen) > tonumber(at) then at = seen end
+redis.call('HSET', KEYS[1], ARGV[1], at)
+return redis.call('HGETALL', KEYS[1])"
+            .to_owned(),
     )
-});
+}));
 
 /// Keeps a tool's facts unless newer ones are kept. KEYS: the tool's hash. ARGV: time, facts.
 pub(super) static KEEP_FACTS: LazyLock<Script> = LazyLock::new(|| {

@@ -10,7 +10,7 @@ use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbBackend};
 
 use super::SeaOrmLedger;
 use super::error::failed;
-use super::location::{DATABASE_URL_ENV, Given, Location, Origin, default_path};
+use super::location::{DATABASE_URL_ENV, Found, Given, Location, Origin, default_path};
 use crate::ledger::LedgerError;
 
 impl SeaOrmLedger {
@@ -40,38 +40,68 @@ impl SeaOrmLedger {
     }
 
     /// Connects to [`DATABASE_URL_ENV`] (a URL or a plain SQLite path, as
-    /// [`SeaOrmLedger::connect`] takes), or, when it is unset, to the SQLite file
-    /// [`SeaOrmLedger::default_path`] (creating its directory), and migrates.
+    /// [`SeaOrmLedger::connect`] takes), or, when it is unset, to the default SQLite file of
+    /// `program` ([`SeaOrmLedger::default_path`], creating its directory), and migrates.
+    ///
+    /// `program` names your program for good: pass `env!("CARGO_PKG_NAME")`, your package's
+    /// name, fixed when it is compiled — a renamed or moved executable keeps its ledger (and its
+    /// secret), so its repeats are still answered. A new default ledger is logged at WARN,
+    /// with where it is.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idem_runtime::ledger::LedgerError> {
+    /// let ledger = idem_runtime::ledger::sea::SeaOrmLedger::from_env(env!("CARGO_PKG_NAME")).await?;
+    /// # let _ = ledger; Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// As [`SeaOrmLedger::connect`]; the message names [`DATABASE_URL_ENV`] or the default.
-    pub async fn from_env() -> Result<Self, LedgerError> {
+    pub async fn from_env(program: &str) -> Result<Self, LedgerError> {
         match std::env::var(DATABASE_URL_ENV) {
             Ok(url) if !url.trim().is_empty() => Self::open(Given::parse(url.trim()), Origin::Env).await,
             _ => {
-                let path = Self::default_path()?;
+                let (path, found) = default_path(program)?;
                 warn_of_the_old_default(&path);
-                Self::open(Given::Path(path), Origin::Default).await
+                let ledger = Self::open(Given::Path(path.clone()), Origin::Default).await?;
+                match found {
+                    Found::Ledger => {}
+                    Found::Earlier { instead_of } => tracing::info!(
+                        "using the idem ledger at {}, where an earlier version kept the default by the executable's \
+                         name; the default of {program} is now {} — move the ledger and its .secret file there \
+                         together (or set IDEM_DATABASE_URL) to keep it whatever the executable is called",
+                        path.display(),
+                        instead_of.display()
+                    ),
+                    Found::Nothing => tracing::warn!(
+                        "created a new idem ledger at {} (IDEM_DATABASE_URL unset: the default of {program}); its \
+                         secret is made beside it on first use. No earlier operation is known to it: if this \
+                         program kept its ledger elsewhere, set IDEM_DATABASE_URL to that file, or repeats of \
+                         earlier operations run again",
+                        path.display()
+                    ),
+                }
+                Ok(ledger)
             }
         }
     }
 
-    /// Where [`SeaOrmLedger::from_env`] keeps the ledger when [`DATABASE_URL_ENV`] is unset:
-    /// `idem/<program>/ledger.sqlite3` under this user's data directory — `$XDG_DATA_HOME` or
-    /// `~/.local/share` (Linux and other Unix), `~/Library/Application Support` (macOS),
-    /// `%LOCALAPPDATA%` (Windows) — where `<program>` is this executable's name, with its
-    /// secret beside it (`ledger.sqlite3.secret`).
+    /// Where [`SeaOrmLedger::from_env`] keeps the ledger of `program` when [`DATABASE_URL_ENV`]
+    /// is unset: `idem/<program>/ledger.sqlite3` under this user's data directory —
+    /// `$XDG_DATA_HOME` or `~/.local/share` (Linux and other Unix), `~/Library/Application
+    /// Support` (macOS), `%LOCALAPPDATA%` (Windows) — with its secret beside it
+    /// (`ledger.sqlite3.secret`). A ledger kept where earlier versions put the default —
+    /// `idem/<executable's name>/` — while none is at the program's place is that one.
     ///
     /// Per program, not per working directory: a desktop host starts a stdio server from
     /// wherever it likes (often `/`, or its own folder), and a ledger that moved with the working
-    /// directory would forget every operation, so a repeat would run again. Renaming the program
-    /// moves its default ledger; set [`DATABASE_URL_ENV`] to pin it.
+    /// directory would forget every operation, so a repeat would run again. And per program, not
+    /// per executable file: renaming the binary keeps it.
     ///
     /// # Errors
-    /// The data directory's variable is unset (or not an absolute path), or this executable's
-    /// name cannot be known; the message says to set [`DATABASE_URL_ENV`].
-    pub fn default_path() -> Result<std::path::PathBuf, LedgerError> {
-        default_path()
+    /// The data directory's variable is unset (or not an absolute path), or `program` cannot
+    /// name a directory; the message says to set [`DATABASE_URL_ENV`].
+    pub fn default_path(program: &str) -> Result<std::path::PathBuf, LedgerError> {
+        default_path(program).map(|(path, _)| path)
     }
 
     /// One line naming this ledger for an operator, never a password — what `connect`,

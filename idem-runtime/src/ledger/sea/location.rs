@@ -58,14 +58,16 @@ impl Origin {
     }
 }
 
+/// Where the default ledger of `program` is, and whether a ledger is there already:
 /// [`SeaOrmLedger::default_path`](super::SeaOrmLedger::default_path), which says why there.
 ///
 /// # Errors
-/// The data directory's variable is unset (or not an absolute path), or the executable's name
-/// cannot be known; the message says to set [`DATABASE_URL_ENV`].
-pub(super) fn default_path() -> Result<PathBuf, LedgerError> {
-    let exe = std::env::current_exe().map_err(|error| format!("this program's path cannot be known ({error})"));
-    exe.and_then(|exe| default_path_for(std::env::consts::OS, &|name| std::env::var_os(name), &exe)).map_err(|why| {
+/// The data directory's variable is unset (or not an absolute path), or `program` is not a name;
+/// the message says to set [`DATABASE_URL_ENV`].
+pub(super) fn default_path(program: &str) -> Result<(PathBuf, Found), LedgerError> {
+    let exe = std::env::current_exe().ok();
+    let var = |name: &str| std::env::var_os(name);
+    choose_default(std::env::consts::OS, &var, program, exe.as_deref(), &|path| path.is_file()).map_err(|why| {
         LedgerError::unavailable(format!(
             "cannot choose the default ledger file: {why}. Set IDEM_DATABASE_URL to a file path (say \
              /var/lib/<app>/ledger.sqlite3) or a database URL"
@@ -73,17 +75,70 @@ pub(super) fn default_path() -> Result<PathBuf, LedgerError> {
     })
 }
 
-/// [`default_path`] on `os`, reading variables through `var`, for the executable `exe`.
-fn default_path_for(os: &str, var: &dyn Fn(&str) -> Option<OsString>, exe: &Path) -> Result<PathBuf, String> {
+/// What is at the default location chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Found {
+    /// A ledger, at the program's place.
+    Ledger,
+    /// A ledger where an earlier version kept the default — under the executable's name, not
+    /// the program's — and none at the program's place: still this program's, so it is used.
+    Earlier {
+        /// Where the program's own would be.
+        instead_of: PathBuf,
+    },
+    /// Nothing: a new ledger (and a new secret beside it) is made here.
+    Nothing,
+}
+
+/// The default ledger of `program` on `os`, reading variables through `var`: `idem/<program>/
+/// ledger.sqlite3` in the data directory — or, if nothing is there but a ledger is where an
+/// earlier version kept the default (under the name of `exe`, the running executable), that one.
+/// `exists` says whether a file is there.
+fn choose_default(
+    os: &str,
+    var: &dyn Fn(&str) -> Option<OsString>,
+    program: &str,
+    exe: Option<&Path>,
+    exists: &dyn Fn(&Path) -> bool,
+) -> Result<(PathBuf, Found), String> {
+    let named = |name: &str| {
+        !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\']) && !name.contains('\0')
+    };
+    if !named(program) {
+        return Err(format!(
+            "`{program}` cannot name a directory (give the program's name, e.g. env!(\"CARGO_PKG_NAME\"))"
+        ));
+    }
+    let data = data_dir(os, var)?;
+    let place = |name: &str| data.join("idem").join(name).join("ledger.sqlite3");
+    let own = place(program);
+    if exists(&own) {
+        return Ok((own, Found::Ledger));
+    }
+    if let Some(earlier) = exe.and_then(|exe| executable_name(os, exe)).filter(|name| named(name) && name != program)
+        && exists(&place(&earlier))
+    {
+        return Ok((place(&earlier), Found::Earlier { instead_of: own }));
+    }
+    Ok((own, Found::Nothing))
+}
+
+/// This user's data directory on `os`.
+fn data_dir(os: &str, var: &dyn Fn(&str) -> Option<OsString>) -> Result<PathBuf, String> {
     let dir = |name: &str| var(name).map(PathBuf::from).filter(|dir| dir.has_root());
-    let data = match os {
+    Ok(match os {
         "windows" => dir("LOCALAPPDATA").ok_or("LOCALAPPDATA is not set")?,
         "macos" => dir("HOME").map(|home| home.join("Library").join("Application Support")).ok_or("HOME is not set")?,
         _ => dir("XDG_DATA_HOME")
             .or_else(|| dir("HOME").map(|home| home.join(".local").join("share")))
             .ok_or("neither XDG_DATA_HOME nor HOME is set to an absolute path")?,
-    };
-    let name = exe.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    })
+}
+
+/// The executable's file name without `.exe` on Windows: what named the default ledger before
+/// it was named by the program.
+fn executable_name(os: &str, exe: &Path) -> Option<String> {
+    let name = exe.file_name()?.to_string_lossy().into_owned();
     let suffix = if os == "windows" { ".exe" } else { "" };
     let program = match name.len().checked_sub(suffix.len()) {
         Some(cut) if !suffix.is_empty() && name.is_char_boundary(cut) && name[cut..].eq_ignore_ascii_case(suffix) => {
@@ -91,10 +146,7 @@ fn default_path_for(os: &str, var: &dyn Fn(&str) -> Option<OsString>, exe: &Path
         }
         _ => name.as_str(),
     };
-    if program.is_empty() {
-        return Err(format!("this program's name cannot be known from {}", exe.display()));
-    }
-    Ok(data.join("idem").join(program).join("ledger.sqlite3"))
+    (!program.is_empty()).then(|| program.to_owned())
 }
 
 /// What the user gave: a database URL, or a plain path to a SQLite file.
@@ -443,34 +495,77 @@ mod tests {
         assert!(said.contains("mysql://x:***@y"), "{said}");
     }
 
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<OsString> {
+        move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| OsString::from(v))
+    }
+
     #[test]
     fn the_default_file_is_per_user_and_per_program() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| OsString::from(v))
-        };
-        let exe = Path::new("/opt/tickets/bin/tickets-server");
+        let nothing = |_: &Path| false;
+        let exe = Some(Path::new("/opt/tickets/bin/tickets-server"));
         let linux = env(&[("HOME", "/home/u")]);
-        let path = default_path_for("linux", &linux, exe).unwrap();
-        assert_eq!(path, Path::new("/home/u/.local/share/idem/tickets-server/ledger.sqlite3"));
+        let (path, found) = choose_default("linux", &linux, "tickets", exe, &nothing).unwrap();
+        assert_eq!(
+            (path.as_path(), found),
+            (Path::new("/home/u/.local/share/idem/tickets/ledger.sqlite3"), Found::Nothing)
+        );
         let xdg = env(&[("HOME", "/home/u"), ("XDG_DATA_HOME", "/data/u")]);
-        assert_eq!(
-            default_path_for("freebsd", &xdg, exe).unwrap(),
-            Path::new("/data/u/idem/tickets-server/ledger.sqlite3")
-        );
+        let (path, _) = choose_default("freebsd", &xdg, "tickets", exe, &nothing).unwrap();
+        assert_eq!(path, Path::new("/data/u/idem/tickets/ledger.sqlite3"));
         let relative_xdg = env(&[("HOME", "/home/u"), ("XDG_DATA_HOME", "data")]);
-        let path = default_path_for("linux", &relative_xdg, exe).unwrap();
-        assert_eq!(
-            path,
-            Path::new("/home/u/.local/share/idem/tickets-server/ledger.sqlite3"),
-            "a relative one is ignored"
-        );
-        let mac = default_path_for("macos", &linux, Path::new("/Applications/my.server")).unwrap();
+        let (path, _) = choose_default("linux", &relative_xdg, "tickets", exe, &nothing).unwrap();
+        assert_eq!(path, Path::new("/home/u/.local/share/idem/tickets/ledger.sqlite3"), "a relative one is ignored");
+        let (mac, _) = choose_default("macos", &linux, "my.server", None, &nothing).unwrap();
         assert_eq!(mac, Path::new("/home/u/Library/Application Support/idem/my.server/ledger.sqlite3"));
         let windows = env(&[("LOCALAPPDATA", "/Users/u/AppData/Local")]);
-        let path = default_path_for("windows", &windows, Path::new("/bin/Tickets.EXE")).unwrap();
+        let (path, _) = choose_default("windows", &windows, "Tickets", exe, &nothing).unwrap();
         assert_eq!(path, Path::new("/Users/u/AppData/Local/idem/Tickets/ledger.sqlite3"));
-        let none = env(&[]);
-        let error = default_path_for("linux", &none, exe).unwrap_err();
+        let error = choose_default("linux", &env(&[]), "tickets", exe, &nothing).unwrap_err();
         assert_eq!(error, "neither XDG_DATA_HOME nor HOME is set to an absolute path");
+        for odd in ["", ".", "..", "a/b", r"a\b"] {
+            assert!(choose_default("linux", &linux, odd, exe, &nothing).is_err(), "{odd:?}");
+        }
+    }
+
+    /// Issue 41, item 2: the default ledger is the program's, not the executable file's: a
+    /// renamed binary (a deploy under another name, a versioned file, `.exe` or not) keeps its
+    /// ledger and its secret, so its repeats are still answered.
+    #[test]
+    fn a_renamed_executable_keeps_its_default_ledger() {
+        let linux = env(&[("HOME", "/home/u")]);
+        let nothing = |_: &Path| false;
+        let paths: Vec<PathBuf> = ["/opt/tickets/bin/tickets-server", "/usr/local/bin/tickets-v2", "/tmp/a.out"]
+            .into_iter()
+            .map(|exe| choose_default("linux", &linux, "tickets", Some(Path::new(exe)), &nothing).unwrap().0)
+            .collect();
+        assert!(
+            paths.iter().all(|path| path == Path::new("/home/u/.local/share/idem/tickets/ledger.sqlite3")),
+            "{paths:?}"
+        );
+        let windows = env(&[("LOCALAPPDATA", "/Users/u/AppData/Local")]);
+        let a =
+            choose_default("windows", &windows, "tickets", Some(Path::new("C:/bin/Tickets.EXE")), &nothing).unwrap();
+        let b =
+            choose_default("windows", &windows, "tickets", Some(Path::new("C:/bin/tickets-2.exe")), &nothing).unwrap();
+        assert_eq!(a, b);
+    }
+
+    /// A ledger an earlier version kept under the executable's name is still found (its
+    /// operations and secret are there): not stranded by the move to the program's name — and
+    /// the program's own, once it exists, wins.
+    #[test]
+    fn a_ledger_at_the_earlier_default_is_still_used() {
+        let linux = env(&[("HOME", "/home/u")]);
+        let exe = Some(Path::new("/opt/tickets/bin/tickets-server"));
+        let earlier = Path::new("/home/u/.local/share/idem/tickets-server/ledger.sqlite3");
+        let own = Path::new("/home/u/.local/share/idem/tickets/ledger.sqlite3");
+        let only_earlier = |path: &Path| path == earlier;
+        let (path, found) = choose_default("linux", &linux, "tickets", exe, &only_earlier).unwrap();
+        assert_eq!((path.as_path(), found), (earlier, Found::Earlier { instead_of: own.to_owned() }));
+        let both = |path: &Path| path == earlier || path == own;
+        let (path, found) = choose_default("linux", &linux, "tickets", exe, &both).unwrap();
+        assert_eq!((path.as_path(), found), (own, Found::Ledger));
+        let (path, found) = choose_default("linux", &linux, "tickets-server", exe, &only_earlier).unwrap();
+        assert_eq!((path.as_path(), found), (earlier, Found::Ledger), "the same name: the same place");
     }
 }

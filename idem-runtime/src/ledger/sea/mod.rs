@@ -422,6 +422,10 @@ impl Ledger for SeaOrmLedger {
         Box::pin(self.secret_check_now(version, check))
     }
 
+    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>> {
+        Box::pin(self.secret_versions_now(live))
+    }
+
     fn keep_tool_facts<'a>(
         &'a self,
         namespace: &'a str,

@@ -5,7 +5,7 @@
 //! quotes the column. A plain `INSERT` claims an absent key (the primary key refuses a second);
 //! on a duplicate, the record is read apart.
 
-use super::statements::{Complete, Migration, Statements, Tables, Visible};
+use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (`key`, tenant, state, token, attempt, created_at, window_end,
@@ -103,6 +103,8 @@ pub(super) static STATEMENTS: Statements = Statements {
     label_of: "SELECT label FROM idem_records WHERE `key` = ?",
     keep_check: "INSERT IGNORE INTO idem_secrets (version, check_value) VALUES (?, ?)",
     check_of: "SELECT check_value FROM idem_secrets WHERE version = ?",
+    keep_live: "UPDATE idem_secrets SET live_until = CASE WHEN live_until < ? THEN ? ELSE live_until END WHERE version = ?",
+    secret_versions: "SELECT version, live_until FROM idem_secrets ORDER BY version",
     keep_owner: "INSERT INTO idem_tools (namespace, tool, owner, seen_at) VALUES (?, ?, ?, ?) \
                  ON DUPLICATE KEY UPDATE seen_at = GREATEST(seen_at, VALUES(seen_at))",
     owners_of: "SELECT owner FROM idem_tools WHERE namespace = ? AND tool = ? AND seen_at >= ? ORDER BY owner",
@@ -128,7 +130,8 @@ pub(super) static MIGRATION: Migration = Migration {
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_secrets (
                 version BIGINT NOT NULL PRIMARY KEY,
-                check_value BINARY(32) NOT NULL
+                check_value BINARY(32) NOT NULL,
+                live_until BIGINT NOT NULL DEFAULT 0
             ) ENGINE=InnoDB",
         "CREATE TABLE IF NOT EXISTS idem_tools (
                 namespace VARCHAR(191) NOT NULL,
@@ -180,4 +183,8 @@ pub(super) static MIGRATION: Migration = Migration {
                 INDEX idem_superseded_expires_at (expires_at)
             ) ENGINE=InnoDB",
     ],
+    add_live_until: AddColumn {
+        probe: "SELECT live_until FROM idem_secrets WHERE 1 = 0",
+        add: "ALTER TABLE idem_secrets ADD COLUMN live_until BIGINT NOT NULL DEFAULT 0",
+    },
 };

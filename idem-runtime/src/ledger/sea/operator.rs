@@ -154,6 +154,32 @@ impl SeaOrmLedger {
         kept.try_into().map(Some).map_err(|_| LedgerError::corrupt("a secret's check value is not 32 bytes"))
     }
 
+    pub(super) async fn secret_versions_now(&self, live: Option<(u32, u64)>) -> Result<Vec<(u32, u64)>, LedgerError> {
+        if let Some((version, until)) = live {
+            self.keep_live(version, until).await?;
+        }
+        let read = Statement::from_string(self.backend(), self.statements().secret_versions);
+        let rows = self.db.query_all_raw(read).await.map_err(failed)?;
+        rows.iter()
+            .map(|row| {
+                let version = row.try_get_by_index::<i64>(0).map_err(corrupt)?;
+                let until = row.try_get_by_index::<i64>(1).map_err(corrupt)?;
+                let version =
+                    u32::try_from(version).map_err(|_| LedgerError::corrupt("a secret version is out of range"))?;
+                Ok((version, u64::try_from(until).unwrap_or(0)))
+            })
+            .collect()
+    }
+
+    /// Keeps that operations keyed under secret `version` may be repeated until `until`, unless
+    /// a later time is kept.
+    pub(super) async fn keep_live(&self, version: u32, until: u64) -> Result<(), LedgerError> {
+        let values = vec![millis(until), millis(until), Value::BigInt(Some(i64::from(version)))];
+        let keep = Statement::from_sql_and_values(self.backend(), self.statements().keep_live, values);
+        self.db.execute_raw(keep).await.map_err(failed)?;
+        Ok(())
+    }
+
     /// Every handler recorded as serving a tool, with when it was last seen (`idem tools`).
     ///
     /// # Errors

@@ -6,7 +6,7 @@
 //! an advisory lock: replicas starting together would race `CREATE TABLE IF NOT EXISTS`, which
 //! PostgreSQL can fail with a duplicate type name.
 
-use super::statements::{Complete, Migration, Statements, Tables, Visible};
+use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "WITH claimed AS (
@@ -123,6 +123,8 @@ pub(super) static STATEMENTS: Statements = Statements {
     label_of: "SELECT label FROM idem_records WHERE key = $1",
     keep_check: "INSERT INTO idem_secrets (version, check_value) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING",
     check_of: "SELECT check_value FROM idem_secrets WHERE version = $1",
+    keep_live: "UPDATE idem_secrets SET live_until = CASE WHEN live_until < $1 THEN $2 ELSE live_until END WHERE version = $3",
+    secret_versions: "SELECT version, live_until FROM idem_secrets ORDER BY version",
     keep_owner: "INSERT INTO idem_tools (namespace, tool, owner, seen_at) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT (namespace, tool, owner) DO UPDATE SET seen_at = GREATEST(idem_tools.seen_at, excluded.seen_at)",
     owners_of: "SELECT owner FROM idem_tools WHERE namespace = $1 AND tool = $2 AND seen_at >= $3 ORDER BY owner",
@@ -149,7 +151,8 @@ pub(super) static MIGRATION: Migration = Migration {
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_secrets (
                 version bigint PRIMARY KEY,
-                check_value bytea NOT NULL CHECK (octet_length(check_value) = 32)
+                check_value bytea NOT NULL CHECK (octet_length(check_value) = 32),
+                live_until bigint NOT NULL DEFAULT 0
             )",
         "CREATE TABLE IF NOT EXISTS idem_tools (
                 namespace text NOT NULL,
@@ -201,4 +204,8 @@ pub(super) static MIGRATION: Migration = Migration {
             )",
         "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
     ],
+    add_live_until: AddColumn {
+        probe: "SELECT live_until FROM idem_secrets WHERE 1 = 0",
+        add: "ALTER TABLE idem_secrets ADD COLUMN IF NOT EXISTS live_until bigint NOT NULL DEFAULT 0",
+    },
 };

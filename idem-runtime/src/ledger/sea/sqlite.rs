@@ -5,7 +5,7 @@
 //! PostgreSQL claim's. `INSERT … ON CONFLICT DO NOTHING RETURNING` claims an absent key in one
 //! statement (SQLite 3.35+); when it does not claim, the record in the way is read apart.
 
-use super::statements::{Complete, Migration, Statements, Tables, Visible};
+use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end,
@@ -106,6 +106,8 @@ pub(super) static STATEMENTS: Statements = Statements {
     label_of: "SELECT label FROM idem_records WHERE key = ?",
     keep_check: "INSERT OR IGNORE INTO idem_secrets (version, check_value) VALUES (?, ?)",
     check_of: "SELECT check_value FROM idem_secrets WHERE version = ?",
+    keep_live: "UPDATE idem_secrets SET live_until = CASE WHEN live_until < ? THEN ? ELSE live_until END WHERE version = ?",
+    secret_versions: "SELECT version, live_until FROM idem_secrets ORDER BY version",
     keep_owner: "INSERT INTO idem_tools (namespace, tool, owner, seen_at) VALUES (?, ?, ?, ?) \
                  ON CONFLICT (namespace, tool, owner) DO UPDATE SET seen_at = MAX(seen_at, excluded.seen_at)",
     owners_of: "SELECT owner FROM idem_tools WHERE namespace = ? AND tool = ? AND seen_at >= ? ORDER BY owner",
@@ -130,7 +132,8 @@ pub(super) static MIGRATION: Migration = Migration {
     schema: &[
         "CREATE TABLE IF NOT EXISTS idem_secrets (
                 version INTEGER PRIMARY KEY NOT NULL,
-                check_value BLOB NOT NULL
+                check_value BLOB NOT NULL,
+                live_until INTEGER NOT NULL DEFAULT 0
             )",
         "CREATE TABLE IF NOT EXISTS idem_tools (
                 namespace TEXT NOT NULL,
@@ -182,6 +185,10 @@ pub(super) static MIGRATION: Migration = Migration {
             ) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS idem_superseded_expires_at ON idem_superseded (expires_at)",
     ],
+    add_live_until: AddColumn {
+        probe: "SELECT live_until FROM idem_secrets WHERE 1 = 0",
+        add: "ALTER TABLE idem_secrets ADD COLUMN live_until INTEGER NOT NULL DEFAULT 0",
+    },
 };
 
 /// Whether `url` names an in-memory database rather than a file.

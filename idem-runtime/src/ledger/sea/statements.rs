@@ -80,6 +80,11 @@ pub struct Statements {
     pub keep_check: &'static str,
     /// The check value kept for a secret version: version.
     pub check_of: &'static str,
+    /// Keeps until when a secret version's operations may be repeated, unless a later time is
+    /// kept: the time twice, version.
+    pub keep_live: &'static str,
+    /// Every secret version with until when its operations may be repeated.
+    pub secret_versions: &'static str,
     /// Records a tool's owner as seen, keeping the later time: namespace, tool, owner, now.
     pub keep_owner: &'static str,
     /// A tool's owners seen since a time, in order: namespace, tool, since.
@@ -140,6 +145,18 @@ pub(crate) struct Migration {
     pub(crate) lock: Option<&'static str>,
     /// The tables and their indexes, as of this version.
     pub(crate) schema: &'static [&'static str],
+    /// Adds `idem_secrets.live_until` (issue 41) to a table made before it: 0 for the versions
+    /// it holds, never counted as live.
+    pub(crate) add_live_until: AddColumn,
+}
+
+/// Adding a column to a table made before it.
+#[derive(Debug)]
+pub(crate) struct AddColumn {
+    /// Fails when the column is missing.
+    pub(crate) probe: &'static str,
+    /// Adds it.
+    pub(crate) add: &'static str,
 }
 
 #[cfg(test)]
@@ -177,6 +194,8 @@ mod tests {
             ("stats.superseded", s.stats.superseded),
             ("label_of", s.label_of),
             ("check_of", s.check_of),
+            ("keep_live", s.keep_live),
+            ("secret_versions", s.secret_versions),
         ]
     }
 
