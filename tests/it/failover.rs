@@ -53,6 +53,8 @@ struct Cut {
     /// The server that answers reads [`AHEAD`] of the one before (on a ledger whose clock the
     /// test cannot move).
     ahead: AtomicBool,
+    /// Set when a slow read of the clock starts.
+    slow_started: AtomicBool,
 }
 
 /// How long a slow read of the ledger's clock takes.
@@ -73,6 +75,7 @@ impl Tap for Cut {
             return Pass::Fail(LedgerError::ambiguous("connection reset by peer"));
         }
         if call == Call::Now && take(&self.slow_nows) {
+            self.slow_started.store(true, Ordering::SeqCst);
             return Pass::After(SLOW);
         }
         if call == Call::Claim && take(&self.committed_claims) {
@@ -240,7 +243,8 @@ async fn a_claim_arriving_while_another_call_measures_is_stamped_on_the_new_cloc
         ledger.slow_nows.store(1, Ordering::SeqCst);
         let measuring = async { charge(&replica, &order(), &AtomicUsize::new(0), None).await };
         let arriving = async {
-            tokio::time::sleep(SLOW / 8).await;
+            // Arrives once the first call is measuring, well before its measurement ends.
+            until(backend, "the first call measures the clock", || ledger.slow_started.load(Ordering::SeqCst)).await;
             repeat_while_running(&replica, &replica_on(&ledger), &order(), backend).await;
         };
         let (measured, ()) = tokio::join!(measuring, arriving);
@@ -261,10 +265,18 @@ async fn a_cut_claim_is_not_sent_again_on_the_old_clock_when_the_clock_cannot_be
         ledger.claims.store(1, Ordering::SeqCst);
         ledger.failed_nows.store(1, Ordering::SeqCst);
         let (order, runs, release) = (order(), AtomicUsize::new(0), tokio::sync::Notify::new());
-        let cut = charge(&replica, &order, &runs, Some(&release));
+        let ended = AtomicBool::new(false);
+        let cut = async {
+            let answer = charge(&replica, &order, &runs, Some(&release)).await;
+            ended.store(true, Ordering::SeqCst);
+            answer
+        };
         let repeat = async {
             // The repeat comes once the cut call has run its handler, or ended without.
-            tokio::time::sleep(SLOW).await;
+            until(backend, "the cut call runs or ends", || {
+                runs.load(Ordering::SeqCst) > 0 || ended.load(Ordering::SeqCst)
+            })
+            .await;
             let answer = charge(&replica_on(&ledger), &order, &runs, None).await;
             release.notify_one();
             answer
@@ -283,4 +295,15 @@ async fn a_cut_claim_is_not_sent_again_on_the_old_clock_when_the_clock_cannot_be
         assert!(!repeat.replayed, "{backend}");
         assert_eq!(ledger.failed_nows.load(Ordering::SeqCst), 0, "{backend}: the clock read never failed");
     }
+}
+
+/// Waits until `done`, failing with `what` after five seconds.
+async fn until(backend: &str, what: &str, done: impl Fn() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(5), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{backend}: waited five seconds for this, in vain: {what}");
 }

@@ -233,3 +233,24 @@ async fn two_processes_never_share_an_operation_of_two_instances_or_two_unaudite
         }
     }
 }
+
+/// What a plain free function records as its owner is its module's path and its name — what it
+/// was before instances and unaudited functions were told apart — read from what rustc prints
+/// for a closure's type at run time: a toolchain that printed it otherwise would change every
+/// such handler's owner, and a ledger that knows the old one would refuse the tool after an
+/// upgrade until `idem tools forget`. This holds the name to what rustc prints today.
+#[tokio::test]
+async fn a_plain_free_functions_owner_is_its_module_path_and_name() {
+    use idem_runtime::ledger::Ledger;
+    let ledger: std::sync::Arc<dyn Ledger> = std::sync::Arc::new(idem_runtime::MemoryLedger::new());
+    let namespace = fresh_namespace();
+    let idem = idem_tests::builder(ledger.clone())
+        .namespace(namespace.clone())
+        .local_caller(Caller::new("owners", "test"))
+        .build()
+        .unwrap();
+    assert_eq!(idem_tests::owners::note(&idem, "n-owner").await.map(|_| ()), Ok(()));
+    let now = idem.now_ms();
+    let owners = ledger.tool_owners(&namespace, "note", "a probe", now, 0).await.expect("the owners");
+    assert_eq!(owners, ["a probe".to_owned(), "idem_tests::owners::note".to_owned()], "the owners recorded");
+}

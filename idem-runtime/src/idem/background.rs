@@ -66,12 +66,16 @@ impl Idem {
             }
             // On a measurement taken after the last lost statement (see `time.rs`): the one the
             // calls keep fresh, or one taken now — a renewal stamped on a server that is gone
-            // could read as lapsed already on the one that answers.
-            let until = match self.ledger_time().await {
-                Ok((now, _)) => clamp(now.saturating_add(millis(self.inner.settings.lease))),
-                Err(error) => {
-                    tracing::warn!(reference = %key.reference(), %error, "lease renewal waits for the ledger's clock");
-                    continue;
+            // could read as lapsed already on the one that answers. If none can be had within a
+            // sixth of the lease, on the last reading rather than not at all: a renewal only
+            // extends the lease, and a lease left to lapse is the worse of the two.
+            let measured = tokio::time::timeout(every / 2, self.ledger_time()).await;
+            let until = match measured {
+                Ok(Ok((now, _))) => clamp(now.saturating_add(millis(self.inner.settings.lease))),
+                Ok(Err(_)) | Err(_) => {
+                    tracing::warn!(reference = %key.reference(), "lease renewed on the last clock reading: \
+                        the ledger's clock could not be read again");
+                    self.keep_until(self.inner.settings.lease)
                 }
             };
             match self.inner.ledger.renew(&key, token, until).await {

@@ -63,6 +63,8 @@ pub(super) struct Secrets {
     live_until: AtomicU64,
     /// Set while a write of that time runs in the background.
     keeping: AtomicBool,
+    /// Held while a call keeps the version's time before it runs (a window past the time kept).
+    keeping_now: tokio::sync::Mutex<()>,
 }
 
 struct Failure {
@@ -202,6 +204,12 @@ impl Idem {
         let kept = secrets.live_until.load(Ordering::Acquire);
         let wanted = clamp(needed.saturating_add(millis(REFRESH)));
         if needed > kept {
+            // One statement for a burst of such calls, not one each: they queue, and the first
+            // one's time covers the rest.
+            let _one = secrets.keeping_now.lock().await;
+            if needed <= secrets.live_until.load(Ordering::Acquire) {
+                return Ok(());
+            }
             let version = keyring.current.version();
             return match self.inner.ledger.secret_versions(Some((version, wanted))).await {
                 Ok(_) => {

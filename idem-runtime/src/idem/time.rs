@@ -148,15 +148,19 @@ impl Idem {
         {
             return Err(error.clone());
         }
-        let outcome = self.measure().await.and_then(|skew| {
-            // Another statement lost its server while this one measured: the reading may be the
-            // old server's.
-            if time.lost_count() == skew.lost || skew.clockless {
-                Ok(skew)
-            } else {
-                Err(LedgerError::unavailable("the ledger lost a connection while its clock was measured; try again"))
+        // Another statement lost its server while this one measured: the reading may be the old
+        // server's. Measured once more, then the call is told to try again.
+        let mut outcome =
+            Err(LedgerError::unavailable("the ledger kept losing connections while its clock was measured; try again"));
+        for _ in 0..2 {
+            match self.measure().await {
+                Ok(skew) if time.lost_count() != skew.lost && !skew.clockless => {}
+                measured => {
+                    outcome = measured;
+                    break;
+                }
             }
-        });
+        }
         time.measured(&mut measuring, outcome.clone());
         outcome
     }
