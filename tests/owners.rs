@@ -285,3 +285,14 @@ pub async fn note(idem: &Idem, id: impl Serialize + Send + Sync) -> Result<Strin
     let run = NOTES_RAN.fetch_add(1, Ordering::SeqCst) + 1;
     Ok(format!("note #{run}"))
 }
+
+/// A plain free function, for the test that holds its owner's name to what rustc prints (a
+/// function of its own: the counters of the others are asserted by tests running beside it).
+///
+/// # Errors
+/// idem's refusals.
+#[idempotent(key = "id", idem = idem)]
+pub async fn named(idem: &Idem, id: u64) -> Result<String, ServiceError> {
+    let _ = idem;
+    Ok(format!("named {id}"))
+}

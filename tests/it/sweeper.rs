@@ -243,8 +243,11 @@ async fn three_replicas_delete_every_expired_record_once_and_no_live_one(backend
     // Through a database each batch is a statement, and the sweepers interleave. The memory
     // ledger answers a batch under one lock in microseconds: on a loaded machine one sweeper can
     // finish all 5,000 before the others first wake (seen once in a full parallel run), which
-    // says nothing about sharing — so there only the exact total above is asserted.
-    if backend != "memory" {
+    // says nothing about sharing — so there only the exact total above is asserted. A SQLite
+    // file takes one writer at a time, its batches take milliseconds, and the same was seen there
+    // once in a full parallel run on a loaded machine (one sweeper swept all 5,000): the servers
+    // are where sharing is asserted.
+    if backend != "memory" && backend != "sqlite" {
         assert!(stats.iter().filter(|s| s.swept > 0).count() >= 2, "the work is shared, not one replica's: {stats:?}");
     }
 }
