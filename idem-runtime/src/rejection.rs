@@ -1,6 +1,7 @@
 //! What idem answers instead of running a handler, and how a handler's errors are classified.
 
 use std::fmt;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -22,6 +23,12 @@ pub enum Rejection {
     InFlight {
         /// The operation's ref.
         reference: Ref,
+        /// How long the holder's lease still ran when this answer was given (at most the
+        /// handle's lease): by then the operation has settled, or its holder is presumed dead and
+        /// the tool's stale policy decides. Zero for a lease that has run out on a clock that
+        /// cannot be trusted to act on it; `None` where it is not known. Over HTTP it is the
+        /// answer's `Retry-After`.
+        lease_left: Option<Duration>,
     },
     /// The same key was used with different arguments.
     Conflict {
@@ -146,7 +153,7 @@ impl Rejection {
     #[must_use]
     pub const fn reference(&self) -> Option<Ref> {
         match self {
-            Self::InFlight { reference }
+            Self::InFlight { reference, .. }
             | Self::Conflict { reference, .. }
             | Self::OutcomeUnknown { reference }
             | Self::UnreadableResult { reference, .. } => Some(*reference),
@@ -173,7 +180,7 @@ impl Rejection {
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::InFlight { reference } => write!(
+            Self::InFlight { reference, .. } => write!(
                 f,
                 "in flight, ref {reference}: this operation is already in progress. Do not submit it \
                  again; call `{STATUS_TOOL}` with ref {reference} for its outcome"

@@ -180,7 +180,12 @@ async fn the_drafts_rules_on_every_ledger() {
         for answer in answers {
             let answer = answer.unwrap();
             if answer.status() == 409 {
-                assert_eq!(answer.headers()["retry-after"], "1");
+                // The holder's remaining lease (issue 42, item 6), whole seconds, at least one.
+                let seconds: u64 = answer.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+                assert!(
+                    (1..=idem_runtime::settings::DEFAULT_LEASE.as_secs()).contains(&seconds),
+                    "{backend}: {seconds}"
+                );
             }
             *statuses.entry(answer.status().as_u16()).or_default() += 1;
         }
@@ -381,4 +386,302 @@ async fn a_client_that_gives_up_mid_request_finds_the_response_on_retry() {
     assert_eq!(retry.status(), 201, "the first request's response, recorded although its client left");
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(effects.charges.load(Ordering::SeqCst), 1, "run once");
+}
+
+/// An axum router at a local port: its base URL.
+async fn serve_router(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{address}")
+}
+
+/// Who makes a request in the tests below: the `x-user` header.
+fn x_user(parts: &axum::http::request::Parts) -> Option<Caller> {
+    let user = parts.headers.get("x-user")?.to_str().ok()?;
+    Caller::try_new("shop", user).ok()
+}
+
+/// A handler that counts its runs and answers with the count.
+fn counting(runs: &Arc<AtomicUsize>) -> axum::routing::MethodRouter {
+    let runs = Arc::clone(runs);
+    post(move || {
+        let runs = Arc::clone(&runs);
+        async move { (StatusCode::CREATED, format!("run {}", runs.fetch_add(1, Ordering::SeqCst) + 1)) }
+    })
+}
+
+/// POSTs `body` to `url` as alice under `key`.
+async fn post_keyed(url: &str, key: &str, body: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("idempotency-key", format!("\"{key}\""))
+        .header("x-user", "alice")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Issue 42, item 3: `.route(POST, "/")` is the root route, protected with its own settings. The
+/// layer protects only the named routes here (`methods(&[])`), so a template that never matches
+/// leaves the root unprotected: before the fix, the second request with one key ran the handler
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_root_route_is_protected_where_the_router_sends_it() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(idem_tests::idem(idem_runtime::MemoryLedger::new()), x_user).methods(&[]).route(
+        Method::POST,
+        "/",
+        Route::new(),
+    );
+    let base = serve_router(axum::Router::new().route("/", counting(&runs)).layer(layer)).await;
+    let key = unique("root");
+    let first = post_keyed(&format!("{base}/"), &key, "{}").await;
+    assert_eq!(first.status(), 201);
+    let again = post_keyed(&format!("{base}/"), &key, "{}").await;
+    assert_eq!(again.status(), 201);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the root route ran once for one key");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.text().await.unwrap(), "run 1");
+}
+
+/// Issue 42, item 3: `{*rest}` matches one or more remaining segments, as axum's router does:
+/// `/files/a/b` is the catch-all route's (before the fix, a catch-all was one segment, so
+/// `/files/a/b` ran on every retry), and `/files/` is not (the router sends it nowhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_all_route_is_protected_on_every_path_it_matches() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(idem_tests::idem(idem_runtime::MemoryLedger::new()), x_user).methods(&[]).route(
+        Method::POST,
+        "/files/{*rest}",
+        Route::new(),
+    );
+    let base = serve_router(axum::Router::new().route("/files/{*rest}", counting(&runs)).layer(layer)).await;
+    for (path, expected_runs) in [("/files/a", 1), ("/files/a/b", 2), ("/files/a/b/", 3), ("/files/a//b", 4)] {
+        let key = unique("rest");
+        let first = post_keyed(&format!("{base}{path}"), &key, "{}").await;
+        assert_eq!(first.status(), 201, "{path}");
+        let again = post_keyed(&format!("{base}{path}"), &key, "{}").await;
+        assert_eq!(again.status(), 201, "{path}");
+        assert_eq!(runs.load(Ordering::SeqCst), expected_runs, "{path}: one run for one key");
+        assert_eq!(again.headers().get("idempotent-replayed").map(|value| value.to_str().unwrap()), Some("true"));
+    }
+    // One key names one operation of the route: the same key at another path is another request.
+    let key = unique("rest");
+    assert_eq!(post_keyed(&format!("{base}/files/x/1"), &key, "{}").await.status(), 201);
+    problem(post_keyed(&format!("{base}/files/x/2"), &key, "{}").await, 422, "key-reused").await;
+}
+
+/// Issue 42, item 3: a template the layer cannot match exactly as axum's router does is refused
+/// when the layer is built, with words that say what to write (before the fix, each was accepted
+/// and then never matched, or matched other paths than the router's).
+#[test]
+fn a_template_the_layer_cannot_match_is_refused_when_built() {
+    let refusal = |template: &'static str| {
+        let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            IdempotencyLayer::new(idem, x_user).route(Method::POST, template, Route::new())
+        }));
+        let payload = built.expect_err(template);
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+            .unwrap_or_default()
+    };
+    for (template, advice) in [
+        ("payments", "`/payments`"),
+        ("", "`/`"),
+        ("/payments/:id", "`{id}`"),
+        ("/files/*rest", "`{*rest}`"),
+        ("/files/{*rest}/meta", "at the end"),
+        ("/payments/{id}.json", "`/payments/{id}`"),
+        ("/payments/{}", "a name"),
+        ("/payments/{id", "`}`"),
+    ] {
+        let refused = refusal(template);
+        assert!(refused.contains(advice), "{template:?}: {refused}");
+    }
+    // Templates axum accepts are accepted.
+    for template in ["/", "/payments/", "/payments/{id}", "/v{version}/pay", "/files/{*rest}", "/{{literal}}"] {
+        let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+        let _ = IdempotencyLayer::new(idem, x_user).route(Method::POST, template, Route::new());
+    }
+}
+
+/// Issue 42, item 4: two bodies that differ only in an integer beyond the 64-bit range were one
+/// f64 to `serde_json::Value`, so the second was replayed the first's response instead of being
+/// refused. The strict parser refuses such an integer (it cannot be kept exactly): 400, nothing
+/// claimed, nothing run. Integers past 2^53 inside the 64-bit range keep their digits: 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_differ_past_what_a_double_holds_never_share_a_fingerprint() {
+    let (base, effects) = serve(idem_tests::idem(idem_runtime::MemoryLedger::new())).await;
+    let payments = format!("{base}/payments");
+    let key = unique("account");
+    let first = post_keyed(&payments, &key, r#"{"account":100000000000000000001,"amount":1}"#).await;
+    let refused = problem(first, 400, "invalid-json").await;
+    assert!(refused["detail"].as_str().unwrap().contains("account"), "{refused}");
+    let second = post_keyed(&payments, &key, r#"{"account":100000000000000000002,"amount":1}"#).await;
+    problem(second, 400, "invalid-json").await;
+    assert_eq!(effects.charges.load(Ordering::SeqCst), 0, "nothing ran for a refused body");
+
+    let key = unique("account");
+    assert_eq!(post_keyed(&payments, &key, r#"{"account":9007199254740993,"amount":1}"#).await.status(), 201);
+    problem(post_keyed(&payments, &key, r#"{"account":9007199254740995,"amount":1}"#).await, 422, "key-reused").await;
+    // The same JSON spelled differently is still the same request.
+    let again = post_keyed(&payments, &key, r#"{ "amount":1.0, "account":9007199254740993 }"#).await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(effects.charges.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 42, item 4: a JSON body with a member name twice was accepted (the last one won, while
+/// a proxy or a log may have read the first): it is refused with 400, nothing run. A body that is
+/// not JSON keeps being fingerprinted by its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_body_with_a_member_name_twice_is_refused() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(idem_tests::idem(idem_runtime::MemoryLedger::new()), x_user).route(
+        Method::POST,
+        "/upload",
+        Route::new(),
+    );
+    let base = serve_router(axum::Router::new().route("/upload", counting(&runs)).layer(layer)).await;
+    let upload = format!("{base}/upload");
+    let refused =
+        problem(post_keyed(&upload, &unique("dup"), r#"{"amount":1,"amount":1000}"#).await, 400, "invalid-json").await;
+    assert!(refused["detail"].as_str().unwrap().contains("\"amount\""), "{refused}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran for a refused body");
+
+    // Not JSON: its bytes, exactly (no parsing, no refusal).
+    let text = |body: &'static str, key: &str| {
+        reqwest::Client::new()
+            .post(&upload)
+            .header("content-type", "text/plain")
+            .header("idempotency-key", format!("\"{key}\""))
+            .header("x-user", "alice")
+            .body(body)
+            .send()
+    };
+    let key = unique("text");
+    assert_eq!(text(r#"{"a":1,"a":2}"#, &key).await.unwrap().status(), 201);
+    problem(text(r#"{"a":1, "a":2}"#, &key).await.unwrap(), 422, "key-reused").await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 42, item 6: what an HTTP client is told is what an HTTP client can do. It has no status
+/// tool and no "key arguments": it retries with the same key, uses a new key for a new request,
+/// and quotes the operation's reference (a problem-details member) to the operator.
+fn answered_in_http_words(problem: &Value) -> &str {
+    let detail = problem["detail"].as_str().unwrap();
+    for mcp in ["idem_status", "key argument", "tool"] {
+        assert!(!detail.contains(mcp), "MCP words ({mcp}) in an HTTP answer: {problem}");
+    }
+    let reference = problem["reference"].as_str().unwrap_or_else(|| panic!("no `reference` member: {problem}"));
+    assert!(!reference.is_empty() && detail.contains(reference), "{problem}");
+    detail
+}
+
+/// Who makes a request in the item 6 tests: the `x-user` header.
+fn item6_user(parts: &axum::http::request::Parts) -> Option<Caller> {
+    Caller::try_new("shop", parts.headers.get("x-user")?.to_str().ok()?).ok()
+}
+
+/// POSTs `body` to `url` as alice under `key`.
+async fn item6_post(url: &str, key: &str, body: &str) -> reqwest::Response {
+    let client = reqwest::Client::new().post(url).header("content-type", "application/json");
+    let request = client.header("idempotency-key", format!("\"{key}\"")).header("x-user", "alice");
+    request.body(body.to_owned()).send().await.unwrap()
+}
+
+/// Issue 42, item 6: a retry while the first request runs is told, in `Retry-After` and in words,
+/// when a retry can succeed — the holder's remaining lease (20 s here), not one second — and to
+/// send it with the same key. Before the fix: `Retry-After: 1` and "call `idem_status`".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_while_it_runs_is_told_when_to_retry_in_http_words() {
+    let lease = Duration::from_secs(20);
+    let idem = idem_tests::builder(idem_runtime::MemoryLedger::new()).lease(lease).build().unwrap();
+    let (entered, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let handler = {
+        let (entered, release) = (Arc::clone(&entered), Arc::clone(&release));
+        post(move || {
+            let (entered, release) = (Arc::clone(&entered), Arc::clone(&release));
+            async move {
+                entered.notify_one();
+                release.notified().await;
+                (StatusCode::CREATED, "charged")
+            }
+        })
+    };
+    let layer = IdempotencyLayer::new(idem, item6_user).route(Method::POST, "/charge", Route::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let charge = format!("http://{}/charge", listener.local_addr().unwrap());
+    let app = axum::Router::new().route("/charge", handler).layer(layer);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let key = unique("running");
+    let first = tokio::spawn({
+        let (charge, key) = (charge.clone(), key.clone());
+        async move { item6_post(&charge, &key, r#"{"amount":5}"#).await.status() }
+    });
+    tokio::time::timeout(Duration::from_secs(10), entered.notified()).await.expect("the first request runs");
+    let retry = item6_post(&charge, &key, r#"{"amount":5}"#).await;
+    let retry_after = retry.headers().get("retry-after").map(|value| value.to_str().unwrap().to_owned());
+    let body = problem(retry, 409, "in-progress").await;
+    let seconds: u64 = retry_after.as_deref().unwrap_or_default().parse().unwrap_or(0);
+    assert!((10..=lease.as_secs()).contains(&seconds), "Retry-After {retry_after:?}: the lease has ~20 s left");
+    let detail = answered_in_http_words(&body).to_lowercase();
+    assert!(detail.contains(&format!("retry after {seconds} seconds")), "{body}");
+    assert!(detail.contains("same idempotency-key"), "{body}");
+    release.notify_one();
+    assert_eq!(first.await.unwrap(), 201);
+    let replay = item6_post(&charge, &key, r#"{"amount":5}"#).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+}
+
+/// Issue 42, item 6: the same key with another body is told to use a new key for a new request.
+/// Before the fix: "change a key argument if this is a new operation", and no reference member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_key_is_told_to_use_a_new_key_in_http_words() {
+    let (base, effects) = serve(idem_tests::idem(idem_runtime::MemoryLedger::new())).await;
+    let payments = format!("{base}/payments");
+    let key = unique("reused");
+    assert_eq!(item6_post(&payments, &key, r#"{"amount":1}"#).await.status(), 201);
+    let body = problem(item6_post(&payments, &key, r#"{"amount":2}"#).await, 422, "key-reused").await;
+    let detail = answered_in_http_words(&body).to_lowercase();
+    assert!(detail.contains("new idempotency-key for a new request"), "{body}");
+    assert_eq!(effects.charges.load(Ordering::SeqCst), 1);
+}
+
+/// A seal that opens only what it sealed: a handle with it cannot read a response stored
+/// without it.
+struct Item6Seal;
+
+impl idem_runtime::ResultSeal for Item6Seal {
+    fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, String> {
+        Ok([b"item6:".as_slice(), plain].concat())
+    }
+    fn open(&self, sealed: &[u8]) -> Result<Vec<u8>, String> {
+        sealed.strip_prefix(b"item6:").map(<[u8]>::to_vec).ok_or_else(|| "not sealed by this seal".to_owned())
+    }
+}
+
+/// Issue 42, item 6: a stored response this server cannot read is a 500 that says nothing ran
+/// again, not to retry, and which reference the operator corrects. Before the fix: "call
+/// `idem_status`", and no reference member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_stored_response_is_told_in_http_words() {
+    let ledger: Arc<dyn idem_runtime::ledger::Ledger> = Arc::new(idem_runtime::MemoryLedger::new());
+    let key = unique("unreadable");
+    let (stored, _) = serve(idem_tests::idem_shared(Arc::clone(&ledger))).await;
+    assert_eq!(item6_post(&format!("{stored}/payments"), &key, r#"{"amount":3}"#).await.status(), 201);
+    let sealed = idem_tests::builder(ledger).result_seal(Item6Seal).build().unwrap();
+    let (base, effects) = serve(sealed).await;
+    let response = item6_post(&format!("{base}/payments"), &key, r#"{"amount":3}"#).await;
+    assert!(response.headers().get("retry-after").is_none());
+    let body = problem(response, 500, "unreadable_result").await;
+    let detail = answered_in_http_words(&body).to_lowercase();
+    assert!(detail.contains("do not retry"), "{body}");
+    assert_eq!(effects.charges.load(Ordering::SeqCst), 0, "nothing ran again");
 }

@@ -9,6 +9,7 @@
 //! on any source file no target compiles.
 
 mod architecture;
+mod child_keys;
 mod drain;
 mod example_server;
 mod failover;

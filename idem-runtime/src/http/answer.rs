@@ -1,6 +1,8 @@
 //! What the layer answers: a stored response (the handler's, kept for every repeat), and the
 //! `application/problem+json` refusals (RFC 9457) of requests it did not pass to the handler.
 
+use std::time::Duration;
+
 use base64::Engine;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
@@ -8,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ErrorClass;
 use crate::IdempotentError;
+use crate::key::Ref;
 use crate::rejection::Rejection;
 
 use super::key::KeyError;
@@ -102,17 +105,33 @@ impl IdempotentError for Unstored {
 /// A problem (RFC 9457): its status, a short type name (under `urn:idem:problem:`), a title, a
 /// detail, and whether the client may retry after a second.
 pub(super) fn problem(status: StatusCode, kind: &str, title: &str, detail: &str, retry: bool) -> Response<Bytes> {
-    let body = serde_json::json!({
+    problem_about(status, kind, title, detail, None, retry.then_some(1))
+}
+
+/// A problem about an operation: [`problem`], with the operation's ref as the `reference` member
+/// (what the client quotes to the service's operator), and `Retry-After` in seconds.
+fn problem_about(
+    status: StatusCode,
+    kind: &str,
+    title: &str,
+    detail: &str,
+    reference: Option<Ref>,
+    retry_after: Option<u64>,
+) -> Response<Bytes> {
+    let mut body = serde_json::json!({
         "type": format!("urn:idem:problem:{kind}"),
         "title": title,
         "status": status.as_u16(),
         "detail": detail,
     });
+    if let Some(reference) = reference {
+        body["reference"] = serde_json::Value::String(reference.to_string());
+    }
     let mut response = Response::new(Bytes::from(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    if retry {
-        response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    if let Some(seconds) = retry_after {
+        response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
 }
@@ -133,39 +152,133 @@ pub(super) fn bad_key(error: &KeyError) -> Response<Bytes> {
     problem(StatusCode::BAD_REQUEST, kind, title, &detail, false)
 }
 
-/// The answer to a request idem refused: what the draft prescribes, in its words.
+/// The answer to a request idem refused: what the draft prescribes, in its words — an HTTP
+/// client's (the same key after `Retry-After`, a new key for a new request, the `reference` to
+/// quote to the operator), never an agent's (a status tool, key arguments).
 pub(super) fn refused(rejection: &Rejection) -> Response<Bytes> {
-    let detail = rejection.to_string();
+    let reference = rejection.reference();
+    let about = |status, kind, title, detail: &str, retry_after| {
+        problem_about(status, kind, title, detail, reference, retry_after)
+    };
     match rejection {
-        Rejection::Conflict { .. } => problem(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "key-reused",
-            "Idempotency-Key reused with another request",
-            &detail,
-            false,
-        ),
-        Rejection::InFlight { .. } => problem(
-            StatusCode::CONFLICT,
-            "in-progress",
-            "A request with this Idempotency-Key is in progress",
-            &detail,
+        Rejection::Conflict { reference, differing, missing } => {
+            let mut detail =
+                format!("This Idempotency-Key was already used for a different request (reference {reference}");
+            if !differing.is_empty() {
+                detail.push_str(&format!("; what differs: {}", differing.join(", ")));
+            }
+            if *missing > 0 {
+                detail.push_str(&format!("; {missing} part(s) of the earlier request are missing"));
+            }
+            detail.push_str(
+                "). Nothing was executed. Send the earlier request unchanged to get its response, or use a new \
+                 Idempotency-Key for a new request",
+            );
+            about(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "Idempotency-Key reused with another request",
+                &detail,
+                None,
+            )
+        }
+        Rejection::InFlight { reference, lease_left } => {
+            let seconds = retry_after(*lease_left);
+            let unit = if seconds == 1 { "second" } else { "seconds" };
+            let then = if lease_left.is_some_and(|left| left.is_zero()) {
+                "the lease of the server running it has run out, and this server cannot yet be sure of its clock: \
+                 once it is, a retry runs the request again or is told that its outcome is unknown, as the route's \
+                 policy says"
+            } else {
+                "by then it has finished and its response is replayed to you — or the server running it has \
+                 stopped renewing its lease, and a retry runs the request again or is told that its outcome is \
+                 unknown, as the route's policy says"
+            };
+            let detail = format!(
+                "A request with this Idempotency-Key is in progress (reference {reference}); this one was not \
+                 executed. Retry after {seconds} {unit} with the same Idempotency-Key and the same request: {then}"
+            );
+            about(
+                StatusCode::CONFLICT,
+                "in-progress",
+                "A request with this Idempotency-Key is in progress",
+                &detail,
+                Some(seconds),
+            )
+        }
+        Rejection::OutcomeUnknown { reference } => {
+            let detail = format!(
+                "The request with this Idempotency-Key (reference {reference}) may or may not have taken effect: \
+                 its response could not be stored (the server handling it failed or stopped, or the response was \
+                 too large to keep). Nothing was executed now. Do not retry: a retry with this key gets this answer until the service's operator \
+                 resolves reference {reference}, and a new Idempotency-Key could do it twice — ask the operator, \
+                 quoting the reference"
+            );
+            about(
+                StatusCode::CONFLICT,
+                "outcome-unknown",
+                "The outcome of the request with this Idempotency-Key is unknown",
+                &detail,
+                None,
+            )
+        }
+        Rejection::UnreadableResult { reference, detail: why } => {
+            let detail = format!(
+                "The request with this Idempotency-Key (reference {reference}) completed earlier, but this server \
+                 cannot read its stored response ({why}). Nothing was executed again. Do not retry: a retry with \
+                 this key gets this answer until the service's operator corrects the stored response of reference \
+                 {reference}"
+            );
+            about(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                rejection.code(),
+                "The stored response of this Idempotency-Key cannot be read",
+                &detail,
+                None,
+            )
+        }
+        Rejection::LedgerUnavailable { .. } | Rejection::ShuttingDown => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Nothing was executed; retry",
+            &rejection.to_string(),
             true,
         ),
-        Rejection::OutcomeUnknown { .. } => problem(
-            StatusCode::CONFLICT,
-            "outcome-unknown",
-            "The outcome of the request with this Idempotency-Key is unknown",
-            &detail,
+        Rejection::InvalidArguments { .. } => problem(
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+            "The request cannot be keyed",
+            &rejection.to_string(),
             false,
         ),
-        Rejection::LedgerUnavailable { .. } | Rejection::ShuttingDown => {
-            problem(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Nothing was executed; retry", &detail, true)
-        }
-        Rejection::InvalidArguments { .. } => {
-            problem(StatusCode::BAD_REQUEST, "invalid-request", "The request cannot be keyed", &detail, false)
-        }
-        _ => {
-            problem(StatusCode::INTERNAL_SERVER_ERROR, rejection.code(), "The request was not executed", &detail, false)
-        }
+        _ => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            rejection.code(),
+            "The request was not executed",
+            &rejection.to_string(),
+            false,
+        ),
+    }
+}
+
+/// `Retry-After` for a request in progress: the holder's remaining lease in whole seconds (rounded
+/// up), at least one; one when it is not known.
+fn retry_after(lease_left: Option<Duration>) -> u64 {
+    lease_left.map_or(1, |left| left.as_millis().div_ceil(1000).try_into().unwrap_or(u64::MAX).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::retry_after;
+
+    #[test]
+    fn retry_after_is_the_remaining_lease_in_whole_seconds_and_at_least_one() {
+        assert_eq!(retry_after(None), 1);
+        assert_eq!(retry_after(Some(Duration::ZERO)), 1);
+        assert_eq!(retry_after(Some(Duration::from_millis(1))), 1);
+        assert_eq!(retry_after(Some(Duration::from_millis(19_001))), 20);
+        assert_eq!(retry_after(Some(Duration::from_secs(30))), 30);
     }
 }

@@ -26,13 +26,19 @@
 //! ```
 //!
 //! What a request gets, step by step:
-//! 1. A request the layer does not protect (another method or route) passes through untouched.
+//! 1. A request the layer does not protect (another method or route) passes through untouched. A
+//!    route named with [`IdempotencyLayer::route`] is matched as axum's router matches its
+//!    template (the root `/`, `{id}`, a catch-all `{*rest}`); a template it could not match so is
+//!    refused when the layer is built.
 //! 2. A missing, repeated, empty, unquoted or over-255-character key: **400**, nothing claimed.
 //! 3. No principal (the function you give returned `None`): **401**, nothing claimed — a key is
 //!    never shared between principals, so a request nobody vouches for is not keyed at all.
-//! 4. A body over the limit (`max_request_bytes`, 1 MiB by default): **413**, nothing claimed.
+//! 4. A body over the limit (`max_request_bytes`, 1 MiB by default): **413**, nothing claimed. A
+//!    body labelled JSON that the strict canonical parser
+//!    ([`parse_strict`](crate::canonical::parse_strict)) refuses — a member name twice, an
+//!    integer beyond the 64-bit range no double holds, malformed text: **400**, nothing claimed.
 //! 5. The operation is keyed by principal, method, route and key, and fingerprinted over method,
-//!    path, query and body (canonical JSON when the body is JSON, its bytes otherwise):
+//!    path, query and body (its canonical JSON when it is labelled JSON, its bytes otherwise):
 //!    - the first request runs the service; its response — whatever its status — is stored
 //!      (status, the allow-listed headers, body) and returned;
 //!    - a repeat after it completed gets the stored response with `Idempotent-Replayed: true`;
@@ -60,6 +66,7 @@ mod answer;
 mod forward;
 mod key;
 mod service;
+mod template;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,7 +74,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode};
 
 pub use self::answer::IDEMPOTENT_REPLAYED;
-pub use self::forward::{ForwardKey, ForwardKeyLayer, forwarded_key};
+pub use self::forward::{Child, ForwardKey, ForwardKeyLayer, forwarded_child_key, forwarded_key};
 pub use self::key::{IDEMPOTENCY_KEY, MAX_KEY_CHARS};
 pub use self::service::{BoxError, Idempotent, LayerBody};
 
@@ -158,28 +165,21 @@ impl Route {
 /// A configured route: its method, its path template and how it is kept.
 struct Protected {
     method: Method,
-    /// `/payments/{id}` as segments (`None` for a `{…}` segment, which matches any one).
-    segments: Vec<Option<String>>,
+    /// The template as axum's router reads it (see `template.rs`).
+    pieces: Vec<template::Piece>,
     template: String,
     recipe: &'static Recipe,
     nothing_happened: Vec<StatusCode>,
 }
 
 impl Protected {
-    fn matches(&self, method: &Method, path: &str) -> bool {
+    /// Whether this route takes `method` requests to `path`, as axum's router would send them,
+    /// and how closely (the smallest rank is the router's choice).
+    fn matches(&self, method: &Method, path: &str) -> Option<template::Rank> {
         if *method != self.method {
-            return false;
+            return None;
         }
-        let mut parts = path.trim_end_matches('/').split('/');
-        let mut segments = self.segments.iter();
-        loop {
-            match (parts.next(), segments.next()) {
-                (None, None) => return true,
-                (Some(part), Some(None)) if !part.is_empty() => {}
-                (Some(part), Some(Some(segment))) if part == segment => {}
-                _ => return false,
-            }
-        }
+        template::matches(&self.pieces, path)
     }
 }
 
@@ -254,21 +254,44 @@ impl IdempotencyLayer {
         Arc::get_mut(&mut self.config).expect("an IdempotencyLayer is configured before it is cloned")
     }
 
-    /// Protects `method` requests to `path` (a template: `/payments/{id}` matches any one
-    /// segment there) with `route`'s settings. Its operations are keyed under the template, so
-    /// `/payments/1` and `/payments/2` share one tool name and differ by their keys.
+    /// Protects `method` requests to `path` with `route`'s settings. `path` is the template
+    /// exactly as given to axum's `Router::route`, matched as axum 0.8's router matches it: `/`
+    /// is the root, a trailing slash is part of the route, `{id}` matches one segment (or the
+    /// rest of one, `/v{version}`), `{*rest}` at the end matches one or more remaining segments,
+    /// and where two templates match, text wins over `{id}` over `{*rest}`. Its operations are
+    /// keyed under the template, so `/payments/1` and `/payments/2` share one tool name and differ
+    /// by their keys.
+    ///
+    /// # Panics
+    ///
+    /// When the layer could not match `path` as the router does — no leading `/`, axum 0.7's
+    /// `:id` or `*rest`, text after a `{id}` in its segment, a `{*rest}` before the end, an
+    /// unnamed or unclosed parameter — or when `method` and `path` are already protected (also
+    /// under other parameter names): the message says what to write instead.
     #[must_use]
     #[track_caller]
     pub fn route(mut self, method: Method, path: &str, route: Route) -> Self {
-        let template = format!("/{}", path.trim_matches('/'));
+        let pieces = match template::parse(path) {
+            Ok(pieces) => pieces,
+            Err(advice) => panic!(
+                "IdempotencyLayer::route({method}, {path:?}): the layer cannot match this template as axum's \
+                 router does: {advice}"
+            ),
+        };
+        if let Some(protected) =
+            self.config.routes.iter().find(|protected| protected.method == method && protected.pieces == pieces)
+        {
+            panic!(
+                "IdempotencyLayer::route({method}, {path:?}): `{method} {}` is already protected, and the router \
+                 sends a request to one of them; name each route once",
+                protected.template
+            );
+        }
+        let template = path.to_owned();
         let recipe = route.recipe(format!("{method} {template}"));
-        let segments = template
-            .split('/')
-            .map(|segment| (!(segment.starts_with('{') && segment.ends_with('}'))).then(|| segment.to_owned()))
-            .collect();
         self.config().routes.push(Protected {
             method,
-            segments,
+            pieces,
             template,
             recipe,
             nothing_happened: route.nothing_happened,

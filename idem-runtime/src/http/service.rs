@@ -22,6 +22,7 @@ use serde_json::Value;
 use super::Config;
 use super::answer::{self, StoredResponse, Unstored};
 use super::key::client_key;
+use crate::canonical::{CanonicalError, parse_strict};
 use crate::recipe::Recipe;
 
 /// The error of a body: anything a service's body may fail with.
@@ -102,11 +103,16 @@ struct Arguments {
     body: Value,
 }
 
-/// The body as the fingerprint sees it: its JSON, canonicalised, when it is JSON; its bytes
-/// (base64) otherwise; `null` when empty.
-fn body_value(headers: &http::HeaderMap, bytes: &Bytes) -> Value {
+/// The body as the fingerprint sees it: `null` when empty; when it is labelled JSON
+/// (`application/json` or `…+json`), its value as the strict canonical parser reads it
+/// ([`parse_strict`](crate::canonical::parse_strict): exact integer digits, no member name twice),
+/// so that spacing, member order and number spelling do not matter and any change of value does;
+/// its bytes (base64) otherwise. A body labelled JSON that the parser refuses is the error: two
+/// different bodies are never one fingerprint. For every body `serde_json` reads as the parser
+/// does, the value — and so the fingerprint — is the one `serde_json::Value` gave before.
+fn body_value(headers: &http::HeaderMap, bytes: &Bytes) -> Result<Value, CanonicalError> {
     if bytes.is_empty() {
-        return Value::Null;
+        return Ok(Value::Null);
     }
     let json = headers
         .get(http::header::CONTENT_TYPE)
@@ -116,10 +122,13 @@ fn body_value(headers: &http::HeaderMap, bytes: &Bytes) -> Value {
             let media = media.trim();
             media.eq_ignore_ascii_case("application/json") || media.ends_with("+json")
         });
-    if json && let Ok(value) = serde_json::from_slice::<Value>(bytes) {
-        return serde_json::json!({ "json": value });
+    if json {
+        let text = std::str::from_utf8(bytes).map_err(|error| CanonicalError::Invalid {
+            message: format!("the body is not UTF-8 ({error}), and JSON text is"),
+        })?;
+        return Ok(serde_json::json!({ "json": parse_strict(text)? }));
     }
-    serde_json::json!({ "bytes": base64::engine::general_purpose::STANDARD.encode(bytes) })
+    Ok(serde_json::json!({ "bytes": base64::engine::general_purpose::STANDARD.encode(bytes) }))
 }
 
 /// A response of the layer's own, boxed.
@@ -200,7 +209,13 @@ struct Matched {
 /// How `request` is kept; `None` when the layer does not protect it.
 fn route_of<B>(config: &Config, request: &Request<B>) -> Option<Matched> {
     let (method, path) = (request.method(), request.uri().path());
-    if let Some(route) = config.routes.iter().find(|route| route.matches(method, path)) {
+    // The router's choice among the routes that match: text before `{id}` before `{*rest}`.
+    let chosen = config
+        .routes
+        .iter()
+        .filter_map(|route| route.matches(method, path).map(|rank| (rank, route)))
+        .min_by(|(a, _), (b, _)| a.cmp(b));
+    if let Some((_, route)) = chosen {
         let (recipe, route, nothing_happened) = (route.recipe, route.template.clone(), route.nothing_happened.clone());
         return Some(Matched { recipe, route, nothing_happened });
     }
@@ -270,13 +285,30 @@ where
             )));
         }
     };
+    let body = match body_value(&parts.headers, &bytes) {
+        Ok(body) => body,
+        Err(error) => {
+            let detail = format!(
+                "the body is labelled JSON, and the layer fingerprints JSON exactly, so it must be strict JSON \
+                 (RFC 8259, each member name once, integers kept exactly): {error}. Nothing was claimed: send it \
+                 again corrected, with the same Idempotency-Key"
+            );
+            return Ok(boxed(answer::problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-json",
+                "Request body is not strict JSON",
+                &detail,
+                false,
+            )));
+        }
+    };
     let arguments = Arguments {
         key,
         method: parts.method.as_str().to_owned(),
         route,
         path: parts.uri.path().to_owned(),
         query: parts.uri.query().unwrap_or("").to_owned(),
-        body: body_value(&parts.headers, &bytes),
+        body,
     };
     // What the service answered, for this client: all its headers (the store keeps the
     // allow-listed ones), or its error. Shared, not borrowed: the handler's future owns what it
@@ -342,5 +374,55 @@ where
             "the service did not answer",
             false,
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http::HeaderMap;
+    use serde_json::Value;
+
+    use super::body_value;
+    use crate::canonical::{CanonicalError, to_canonical_vec};
+
+    fn json_headers() -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, "application/json; charset=utf-8".parse().unwrap());
+        headers
+    }
+
+    /// A body `serde_json` read as the strict parser does keeps its fingerprint across the change
+    /// of parser (issue 42, item 4): the same canonical bytes as the `serde_json::Value` before.
+    #[test]
+    fn bodies_that_parsed_before_keep_their_fingerprint() {
+        for body in [
+            r#"{"amount":100}"#,
+            r#"{ "b" : [1, 2.5, -0, 1e3, 1E-7, 0.1, 18446744073709551615, -9223372036854775808] , "a":null }"#,
+            r#"{"id":9007199254740993,"big":18446744073709551616,"x":1e308,"s":"\u00e9\ud83d\ude00\n"}"#,
+            r#"[true,false,{},[],"",{"nested":{"deep":[1,[2,[3]]]}}]"#,
+            "3.141592653589793",
+            r#""text""#,
+        ] {
+            let before = serde_json::json!({ "json": serde_json::from_str::<Value>(body).unwrap() });
+            let now = body_value(&json_headers(), &Bytes::from(body)).unwrap();
+            assert_eq!(to_canonical_vec(&now).unwrap(), to_canonical_vec(&before).unwrap(), "{body}");
+        }
+    }
+
+    /// What serde_json took and the strict parser refuses: a member name twice, an integer no
+    /// double holds beyond the 64-bit range, malformed text; a body not labelled JSON is its bytes.
+    #[test]
+    fn a_json_body_the_strict_parser_refuses_is_refused() {
+        let refused = |body: &'static [u8]| body_value(&json_headers(), &Bytes::from_static(body)).unwrap_err();
+        assert!(matches!(refused(br#"{"a":1,"a":2}"#), CanonicalError::DuplicateKey { .. }));
+        assert!(matches!(refused(br#"{"n":100000000000000000001}"#), CanonicalError::InexactInteger { .. }));
+        assert!(matches!(refused(br#"{"a":1,}"#), CanonicalError::Invalid { .. }));
+        assert!(matches!(refused(b"{\"a\":\"\xff\"}"), CanonicalError::Invalid { .. }));
+        let mut text = HeaderMap::new();
+        text.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        let bytes = body_value(&text, &Bytes::from_static(br#"{"a":1,"a":2}"#)).unwrap();
+        assert!(bytes["bytes"].is_string(), "{bytes}");
+        assert_eq!(body_value(&json_headers(), &Bytes::new()).unwrap(), Value::Null);
     }
 }

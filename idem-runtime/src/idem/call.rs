@@ -242,11 +242,16 @@ impl Idem {
                     break (attempt, won, window_end);
                 }
                 Claim::Replay { result } => return attempt.replayed(result, &watch, "replay"),
-                Claim::InFlight { .. } => {
+                Claim::InFlight { lease_until } => {
+                    // How long the holder's lease still runs, on the clock the claim was judged by.
+                    let lease_left = |now: u64| {
+                        let left = std::time::Duration::from_millis(lease_until.saturating_sub(now));
+                        Some(left.min(self.inner.settings.lease))
+                    };
                     let Some(deadline) = deadline else {
                         tracing::info!(tool, %reference, "in flight");
                         watch.saw(reference, Seen::InFlight);
-                        return Err(Rejection::InFlight { reference });
+                        return Err(Rejection::InFlight { reference, lease_left: lease_left(self.ledger_now()) });
                     };
                     tracing::debug!(tool, %reference, "in flight; waiting for it to settle");
                     // The wait may claim again with this request: it is sent whole.
@@ -266,7 +271,7 @@ impl Idem {
                         Waited::InFlight | Waited::Unavailable => {
                             tracing::info!(tool, %reference, "still in flight after the wait");
                             watch.saw(reference, Seen::InFlight);
-                            return Err(Rejection::InFlight { reference });
+                            return Err(Rejection::InFlight { reference, lease_left: lease_left(self.ledger_now()) });
                         }
                     }
                 }
@@ -531,7 +536,7 @@ impl<'a> Attempt<'a> {
                 // It settled as "nothing happened" meanwhile, or its claimer yielded to ours:
                 // running now could race a replica that keys it under the other secret.
                 earlier.give_back().await;
-                return Err(Rejection::InFlight { reference: earlier.reference() });
+                return Err(Rejection::InFlight { reference: earlier.reference(), lease_left: None });
             }
             return Ok(Some((earlier, claim)));
         }

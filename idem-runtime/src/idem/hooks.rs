@@ -202,7 +202,7 @@ impl<'a> Watch<'a> {
     /// failed meanwhile): reported as what it was told.
     pub(super) fn refused(&self, rejection: &Rejection) {
         match rejection {
-            Rejection::InFlight { reference } => self.saw(*reference, Seen::InFlight),
+            Rejection::InFlight { reference, .. } => self.saw(*reference, Seen::InFlight),
             Rejection::LedgerUnavailable { .. } => self.unavailable(),
             _ => {}
         }

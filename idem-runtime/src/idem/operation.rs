@@ -1,11 +1,13 @@
-//! What a handler sees while it runs: its [`Operation`] (the key to forward downstream, the
-//! fencing token, whether the lease is still held) and its caller, both task-local. A handler
-//! runs as its caller, so operations nested in it are that caller's too.
+//! What a handler sees while it runs: its [`Operation`] (the key to forward downstream and its
+//! child keys, the fencing token, whether the lease is still held) and its caller, both
+//! task-local. A handler runs as its caller, so operations nested in it are that caller's too.
 
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
 
 use crate::key::{Key, Ref};
 #[cfg(feature = "_sea")]
@@ -20,6 +22,21 @@ use super::request_state::Binding;
 tokio::task_local! {
     static OPERATION: Operation;
     static CALLER: Caller;
+    /// What this run of the handler sent through `ForwardKeyLayer` (see [`note_sent`]).
+    #[cfg(feature = "http")]
+    static SENT: Sent;
+}
+
+/// The (origin, key) pairs one run of a handler sent, newest last: at most [`Sent::MAX`], so a
+/// handler that sends many requests keeps a bounded record, dropped when the run ends.
+#[cfg(feature = "http")]
+#[derive(Debug, Default)]
+struct Sent(std::sync::Mutex<std::collections::VecDeque<(String, String)>>);
+
+#[cfg(feature = "http")]
+impl Sent {
+    /// How many pairs one run remembers (the oldest is forgotten first).
+    const MAX: usize = 64;
 }
 
 /// The operation a handler is running as: read it with [`current_operation`] and forward
@@ -76,6 +93,33 @@ impl Operation {
     #[must_use]
     pub fn idempotency_key(&self) -> String {
         self.key.idempotency_key(self.window_end)
+    }
+
+    /// A child key: the key to forward on one of several requests this operation sends to one
+    /// downstream — `operation.child("customer")` on the request that creates the customer,
+    /// `operation.child("charge")` on the charge — so the downstream, which dedupes on the key
+    /// it receives, acts on each of them once instead of answering the second with the first
+    /// one's record. With the `http` feature, `idem_runtime::http::Child` names it on a tower
+    /// client's request and `ForwardKeyLayer` sends it; `forwarded_child_key` is its header value.
+    ///
+    /// Derived, never stored: 64 lower-case hex digits,
+    /// `hex(SHA-256("idem/v2/child\0" ‖ K ‖ len(label) as u64, big-endian ‖ label))`
+    /// where `K` is [`Operation::idempotency_key`] as its 64 ASCII hex digits and `label` is
+    /// UTF-8. So it is:
+    /// - the same in every run of this operation — a takeover, a reconcile's second run, the
+    ///   same operation re-run — since they share the idempotency key: the downstream answers a
+    ///   second run's requests from its record;
+    /// - distinct per label (its length is hashed before it, so the framing is unambiguous),
+    ///   distinct from the idempotency key itself, and new in a new window;
+    /// - safe to show: it reveals nothing the idempotency key (already shown in logs and by
+    ///   `idem show`) does not, and an operator can recompute it from that key and the label.
+    ///
+    /// Use one label per request kind and keep labels fixed in code (`"charge"`, or
+    /// `format!("refund-{line}")` for a line the arguments name): a label that changes between
+    /// runs (a timestamp, a random id) defeats the downstream's dedupe.
+    #[must_use]
+    pub fn child(&self, label: &str) -> String {
+        child_key(&self.idempotency_key(), label)
     }
 
     /// The short ref callers are given.
@@ -156,6 +200,25 @@ impl Operation {
         &self.binding
     }
 
+    /// Notes that the handler running in this task sent `key` to `origin`: whether it had already
+    /// sent that key there in this run (`None` outside a handler). The record is this run's alone
+    /// and bounded ([`Sent::MAX`] pairs, the oldest forgotten first).
+    #[cfg(feature = "http")]
+    pub(crate) fn note_sent(origin: &str, key: &str) -> Option<bool> {
+        SENT.try_with(|sent| {
+            let mut sent = sent.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if sent.iter().any(|(o, k)| o == origin && k == key) {
+                return true;
+            }
+            if sent.len() == Sent::MAX {
+                sent.pop_front();
+            }
+            sent.push_back((origin.to_owned(), key.to_owned()));
+            false
+        })
+        .ok()
+    }
+
     /// Whether this run took over a dead holder's claim: the downstream may already have seen
     /// this operation's idempotency key, and must dedupe by it.
     #[must_use]
@@ -170,6 +233,17 @@ impl Operation {
 #[must_use]
 pub fn current_operation() -> Option<Operation> {
     OPERATION.try_with(Clone::clone).ok()
+}
+
+/// The child key of `parent` (an idempotency key as forwarded) for `label`: see
+/// [`Operation::child`].
+fn child_key(parent: &str, label: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"idem/v2/child\0");
+    hasher.update(parent.as_bytes());
+    hasher.update((label.len() as u64).to_be_bytes());
+    hasher.update(label.as_bytes());
+    crate::bytes::hex(&hasher.finalize())
 }
 
 /// Runs `future` with `caller` as the authenticated caller of every idempotent call inside it
@@ -192,6 +266,8 @@ pub(super) fn running_as<F: Future>(
     caller: Caller,
     future: F,
 ) -> impl Future<Output = F::Output> {
+    #[cfg(feature = "http")]
+    let future = SENT.scope(Sent::default(), future);
     CALLER.scope(caller, OPERATION.scope(operation, future))
 }
 

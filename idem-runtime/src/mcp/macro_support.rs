@@ -93,12 +93,12 @@ where
         Ok(served) => (served.value, served.reference, served.replayed),
         Err(Rejection::NoCaller) => return ToolOutcome::Refused(no_caller(context.is_remote())),
         // A repeat of a running task-capable operation, from a client that can poll: its task.
-        Err(Rejection::InFlight { reference })
+        Err(Rejection::InFlight { reference, lease_left })
             if task::answers_with_task(recipe, context.declares_tasks(), || server_tasks.and_then(|ask| ask())) =>
         {
             return match task::created(idem, caller.as_ref(), fallback, reference).await {
                 Some(task) => ToolOutcome::Task { task, reference },
-                None => ToolOutcome::Refused(Rejection::InFlight { reference }),
+                None => ToolOutcome::Refused(Rejection::InFlight { reference, lease_left }),
             };
         }
         Err(rejection) => return ToolOutcome::Refused(rejection),

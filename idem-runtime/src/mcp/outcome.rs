@@ -124,7 +124,7 @@ impl<R> ToolOutcome<R> {
             Self::Refused(rejection) => R::from_result(Err(R::Err::from_rejection(rejection))),
             // A caller that cannot poll is told what a client without tasks is told.
             Self::Task { reference, .. } => {
-                R::from_result(Err(R::Err::from_rejection(Rejection::InFlight { reference })))
+                R::from_result(Err(R::Err::from_rejection(Rejection::InFlight { reference, lease_left: None })))
             }
         }
     }
