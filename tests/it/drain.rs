@@ -119,3 +119,54 @@ async fn a_drain_at_its_deadline_counts_and_names_the_outcomes_still_being_recor
         "the drain's log names the operation it left: {text}"
     );
 }
+
+/// Fails every statement that records an outcome while `down` is set.
+struct Down {
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl Tap for Down {
+    fn before(&self, call: Call) -> Pass {
+        if call == Call::Complete && self.down.load(Ordering::SeqCst) {
+            Pass::Fail(LedgerError::unavailable("connection refused (an outage)"))
+        } else {
+            Pass::Through
+        }
+    }
+}
+
+/// More answered calls whose recording hits an outage than a handle runs background jobs at once
+/// (32): each one is still recorded once the ledger is back, and the drain waits for every one.
+/// Before, a recording past the 32nd was dropped at once ("too much background work"), its record
+/// left in progress for the stale policy — a `takeover` repeat ran the payment again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_answered_call_is_recorded_though_more_wait_than_the_background_runs_at_once() {
+    const CALLS: usize = 40;
+    let memory: Arc<dyn Ledger> = Arc::new(idem_runtime::MemoryLedger::new());
+    let ledger = Tapped::new(Arc::clone(&memory), Down { down: std::sync::atomic::AtomicBool::new(true) });
+    let idem = idem_tests::builder(ledger.clone() as Arc<dyn Ledger>).lease(Duration::from_secs(10)).build().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut calls = tokio::task::JoinSet::new();
+    for n in 0..CALLS {
+        let (idem, runs) = (idem.clone(), Arc::clone(&runs));
+        calls.spawn(async move { pay(&idem, &format!("o-many-{n}"), &runs).await.map(|served| served.reference) });
+    }
+    let mut references = Vec::new();
+    while let Some(answer) = calls.join_next().await {
+        references.push(answer.unwrap().unwrap_or_else(|Error::Idem(r)| panic!("{r}")));
+    }
+    // Every call answered, none recorded: the outage ends, and the handle drains.
+    ledger.down.store(false, Ordering::SeqCst);
+    let drained = idem.drain(Duration::from_secs(30)).await;
+    assert_eq!(drained.still_running, 0, "{drained:?}");
+    let next = idem_tests::builder(memory).build().unwrap();
+    let mut unrecorded = 0;
+    for reference in &references {
+        let report = next.status(&caller(), &reference.to_string()).await.unwrap();
+        if report.map(|report| report.state) != Some(State::Completed) {
+            unrecorded += 1;
+        }
+    }
+    assert_eq!(unrecorded, 0, "of {CALLS} answered calls, {unrecorded} were never recorded");
+    assert_eq!(runs.load(Ordering::SeqCst), CALLS);
+}

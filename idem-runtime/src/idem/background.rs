@@ -1,7 +1,7 @@
 //! Work beside a call and after it: the renewer that keeps a running handler's lease, the
 //! release of a claim whose answer was lost, and the retries of a completion the ledger did not
 //! take at once. Each handle runs at most [`BACKGROUND_JOBS`] releases and retries at once;
-//! past that, a claim is left to run out its lease.
+//! past that, a lost claim is left to run out its lease, and a result waits for its turn.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,7 +19,8 @@ use super::time::{clamp, millis};
 /// How many times a lost claim's release is tried.
 const RELEASE_TRIES: u32 = 8;
 /// How many background ledger jobs (releasing a lost claim, retrying a completion) one handle
-/// runs at once; past this, a lost claim is left to its lease.
+/// runs at once; past this, a lost claim is left to its lease, and an answered call's result
+/// waits for a turn (never dropped while it would still be tried).
 pub(super) const BACKGROUND_JOBS: usize = 32;
 
 impl Idem {
@@ -139,17 +140,23 @@ impl Idem {
     /// someone else), and a recorded result is what every repeat needs.
     pub(super) fn keep_recording(&self, request: &ClaimRequest, lease: &LeaseState, ending: Ending, recorded: bool) {
         let reference = request.key.reference();
-        let Ok(permit) = Arc::clone(&self.inner.background).try_acquire_owned() else {
-            tracing::error!(%reference, "could not record the outcome, and too much background work to keep trying");
-            return;
-        };
         let (idem, request) = (self.clone(), request.clone());
         let until = lease.until.load(Ordering::SeqCst).saturating_add(millis(self.inner.settings.lease));
         // The caller has its answer: a drain waits for this recording as for the call itself.
         let counted = self.inner.drain.background(reference, "recording an answered call's outcome");
+        let jobs = Arc::clone(&self.inner.background);
         tokio::spawn(async move {
-            let _permit = permit;
             let _counted = counted;
+            // A result the caller has is never dropped for want of a turn: past the jobs a
+            // handle runs at once, it waits for one (as long as it would keep trying anyway),
+            // so the ledger is not sent more at once while it is away.
+            let turn = Duration::from_millis(until.saturating_sub(idem.ledger_now()));
+            let Ok(Ok(_permit)) = tokio::time::timeout(turn, jobs.acquire_owned()).await else {
+                tracing::error!(%reference, "gave up recording the outcome: too much background work until its \
+                    lease would have run out twice over; its record stays in progress and its lease runs out into \
+                    the tool's stale policy");
+                return;
+            };
             let mut pause = Duration::from_millis(500);
             while idem.ledger_now() < until {
                 tokio::time::sleep(pause).await;
