@@ -186,13 +186,13 @@ pub(super) fn refused(rejection: &Rejection) -> Response<Bytes> {
             let seconds = retry_after(*lease_left);
             let unit = if seconds == 1 { "second" } else { "seconds" };
             let then = if lease_left.is_some_and(|left| left.is_zero()) {
-                "the lease of the server running it has run out, and this server cannot yet be sure of its clock: \
-                 once it is, a retry runs the request again or is told that its outcome is unknown, as the route's \
-                 policy says"
+                "the lease of the server running it has run out or is about to: a retry is answered with its \
+                 response if it finished, or runs the request again or is told that its outcome is unknown, as the \
+                 route's policy says, once this server is sure of the time"
             } else {
-                "by then it has finished and its response is replayed to you — or the server running it has \
-                 stopped renewing its lease, and a retry runs the request again or is told that its outcome is \
-                 unknown, as the route's policy says"
+                "a request that has finished by then is replayed to you, one still running is answered 409 \
+                 again with a new Retry-After, and one whose server stopped renewing its lease runs again or is \
+                 told that its outcome is unknown, as the route's policy says"
             };
             let detail = format!(
                 "A request with this Idempotency-Key is in progress (reference {reference}); this one was not \
