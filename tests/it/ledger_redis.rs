@@ -32,6 +32,13 @@ fn own_prefix() -> String {
     format!("idem-test-{}", idem_runtime::ledger::Token::random().get())
 }
 
+/// The standalone server (`IDEM_TEST_REDIS_URL`) under a prefix of the test's own, and that
+/// prefix; `None` (reported skipped; a failure under CI) when no server answers.
+async fn standalone_of_its_own() -> Option<(RedisLedger, String)> {
+    let prefix = own_prefix();
+    Some((redis("IDEM_TEST_REDIS_URL", STANDALONE).await?.with_prefix(&prefix), prefix))
+}
+
 mod standalone {
     use super::*;
 
@@ -327,10 +334,8 @@ async fn nothing_only_the_primary_holds_is_reported_won_or_replayed() {
 /// simply done.
 #[tokio::test]
 async fn a_completion_sent_again_is_recognised_and_waited_for_again() {
-    use idem_runtime::ledger::{Claim, LedgerError, Outcome, State, Token};
-    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
-    let prefix = format!("idem-test-{}", Token::random().get());
-    let plain = plain.with_prefix(&prefix);
+    use idem_runtime::ledger::{Claim, LedgerError, Outcome, State};
+    let Some((plain, _)) = standalone_of_its_own().await else { return };
     // The machine's standalone Redis has no replica: every wait for one times out.
     let waiting = plain.clone().wait_for_replicas(1, std::time::Duration::from_millis(50));
     let now = plain.now().await.unwrap().unwrap();
@@ -414,9 +419,7 @@ fn standalone_address() -> (String, String) {
 #[tokio::test]
 async fn a_claim_whose_hash_vanished_under_it_is_still_written() {
     use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, State, Token};
-    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
-    let prefix = format!("idem-test-{}", Token::random().get());
-    let plain = plain.with_prefix(&prefix);
+    let Some((plain, prefix)) = standalone_of_its_own().await else { return };
     // An expired result under the key: a new claim of it replaces the record.
     let now = plain.now().await.unwrap().unwrap();
     let first = claim_request(now);
@@ -486,10 +489,8 @@ async fn a_renewal_is_reported_once_the_replicas_hold_it() {
 /// unavailable and left an in-flight record nobody held).
 #[tokio::test]
 async fn a_record_kept_for_ever_is_written_without_a_ttl() {
-    use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, State, Token};
-    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
-    let prefix = format!("idem-test-{}", Token::random().get());
-    let ledger = plain.with_prefix(&prefix);
+    use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, State};
+    let Some((ledger, prefix)) = standalone_of_its_own().await else { return };
     let now = ledger.now().await.unwrap().unwrap();
     let forever = i64::MAX.unsigned_abs();
     let request = ClaimRequest { window_end: forever, expires_at: forever, ..claim_request(now) };
@@ -514,10 +515,8 @@ async fn a_record_kept_for_ever_is_written_without_a_ttl() {
 /// which looks the same, for its own write (issue 41, item 4; red first).
 #[tokio::test]
 async fn a_release_is_not_answered_by_another_writers_removal() {
-    use idem_runtime::ledger::{Claim, LedgerError, Token};
-    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
-    let prefix = format!("idem-test-{}", Token::random().get());
-    let plain = plain.with_prefix(&prefix);
+    use idem_runtime::ledger::{Claim, LedgerError};
+    let Some((plain, prefix)) = standalone_of_its_own().await else { return };
     let now = plain.now().await.unwrap().unwrap();
     let request = claim_request(now);
     assert!(matches!(plain.claim(&request).await.unwrap(), Claim::Won { .. }));
@@ -543,10 +542,8 @@ async fn a_release_is_not_answered_by_another_writers_removal() {
 #[tokio::test]
 async fn only_the_operator_whose_verdict_was_stored_is_told_so() {
     use idem_runtime::key::Address;
-    use idem_runtime::ledger::{Claim, LedgerError, Resolution, State, Token};
-    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
-    let prefix = format!("idem-test-{}", Token::random().get());
-    let plain = plain.with_prefix(&prefix);
+    use idem_runtime::ledger::{Claim, LedgerError, Resolution, State};
+    let Some((plain, prefix)) = standalone_of_its_own().await else { return };
     let now = plain.now().await.unwrap().unwrap();
     let request = claim_request(now);
     assert!(matches!(plain.claim(&request).await.unwrap(), Claim::Won { .. }));
@@ -580,10 +577,8 @@ async fn only_the_operator_whose_verdict_was_stored_is_told_so() {
 #[tokio::test]
 async fn an_operators_verdict_is_not_taken_for_the_holders_result() {
     use idem_runtime::key::Address;
-    use idem_runtime::ledger::{Claim, ClaimRequest, LedgerError, Outcome, Resolution, Token};
-    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
-    let prefix = format!("idem-test-{}", Token::random().get());
-    let ledger = plain.with_prefix(&prefix);
+    use idem_runtime::ledger::{Claim, ClaimRequest, LedgerError, Outcome, Resolution};
+    let Some((ledger, _)) = standalone_of_its_own().await else { return };
     let now = ledger.now().await.unwrap().unwrap();
     let (later, keep_until) = (now + 20_000, now + 90_000);
     for (verdict, outcome) in [
@@ -606,9 +601,7 @@ async fn an_operators_verdict_is_not_taken_for_the_holders_result() {
 #[tokio::test]
 async fn a_holders_unknown_is_written_though_a_repeat_marked_it_unknown() {
     use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, State, Token};
-    let Some(plain) = redis("IDEM_TEST_REDIS_URL", STANDALONE).await else { return };
-    let prefix = format!("idem-test-{}", Token::random().get());
-    let ledger = plain.with_prefix(&prefix);
+    let Some((ledger, _)) = standalone_of_its_own().await else { return };
     let now = ledger.now().await.unwrap().unwrap();
     let later = now + 20_000;
     let request = ClaimRequest { stale: idem_runtime::StalePolicy::Hold, ..claim_request(now) };
