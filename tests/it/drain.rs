@@ -43,17 +43,6 @@ impl Tap for Outage {
     }
 }
 
-/// Every ledger: memory, SQLite, PostgreSQL, MariaDB (each skipped without its server, a failure
-/// under CI) and Redis under a prefix of its own.
-async fn every_backend(test: &str) -> Vec<(&'static str, Arc<dyn Ledger>)> {
-    let mut ledgers = idem_tests::every_ledger(test).await;
-    if let Some(redis) = crate::ledger_redis::redis("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379").await {
-        let prefix = format!("idem-test-{test}-{}", Token::random().get());
-        ledgers.push(("redis", Arc::new(redis.with_prefix(&prefix))));
-    }
-    ledgers
-}
-
 fn caller() -> Caller {
     Caller::new("acme", "alice")
 }
@@ -72,7 +61,7 @@ async fn pay(idem: &Idem, order: &str, runs: &AtomicUsize) -> Result<idem_runtim
 /// the drain returned at once with `still_running: 0` and the record still in progress.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drain_waits_for_an_answered_calls_outcome_to_be_recorded() {
-    for (backend, ledger) in every_backend("drain_waits").await {
+    for (backend, ledger) in crate::ledger_redis::every_ledger_and_redis("drain_waits").await {
         let outage = Tapped::new(Arc::clone(&ledger), Outage { completes: AtomicUsize::new(4) });
         let idem =
             idem_tests::builder(outage.clone() as Arc<dyn Ledger>).lease(Duration::from_secs(10)).build().unwrap();

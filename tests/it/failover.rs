@@ -202,13 +202,9 @@ async fn a_replica_measures_the_clock_again_after_a_lost_connection() {
 /// Every ledger the promise must hold on — memory, SQLite, PostgreSQL, MariaDB and Redis — each
 /// behind a [`Cut`], with the clocks of this machine (a failover's new clock is [`Cut::ahead`]).
 async fn every_backend(test: &str) -> Vec<(&'static str, Arc<Tapped<Cut>>)> {
-    let mut ledgers = idem_tests::every_ledger(test).await;
+    let mut ledgers = crate::ledger_redis::every_ledger_and_redis(test).await;
     // The memory ledger with a clock of its own, as a server's (the default keeps none).
     ledgers[0] = ("memory", Arc::new(idem_runtime::MemoryLedger::with_clock(idem_runtime::clock::SystemClock)));
-    if let Some(redis) = crate::ledger_redis::redis("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379").await {
-        let prefix = format!("idem-test-{test}-{}", Token::random().get());
-        ledgers.push(("redis", Arc::new(redis.with_prefix(&prefix))));
-    }
     ledgers.into_iter().map(|(name, ledger)| (name, Tapped::new(ledger, Cut::default()))).collect()
 }
 
@@ -244,7 +240,8 @@ async fn a_claim_arriving_while_another_call_measures_is_stamped_on_the_new_cloc
         let measuring = async { charge(&replica, &order(), &AtomicUsize::new(0), None).await };
         let arriving = async {
             // Arrives once the first call is measuring, well before its measurement ends.
-            until(backend, "the first call measures the clock", || ledger.slow_started.load(Ordering::SeqCst)).await;
+            let what = format!("{backend}: the first call to measure the clock");
+            idem_tests::wait_until(&what, || ledger.slow_started.load(Ordering::SeqCst)).await;
             repeat_while_running(&replica, &replica_on(&ledger), &order(), backend).await;
         };
         let (measured, ()) = tokio::join!(measuring, arriving);
@@ -273,10 +270,8 @@ async fn a_cut_claim_is_not_sent_again_on_the_old_clock_when_the_clock_cannot_be
         };
         let repeat = async {
             // The repeat comes once the cut call has run its handler, or ended without.
-            until(backend, "the cut call runs or ends", || {
-                runs.load(Ordering::SeqCst) > 0 || ended.load(Ordering::SeqCst)
-            })
-            .await;
+            let what = format!("{backend}: the cut call to run or end");
+            idem_tests::wait_until(&what, || runs.load(Ordering::SeqCst) > 0 || ended.load(Ordering::SeqCst)).await;
             let answer = charge(&replica_on(&ledger), &order, &runs, None).await;
             release.notify_one();
             answer
@@ -295,15 +290,4 @@ async fn a_cut_claim_is_not_sent_again_on_the_old_clock_when_the_clock_cannot_be
         assert!(!repeat.replayed, "{backend}");
         assert_eq!(ledger.failed_nows.load(Ordering::SeqCst), 0, "{backend}: the clock read never failed");
     }
-}
-
-/// Waits until `done`, failing with `what` after five seconds.
-async fn until(backend: &str, what: &str, done: impl Fn() -> bool) {
-    let waited = tokio::time::timeout(Duration::from_secs(5), async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "{backend}: waited five seconds for this, in vain: {what}");
 }

@@ -32,6 +32,17 @@ fn own_prefix() -> String {
     format!("idem-test-{}", idem_runtime::ledger::Token::random().get())
 }
 
+/// Every ledger a call-path behaviour must hold on: [`idem_tests::every_ledger`]'s (memory,
+/// SQLite, PostgreSQL, MariaDB) and the standalone Redis under a prefix of its own (each left
+/// out, reported skipped, without its server — a failure under CI).
+pub(crate) async fn every_ledger_and_redis(test: &str) -> Vec<(&'static str, Arc<dyn Ledger>)> {
+    let mut ledgers = idem_tests::every_ledger(test).await;
+    if let Some((redis, _)) = standalone_of_its_own().await {
+        ledgers.push(("redis", Arc::new(redis)));
+    }
+    ledgers
+}
+
 /// The standalone server (`IDEM_TEST_REDIS_URL`) under a prefix of the test's own, and that
 /// prefix; `None` (reported skipped; a failure under CI) when no server answers.
 async fn standalone_of_its_own() -> Option<(RedisLedger, String)> {
