@@ -638,7 +638,12 @@ async fn http_server(idem: Option<Idem>, delay: Duration) -> (String, Arc<std::s
     let mut app = axum::Router::new().route("/pay", post(handler));
     if let Some(idem) = idem {
         let principal = |_: &http::request::Parts| Some(caller());
-        app = app.layer(idem_runtime::http::IdempotencyLayer::new(idem, principal));
+        let layer = idem_runtime::http::IdempotencyLayer::new(idem, principal).namespace("bench").route(
+            http::Method::POST,
+            "/pay",
+            idem_runtime::http::Route::new(),
+        );
+        app = app.layer(layer);
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();

@@ -70,8 +70,11 @@ async fn serve(idem: idem_runtime::Idem) -> (String, Arc<Effects>) {
         Caller::try_new("shop", user).ok()
     };
     let layer = IdempotencyLayer::new(idem, principal)
+        .namespace("http-layer")
         .route(Method::POST, "/payments", Route::new().window(Duration::from_secs(600)))
         .route(Method::POST, "/limited", Route::new().nothing_happened_on(&[StatusCode::TOO_MANY_REQUESTS]))
+        .route(Method::POST, "/fails", Route::new())
+        .route(Method::POST, "/big", Route::new())
         .max_request_bytes(1024)
         .max_response_bytes(4096);
     let app = axum::Router::new()
@@ -121,10 +124,10 @@ async fn the_drafts_rules_on_every_ledger() {
         };
         let quoted = |key: &str| Some(format!("\"{key}\""));
 
-        // Refused before anything is claimed: a missing, unquoted, empty or too long key; no
-        // principal; a body over the limit.
+        // Refused before anything is claimed: a missing, malformed (spaces unquoted, a quote
+        // left open), empty or too long key; no principal; a body over the limit.
         problem(charge(None, Some("alice"), r#"{"amount":100}"#).await.unwrap(), 400, "missing-idempotency-key").await;
-        for bad in ["k-unquoted".to_owned(), "\"\"".to_owned(), format!("\"{}\"", "k".repeat(256)), "42".to_owned()] {
+        for bad in ["k unquoted".to_owned(), "\"\"".to_owned(), format!("\"{}\"", "k".repeat(256)), "\"42".to_owned()] {
             let response = charge(Some(bad), Some("alice"), r#"{"amount":100}"#).await.unwrap();
             problem(response, 400, "invalid-idempotency-key").await;
         }

@@ -14,6 +14,7 @@ mod drain;
 mod example_server;
 mod failover;
 mod hooks;
+mod http_door;
 mod http_layer;
 mod layout;
 mod ledger_durable;

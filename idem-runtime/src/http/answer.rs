@@ -139,8 +139,8 @@ fn problem_about(
 /// The refusal of a request whose key is missing or malformed.
 pub(super) fn bad_key(error: &KeyError) -> Response<Bytes> {
     let detail = match error {
-        KeyError::Missing => "this endpoint needs an Idempotency-Key header: a quoted string the client makes unique \
-                              per operation (a UUID), sent again unchanged on every retry"
+        KeyError::Missing => "this endpoint needs an Idempotency-Key header: a key the client makes unique per \
+                              operation (a UUID), sent again unchanged on every retry"
             .to_owned(),
         KeyError::Repeated => "send one Idempotency-Key header, not several".to_owned(),
         KeyError::Malformed(why) => format!("the Idempotency-Key header is not a valid key: {why}"),
@@ -236,6 +236,15 @@ pub(super) fn refused(rejection: &Rejection) -> Response<Bytes> {
                 &detail,
                 None,
             )
+        }
+        Rejection::DuplicateTool { namespace, tool, .. } => {
+            let detail = format!(
+                "Nothing was executed: two services (or two layers) keep `{tool}` in namespace `{namespace}` on \
+                 this service's idempotency ledger, and their requests would answer each other's. Retrying does not \
+                 help until the service's operator gives each its own namespace (IdempotencyLayer::namespace); \
+                 the service's log names both"
+            );
+            problem(StatusCode::INTERNAL_SERVER_ERROR, rejection.code(), "The request was not executed", &detail, false)
         }
         Rejection::LedgerUnavailable { .. } | Rejection::ShuttingDown => problem(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -18,7 +18,11 @@
 //! };
 //! let app = axum::Router::new()
 //!     .route("/payments", post(|| async { "charged" }))
-//!     .layer(IdempotencyLayer::new(idem, principal).route(http::Method::POST, "/payments", Route::new()));
+//!     .layer(
+//!         IdempotencyLayer::new(idem, principal)
+//!             .namespace("shop")
+//!             .route(http::Method::POST, "/payments", Route::new()),
+//!     );
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! axum::serve(listener, app).await?;
 //! # Ok(())
@@ -26,11 +30,19 @@
 //! ```
 //!
 //! What a request gets, step by step:
-//! 1. A request the layer does not protect (another method or route) passes through untouched. A
-//!    route named with [`IdempotencyLayer::route`] is matched as axum's router matches its
-//!    template (the root `/`, `{id}`, a catch-all `{*rest}`); a template it could not match so is
-//!    refused when the layer is built.
-//! 2. A missing, repeated, empty, unquoted or over-255-character key: **400**, nothing claimed.
+//! 1. The layer protects what you declare — routes named with [`IdempotencyLayer::route`],
+//!    matched as axum's router matches their templates (the root `/`, `{id}`, a catch-all
+//!    `{*rest}`), or every matched route's requests of the methods given to
+//!    [`IdempotencyLayer::methods`] — and nothing else: another route, method or merged router,
+//!    or a path no route matches (the router's 404 or 405), passes through untouched. A template
+//!    it could not match as the router does, a safe method (GET, HEAD, OPTIONS, TRACE), a layer
+//!    that protects nothing, a layer without a namespace on a ledger other services may share,
+//!    and two layers protecting one route on one handle are refused when the layer is built.
+//! 2. A missing, repeated, empty, malformed or over-255-character key: **400**, nothing claimed.
+//!    A key is the draft's quoted String (`"8e03…"`) or a bare token of visible ASCII
+//!    (`8e03…`, as Stripe-style clients send it; refused under
+//!    [`IdempotencyLayer::strict_keys`]); the handler reads it decoded through
+//!    [`IdempotencyKey`].
 //! 3. No principal (the function you give returned `None`): **401**, nothing claimed — a key is
 //!    never shared between principals, so a request nobody vouches for is not keyed at all.
 //! 4. A body over the limit (`max_request_bytes`, 1 MiB by default): **413**, nothing claimed. A
@@ -39,8 +51,8 @@
 //!    integer beyond the 64-bit range no double holds, malformed text: **400**, nothing claimed.
 //! 5. The operation is keyed by principal, method, route and key, and fingerprinted over method,
 //!    path, query and body (its canonical JSON when it is labelled JSON, its bytes otherwise):
-//!    - the first request runs the service; its response — whatever its status — is stored
-//!      (status, the allow-listed headers, body) and returned;
+//!    - the first request runs the service; its response is stored (status, the representation
+//!      headers and the allow-listed ones, body) and returned;
 //!    - a repeat after it completed gets the stored response with `Idempotent-Replayed: true`;
 //!    - a repeat while it runs: **409** with `Retry-After` (or, with [`Route::wait`], the
 //!      response once it completes);
@@ -54,10 +66,12 @@
 //! client's retry is answered from it.
 //!
 //! Which responses are stored: every response the service returned, 2xx, 4xx and 5xx alike — the
-//! service ran, and only it knows whether the effect happened — except the statuses a route
-//! declares "nothing happened" ([`Route::nothing_happened_on`], e.g. a 429 your service returns
-//! before doing anything): those reach the client and the next repeat runs again. The layer's
-//! own refusals (400, 401, 409, 413, 422, 503) are never stored: nothing ran.
+//! service ran, and only it knows whether the effect happened — except the statuses that mean
+//! "nothing happened": by default what the framework answers before the handler acts
+//! ([`NOTHING_HAPPENED_BY_DEFAULT`]: 400, 405, 413, 415, 422), or the list a route declares
+//! ([`Route::nothing_happened_on`], e.g. adding a 429 your service returns before doing
+//! anything). Those reach the client and the next repeat runs again. The layer's own refusals
+//! (400, 401, 409, 413, 422, 503) are never stored: nothing ran.
 //!
 //! Every refusal is `application/problem+json` with `type` (`urn:idem:problem:…`), `title`,
 //! `status` and `detail`.
@@ -68,14 +82,15 @@ mod key;
 mod service;
 mod template;
 
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
 
 pub use self::answer::IDEMPOTENT_REPLAYED;
 pub use self::forward::{Child, ForwardKey, ForwardKeyLayer, forwarded_child_key, forwarded_key};
-pub use self::key::{IDEMPOTENCY_KEY, MAX_KEY_CHARS};
+pub use self::key::{IDEMPOTENCY_KEY, IdempotencyKey, MAX_KEY_CHARS};
 pub use self::service::{BoxError, Idempotent, LayerBody};
 
 use crate::Idem;
@@ -90,6 +105,36 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// and its operation is recorded "outcome unknown" (it cannot be replayed).
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
+/// The statuses not stored by default ([`Route::nothing_happened_on`]): what a framework answers
+/// before the handler acts — 400 (a body that does not parse), 405 (a method the route lacks),
+/// 413 (a body over a limit), 415 (a content type the handler does not take), 422 (a body of the
+/// wrong shape). The client gets the answer, and a corrected request under the same key runs.
+pub const NOTHING_HAPPENED_BY_DEFAULT: [StatusCode; 5] = [
+    StatusCode::BAD_REQUEST,
+    StatusCode::METHOD_NOT_ALLOWED,
+    StatusCode::PAYLOAD_TOO_LARGE,
+    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+    StatusCode::UNPROCESSABLE_ENTITY,
+];
+
+/// The representation headers, always stored with the body they describe, so a replay is what
+/// the client got (a compression layer inside the layer stores its `content-encoding`).
+pub const REPRESENTATION_HEADERS: [HeaderName; 4] = [
+    http::header::CONTENT_TYPE,
+    http::header::CONTENT_ENCODING,
+    http::header::CONTENT_LANGUAGE,
+    http::header::CONTENT_LOCATION,
+];
+
+/// The other headers stored by default ([`IdempotencyLayer::store_headers`]).
+pub const STORED_HEADERS_BY_DEFAULT: [HeaderName; 5] = [
+    http::header::LOCATION,
+    http::header::ETAG,
+    http::header::LAST_MODIFIED,
+    http::header::CACHE_CONTROL,
+    http::header::VARY,
+];
+
 /// Who makes a request: your authentication's principal, from the request's head.
 pub type Principal = dyn Fn(&http::request::Parts) -> Option<Caller> + Send + Sync;
 
@@ -100,7 +145,7 @@ pub struct Route {
     window: Option<Duration>,
     stale: StalePolicy,
     wait: Option<Duration>,
-    nothing_happened: Vec<StatusCode>,
+    nothing_happened: Cow<'static, [StatusCode]>,
 }
 
 impl Default for Route {
@@ -111,10 +156,15 @@ impl Default for Route {
 
 impl Route {
     /// The defaults: the handle's retention as window, `hold` on a dead holder, no waiting, every
-    /// response stored.
+    /// response stored but the framework's refusals ([`NOTHING_HAPPENED_BY_DEFAULT`]).
     #[must_use]
     pub const fn new() -> Self {
-        Self { window: None, stale: StalePolicy::Hold, wait: None, nothing_happened: Vec::new() }
+        Self {
+            window: None,
+            stale: StalePolicy::Hold,
+            wait: None,
+            nothing_happened: Cow::Borrowed(&NOTHING_HAPPENED_BY_DEFAULT),
+        }
     }
 
     /// How long a key names one operation (a retry after it starts a new one).
@@ -141,17 +191,22 @@ impl Route {
 
     /// Responses with these statuses mean the service did nothing (it refused before acting):
     /// they reach the client but are not stored, and the next repeat runs the service again.
+    /// This replaces the default list ([`NOTHING_HAPPENED_BY_DEFAULT`]); `&[]` stores every
+    /// response.
     #[must_use]
     pub fn nothing_happened_on(mut self, statuses: &[StatusCode]) -> Self {
-        self.nothing_happened = statuses.to_vec();
+        self.nothing_happened = Cow::Owned(statuses.to_vec());
         self
     }
 
-    /// This route's recipe for `tool` (leaked once, at configuration).
+    /// This route's recipe for `tool` in `namespace` (leaked once, at configuration).
     #[track_caller]
-    fn recipe(&self, tool: String) -> &'static Recipe {
+    fn recipe(&self, tool: String, namespace: Option<&'static str>) -> &'static Recipe {
         let tool: &'static str = Box::leak(tool.into_boxed_str());
         let mut recipe = Recipe::new(tool, &["route", "key"]).stale(self.stale);
+        if let Some(namespace) = namespace {
+            recipe = recipe.namespace(namespace);
+        }
         if let Some(window) = self.window {
             recipe = recipe.window(window);
         }
@@ -169,7 +224,7 @@ struct Protected {
     pieces: Vec<template::Piece>,
     template: String,
     recipe: &'static Recipe,
-    nothing_happened: Vec<StatusCode>,
+    nothing_happened: Cow<'static, [StatusCode]>,
 }
 
 impl Protected {
@@ -191,9 +246,15 @@ pub(crate) struct Config {
     /// The methods protected on every route no configured route names, with their recipes.
     methods: Vec<(Method, &'static Recipe)>,
     default_route: Route,
+    /// The namespace the layer's operations are keyed in, if set ([`IdempotencyLayer::namespace`]).
+    namespace: Option<&'static str>,
+    strict_keys: bool,
     max_request_bytes: usize,
     max_response_bytes: usize,
+    /// The headers stored with a response: the representation headers and the chosen others.
     stored_headers: Vec<HeaderName>,
+    /// Set once the layer's routes were checked against its handle (the first `layer` call).
+    checked: OnceLock<()>,
 }
 
 /// A tower layer that makes requests safe to repeat under the `Idempotency-Key` header (see the
@@ -215,43 +276,63 @@ impl std::fmt::Debug for IdempotencyLayer {
 
 impl IdempotencyLayer {
     /// A layer on `idem`'s ledger, with `principal` saying who makes each request (from your
-    /// authentication: a verified token's subject, a session's user). It protects POST and PATCH
-    /// requests on every route by default ([`IdempotencyLayer::methods`]); routes named with
-    /// [`IdempotencyLayer::route`] get their own settings.
+    /// authentication: a verified token's subject, a session's user). It protects what you
+    /// declare: routes with [`IdempotencyLayer::route`], or every route's requests of some
+    /// methods with [`IdempotencyLayer::methods`] — nothing else, so another router merged under
+    /// it is untouched. On a durable ledger, give it a [`namespace`](IdempotencyLayer::namespace).
     #[track_caller]
     pub fn new(
         idem: Idem,
         principal: impl Fn(&http::request::Parts) -> Option<Caller> + Send + Sync + 'static,
     ) -> Self {
-        let default_route = Route::new();
-        let methods = [Method::POST, Method::PATCH]
-            .into_iter()
-            .map(|method| {
-                let recipe = default_route.recipe(format!("{method} *"));
-                (method, recipe)
-            })
-            .collect();
         Self {
             config: Arc::new(Config {
                 idem,
                 principal: Arc::new(principal),
                 routes: Vec::new(),
-                methods,
-                default_route,
+                methods: Vec::new(),
+                default_route: Route::new(),
+                namespace: None,
+                strict_keys: false,
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
                 max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-                stored_headers: vec![
-                    http::header::CONTENT_TYPE,
-                    http::header::LOCATION,
-                    http::header::ETAG,
-                    http::header::CACHE_CONTROL,
-                ],
+                stored_headers: REPRESENTATION_HEADERS.into_iter().chain(STORED_HEADERS_BY_DEFAULT).collect(),
+                checked: OnceLock::new(),
             }),
         }
     }
 
     fn config(&mut self) -> &mut Config {
         Arc::get_mut(&mut self.config).expect("an IdempotencyLayer is configured before it is cloned")
+    }
+
+    /// Keys the layer's operations in `namespace` — your service's name (`"orders"`). Two
+    /// services on one ledger with the same route, principal and key then never share an
+    /// operation. A handle built with [`Builder::namespace`](crate::Builder::namespace) keys
+    /// every recipe in its own, which wins over this one.
+    ///
+    /// On a memory ledger the default is `"default"`; on any other (SQL, Redis: a ledger other
+    /// services may share) a layer whose handle sets no namespace either is refused when it is
+    /// built. Renaming the namespace re-keys the layer's operations (repeats of earlier requests
+    /// run again).
+    ///
+    /// # Panics
+    ///
+    /// An empty namespace.
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        let namespace: String = namespace.into();
+        assert!(!namespace.trim().is_empty(), "IdempotencyLayer::namespace: give the service's name, not an empty one");
+        let namespace: &'static str = Box::leak(namespace.into_boxed_str());
+        let config = self.config();
+        config.namespace = Some(namespace);
+        for route in &mut config.routes {
+            route.recipe = Box::leak(Box::new(route.recipe.namespace(namespace)));
+        }
+        for (_, recipe) in &mut config.methods {
+            *recipe = Box::leak(Box::new(recipe.namespace(namespace)));
+        }
+        self
     }
 
     /// Protects `method` requests to `path` with `route`'s settings. `path` is the template
@@ -267,10 +348,13 @@ impl IdempotencyLayer {
     /// When the layer could not match `path` as the router does — no leading `/`, axum 0.7's
     /// `:id` or `*rest`, text after a `{id}` in its segment, a `{*rest}` before the end, an
     /// unnamed or unclosed parameter — or when `method` and `path` are already protected (also
-    /// under other parameter names): the message says what to write instead.
+    /// under other parameter names), or `method` is safe (GET, HEAD, OPTIONS, TRACE: a repeat
+    /// of a read must read again, not replay an old answer): the message says what to write
+    /// instead.
     #[must_use]
     #[track_caller]
     pub fn route(mut self, method: Method, path: &str, route: Route) -> Self {
+        refuse_safe(&method, &format!("IdempotencyLayer::route({method}, {path:?})"));
         let pieces = match template::parse(path) {
             Ok(pieces) => pieces,
             Err(advice) => panic!(
@@ -288,7 +372,7 @@ impl IdempotencyLayer {
             );
         }
         let template = path.to_owned();
-        let recipe = route.recipe(format!("{method} {template}"));
+        let recipe = route.recipe(format!("{method} {template}"), self.config.namespace);
         self.config().routes.push(Protected {
             method,
             pieces,
@@ -299,17 +383,37 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The methods protected on routes not named with [`IdempotencyLayer::route`] (POST and PATCH
-    /// by default; none: only the named routes). Their operations are keyed under the matched
-    /// route (axum's `MatchedPath` when there is one, else the path), with the default settings.
+    /// Protects every route's requests of `methods` (for example `&[Method::POST]`) besides the
+    /// routes named with [`IdempotencyLayer::route`], with the default settings. Their
+    /// operations are keyed under the route the router matched (axum's `MatchedPath`), so the
+    /// layer must sit on the router (`Router::layer`); a request no route matches passes through
+    /// to the router's 404 or 405, and nothing is stored. None by default.
+    ///
+    /// # Panics
+    ///
+    /// A safe method (GET, HEAD, OPTIONS, TRACE).
     #[must_use]
     #[track_caller]
     pub fn methods(mut self, methods: &[Method]) -> Self {
+        for method in methods {
+            refuse_safe(method, &format!("IdempotencyLayer::methods(&[.., {method}, ..])"));
+        }
         let recipes = methods
             .iter()
-            .map(|method| (method.clone(), self.config.default_route.recipe(format!("{method} *"))))
+            .map(|method| {
+                (method.clone(), self.config.default_route.recipe(format!("{method} *"), self.config.namespace))
+            })
             .collect();
         self.config().methods = recipes;
+        self
+    }
+
+    /// Accepts only the draft's quoted String as a key (`Idempotency-Key: "8e03…"`); a bare token
+    /// (`Idempotency-Key: 8e03…`, as Stripe-style clients send it) is then refused with 400. By
+    /// default both are accepted, and mean the same key.
+    #[must_use]
+    pub fn strict_keys(mut self) -> Self {
+        self.config().strict_keys = true;
         self
     }
 
@@ -328,19 +432,92 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The response headers stored and replayed besides status and body (default:
-    /// `content-type`, `location`, `etag`, `cache-control`). Others reach the first client only.
+    /// The response headers stored and replayed besides status, body and the representation
+    /// headers, which are always stored ([`REPRESENTATION_HEADERS`]: `content-type`,
+    /// `content-encoding`, `content-language`, `content-location`). Default:
+    /// [`STORED_HEADERS_BY_DEFAULT`] (`location`, `etag`, `last-modified`, `cache-control`,
+    /// `vary`). Others reach the first client only.
     #[must_use]
     pub fn store_headers(mut self, names: &[HeaderName]) -> Self {
-        self.config().stored_headers = names.to_vec();
+        let mut stored: Vec<HeaderName> = REPRESENTATION_HEADERS.to_vec();
+        stored.extend(names.iter().filter(|name| !REPRESENTATION_HEADERS.contains(name)).cloned());
+        self.config().stored_headers = stored;
         self
+    }
+}
+
+/// Refuses protecting a safe method, saying why.
+#[track_caller]
+fn refuse_safe(method: &Method, what: &str) {
+    if [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method) {
+        panic!(
+            "{what}: {method} is a safe method — a repeat of a read must read again, and a stored answer would \
+             replay an old state (\"paid\" after a refund); protect the methods that act (POST, PATCH, PUT, DELETE)"
+        );
+    }
+}
+
+impl Config {
+    /// Checks the layer against its handle once, when it is first applied to a service: it
+    /// protects something; on a ledger other services may share, its operations are kept in a
+    /// namespace of their own; and no other layer on the handle protects one of its routes.
+    ///
+    /// # Panics
+    ///
+    /// When one of these fails, saying what to change.
+    fn check(&self) {
+        self.checked.get_or_init(|| {
+            let recipes: Vec<&'static Recipe> = self
+                .routes
+                .iter()
+                .map(|route| route.recipe)
+                .chain(self.methods.iter().map(|(_, recipe)| *recipe))
+                .collect();
+            assert!(
+                !recipes.is_empty(),
+                "this IdempotencyLayer protects nothing: name its routes with \
+                 `.route(Method::POST, \"/payments\", Route::new())`, or protect every route's requests of a method \
+                 with `.methods(&[Method::POST])`"
+            );
+            let ledger = self.idem.ledger();
+            for recipe in &recipes {
+                let namespace = self.idem.namespace(recipe);
+                if self.namespace.is_none() && namespace == crate::idem::DEFAULT_NAMESPACE && !ledger.local() {
+                    panic!(
+                        "this IdempotencyLayer protects `{}` on a ledger other services may share, without a \
+                         namespace: two services on one database with the same route, principal and key would \
+                         share one operation, and the second would be answered the first's response. Name the \
+                         service: `.namespace(\"orders\")` on the layer (or `Idem::builder(..).namespace(..)` for \
+                         the whole handle)",
+                        recipe.tool()
+                    );
+                }
+                if let Err(crate::Rejection::DuplicateTool { namespace, tool, first, second }) =
+                    self.idem.register(recipe)
+                {
+                    panic!(
+                        "two IdempotencyLayers on one handle protect `{tool}` in namespace `{namespace}` (declared \
+                         at `{first}` and at `{second}`): their requests would be one operation per key. Protect \
+                         the route in one layer only, or give each layer its own namespace — \
+                         `.namespace(\"payments-v2\")` — on a handle without `Builder::namespace` (which wins over \
+                         a layer's). A layer inside `Router::nest(\"/v2\", ..)` sees the path without `/v2`"
+                    );
+                }
+            }
+        });
     }
 }
 
 impl<S> tower_layer::Layer<S> for IdempotencyLayer {
     type Service = Idempotent<S>;
 
+    /// # Panics
+    ///
+    /// When the layer cannot keep its promise on its handle ([`IdempotencyLayer::namespace`],
+    /// two layers protecting one route, a layer protecting nothing): the message says what to
+    /// change. Checked once, at the first call (when axum's `Router::layer` applies it).
     fn layer(&self, inner: S) -> Self::Service {
+        self.config.check();
         Idempotent::new(inner, Arc::clone(&self.config))
     }
 }

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::Config;
 use super::answer::{self, StoredResponse, Unstored};
-use super::key::client_key;
+use super::key::{IdempotencyKey, client_key};
 use crate::canonical::{CanonicalError, parse_strict};
 use crate::recipe::Recipe;
 
@@ -203,7 +203,7 @@ where
 struct Matched {
     recipe: &'static Recipe,
     route: String,
-    nothing_happened: Vec<StatusCode>,
+    nothing_happened: std::borrow::Cow<'static, [StatusCode]>,
 }
 
 /// How `request` is kept; `None` when the layer does not protect it.
@@ -220,10 +220,8 @@ fn route_of<B>(config: &Config, request: &Request<B>) -> Option<Matched> {
         return Some(Matched { recipe, route, nothing_happened });
     }
     let (_, recipe) = config.methods.iter().find(|(protected, _)| protected == method)?;
-    let route = request
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map_or_else(|| path.to_owned(), |matched| matched.as_str().to_owned());
+    // Only a request the router matched to a route: another one gets the router's 404 or 405.
+    let route = request.extensions().get::<axum::extract::MatchedPath>()?.as_str().to_owned();
     Some(Matched { recipe, route, nothing_happened: config.default_route.nothing_happened.clone() })
 }
 
@@ -243,9 +241,9 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let Matched { recipe, route, nothing_happened } = matched;
-    let key = match client_key(&parts.headers) {
+    let key = match client_key(&parts.headers, config.strict_keys) {
         Ok(key) => key,
         Err(error) => return Ok(boxed(answer::bad_key(&error))),
     };
@@ -302,6 +300,8 @@ where
             )));
         }
     };
+    // The handler reads the client's key decoded (`IdempotencyKey`), not the header's spelling.
+    parts.extensions.insert(IdempotencyKey(key.clone()));
     let arguments = Arguments {
         key,
         method: parts.method.as_str().to_owned(),

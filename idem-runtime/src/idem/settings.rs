@@ -39,7 +39,7 @@ const MIN_LEASE: Duration = Duration::from_millis(3);
 const MIN_LEDGER_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// The namespace of keys when none is configured.
-pub(super) const DEFAULT_NAMESPACE: &str = "default";
+pub(crate) const DEFAULT_NAMESPACE: &str = "default";
 
 /// A handle's settings, checked together by [`Builder::build`] and fixed from then on.
 #[derive(Clone)]
