@@ -4,8 +4,8 @@
 //! Idempotency keys are derived by hashing the canonical bytes of a tool call's arguments. The
 //! pieces, and what each one promises:
 //!
-//! * **The encoder** ([`write_canonical`], [`to_canonical_vec`], [`write_canonical_str`],
-//!   [`utf16_cmp`]) turns a `serde_json::Value` into bytes. Two values that are equal as JSON
+//! * **The encoder** ([`write_canonical`], [`to_canonical_vec`], `write_canonical_str`,
+//!   `utf16_cmp`) turns a `serde_json::Value` into bytes. Two values that are equal as JSON
 //!   (member order, `1.0` vs `1`) give the same bytes, and any change of value changes the
 //!   bytes. It refuses only nesting beyond [`MAX_DEPTH`] (and a non-finite number, which a
 //!   `Value` does not hold); a `Value` cannot hold a member name twice.

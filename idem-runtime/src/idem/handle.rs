@@ -177,7 +177,7 @@ impl Idem {
     }
 
     /// Makes this the process-wide handle that `#[idempotent]` free functions run under
-    /// (methods use [`HasIdem`]). Replaces any handle installed before.
+    /// (methods use [`HasIdem`](crate::HasIdem)). Replaces any handle installed before.
     pub fn install(&self) {
         let mut installed = INSTALLED.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         *installed = Some(self.clone());

@@ -28,7 +28,7 @@ const MAX_NAME: usize = 128;
 /// real tenant name reaches, to keep a record's size bounded all the same.
 const MAX_TENANT: usize = 1024;
 
-/// Who and what an operation was: what [`seal`] keeps and [`open`] gives back.
+/// Who and what an operation was: what `seal` keeps and `open` gives back.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Label {
     /// The tool's name.
