@@ -83,14 +83,17 @@ enum Command {
         #[arg(long, default_value_t = 1000, value_parser = batch_size)]
         batch: usize,
     },
-    /// One operation: its state, times and stored result.
+    /// One operation: its state, times and stored result, and the shape a --completed verdict
+    /// must fit, with an example (or that nothing is checked, for a tool without a shape).
     Show(Target),
     /// Settles an operation whose outcome is unknown (or whose holder died), after you checked
     /// the downstream system. Refuses a settled one.
     Resolve {
         #[command(flatten)]
         target: Target,
-        /// It happened: this JSON is its result, replayed to every repeat as the tool's answer.
+        /// It happened: this JSON is its result, replayed to every repeat as the tool's answer
+        /// (for an HTTP route, the response: {"status":201,"headers":[["location","/x/7"]],"text":"…"}).
+        /// Checked against the tool's result shape (`idem show` prints it).
         #[arg(long, value_name = "JSON", conflicts_with = "nothing_happened")]
         completed: Option<String>,
         /// It did not happen: the next repeat runs the tool again.
@@ -707,6 +710,7 @@ fn report_json(report: &StatusReport, about: &About, tenant: &str) -> Value {
         "namespace": label.and_then(|label| label.namespace.as_deref()),
         "result_schema": facts.and_then(|facts| facts.result_schema.as_ref()),
         "expected_shape": facts.and_then(ToolFacts::expected_shape),
+        "example": facts.and_then(ToolFacts::example),
         "stale": facts.map(|facts| facts.stale.as_str()),
         "address": report.address().to_string(),
         "ref": report.reference.to_string(),
@@ -754,16 +758,26 @@ fn report_text(report: &StatusReport, about: &About, target: &Target, now: u64) 
     if report.result.is_some() {
         lines.push(format!("result      {}", result_value(report)));
     }
-    let shape = facts.and_then(ToolFacts::expected_shape);
-    lines.push(format!(
-        "expects     {}",
-        shape.as_deref().unwrap_or("(its tool declared no result shape: a --completed verdict is not checked)")
-    ));
+    // What a --completed verdict must fit, and one that does.
+    match (facts.and_then(ToolFacts::expected_shape), facts.and_then(ToolFacts::example)) {
+        (Some(shape), example) => {
+            lines.push(format!("expects     {shape}"));
+            if let Some(example) = example {
+                lines.push(format!("example     {example} (a --completed verdict of this shape)"));
+            }
+        }
+        (None, _) => lines.push(
+            "expects     anything: nothing is checked — no result shape is kept for its tool (an MCP tool whose \
+             result type has no JSON Schema), so a --completed verdict is stored as given: give it exactly as the \
+             tool returns its result, or every repeat is refused as unreadable"
+                .to_owned(),
+        ),
+    }
     // A stored result that does not fit is one no repeat could read: a verdict may replace it.
     let unreadable = report.state == State::Completed
         && facts.is_some_and(|facts| {
             let stored = result_value(report);
-            stored.get("ok").is_some_and(|value| facts.check(value).is_err())
+            stored.get("ok").is_some_and(|value| facts.readable(value).is_err())
         });
     if unreadable {
         lines.push(format!(

@@ -722,3 +722,76 @@ async fn show_says_a_takeover_tool_recovers_by_itself() {
     );
     assert!(!text.contains("idem resolve"), "{text}");
 }
+
+/// POSTs to `path` at `address` as alice under `key`, over a plain HTTP/1.1 connection: the
+/// status line of the answer.
+async fn post_raw(address: std::net::SocketAddr, path: &str, key: &str) -> String {
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: localhost\r\nidempotency-key: \"{key}\"\r\nx-user: alice\r\n\
+         content-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    let answer = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    });
+    answer.await.unwrap().lines().next().unwrap_or_default().to_owned()
+}
+
+/// Issue 42, item 5: an HTTP route's operation was kept with no result shape — `show` said a
+/// verdict is not checked, and `resolve --completed '{"export":"done"}'` made every retry a 500.
+/// Now `show` prints the stored response's shape and an example verdict, a verdict of another
+/// shape is refused naming it, and the example lands; for a tool without a shape, `show` says
+/// plainly that nothing is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_prints_an_http_routes_shape_and_an_example_verdict() {
+    use idem_runtime::http::{IdempotencyLayer, Route};
+    let dir = scratch();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display());
+    let env = [("IDEM_DATABASE_URL", url.as_str())];
+    let server = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
+    let principal = |parts: &http::request::Parts| {
+        let user = parts.headers.get("x-user")?.to_str().ok()?;
+        Caller::try_new("shop", user).ok()
+    };
+    // An answer too large to store: the export's outcome is unknown.
+    let layer = IdempotencyLayer::new(server.clone(), principal)
+        .namespace("exports")
+        .route(http::Method::POST, "/exports", Route::new())
+        .max_response_bytes(16);
+    let app = axum::Router::new().route("/exports", axum::routing::post(|| async { "x".repeat(64) })).layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    assert_eq!(post_raw(address, "/exports", "e-1").await, "HTTP/1.1 200 OK");
+    assert_eq!(post_raw(address, "/exports", "e-1").await, "HTTP/1.1 409 Conflict", "outcome unknown");
+    let pending = ok_json(&idem(&env, &["pending", "--json", "--tenant", "shop"]));
+    let address_of = pending["operations"][0]["address"].as_str().expect("the unknown export").to_owned();
+
+    let text = stdout(&idem(&env, &["show", &address_of, "--tenant", "shop"]));
+    assert!(text.contains("tool        POST /exports"), "{text}");
+    let pair = r#""headers": [[string, string]], "status": integer from 100 to 599"#;
+    let shape = format!(r#"expects     {{{pair}, "text": string}} | {{"base64": string (base64), {pair}}}"#);
+    assert!(text.contains(&shape), "{text}");
+    let example = r#"{"headers":[["content-type","application/json"]],"status":200,"text":"{\"ok\":true}"}"#;
+    assert!(text.contains(&format!("example     {example}")), "{text}");
+    let shown = ok_json(&idem(&env, &["show", &address_of, "--tenant", "shop", "--json"]));
+    assert_eq!(shown["example"].to_string(), example);
+
+    let misfit = idem(&env, &["resolve", &address_of, "--tenant", "shop", "--completed", r#"{"export":"done"}"#]);
+    failed(&misfit, 2, r#"the verdict does not fit POST /exports's result"#);
+    assert!(stderr(&misfit).contains(&format!("It expects {{{pair}, ")), "{}", stderr(&misfit));
+    let resolved =
+        ok_json(&idem(&env, &["resolve", &address_of, "--tenant", "shop", "--completed", example, "--json"]));
+    assert_eq!((resolved["resolved"].as_str(), resolved["checked"].as_bool()), (Some("completed"), Some(true)));
+    assert_eq!(post_raw(address, "/exports", "e-1").await, "HTTP/1.1 200 OK", "the verdict replays");
+
+    // A tool whose result has no schema: nothing is checked, and `show` says so.
+    let (_, unknown) = operations(&server, "acme").await;
+    let text = stdout(&idem(&env, &["show", &unknown.reference.to_string(), "--tenant", "acme"]));
+    assert!(text.contains("expects     anything: nothing is checked"), "{text}");
+    assert!(!text.contains("example "), "{text}");
+}

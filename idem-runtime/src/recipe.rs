@@ -90,6 +90,7 @@ pub struct Recipe {
     single_use_state: bool,
     state_ttl: Duration,
     client_key: ClientKey,
+    result_schema: Option<fn() -> serde_json::Value>,
 }
 
 /// Whether an MCP tool's calls carry a key of the client's own in the request's
@@ -157,6 +158,7 @@ impl Recipe {
             single_use_state: false,
             state_ttl: DEFAULT_STATE_TTL,
             client_key: ClientKey::Ignored,
+            result_schema: None,
         }
     }
 
@@ -345,6 +347,43 @@ impl Recipe {
     pub const fn state_ttl(mut self, ttl: Duration) -> Self {
         self.state_ttl = ttl;
         self
+    }
+
+    /// The JSON Schema of the tool's result (the value a call's handler returns as `Ok`), for a
+    /// recipe whose calls carry none of their own: what an operator's "completed" verdict is
+    /// checked against before it is stored, and what `idem show` prints
+    /// ([`ToolFacts`](crate::admin::ToolFacts)). `#[idempotent]` finds the schema of its handler's
+    /// `Ok` type itself, which wins; the HTTP layer's routes carry the stored response's. Not
+    /// part of the key.
+    ///
+    /// The check reads the subset of JSON Schema that [`ToolFacts::check`] describes; a schema's
+    /// first `examples` entry is what `idem show` offers as an example verdict.
+    ///
+    /// ```
+    /// use idem_runtime::Recipe;
+    ///
+    /// fn receipt() -> serde_json::Value {
+    ///     serde_json::json!({
+    ///         "type": "object",
+    ///         "properties": { "charge_id": { "type": "string" } },
+    ///         "required": ["charge_id"],
+    ///     })
+    /// }
+    /// static CHARGE: Recipe = Recipe::new("charge_card", &["order_id"]).result_schema(receipt);
+    /// assert!(CHARGE.result_schema_fn().is_some());
+    /// ```
+    ///
+    /// [`ToolFacts::check`]: crate::admin::ToolFacts::check
+    #[must_use]
+    pub const fn result_schema(mut self, schema: fn() -> serde_json::Value) -> Self {
+        self.result_schema = Some(schema);
+        self
+    }
+
+    /// The function that makes the result's JSON Schema ([`Recipe::result_schema`]), if set.
+    #[must_use]
+    pub const fn result_schema_fn(&self) -> Option<fn() -> serde_json::Value> {
+        self.result_schema
     }
 
     /// Whether a client's key in `_meta` joins the operation ([`Recipe::client_key`]).

@@ -16,6 +16,7 @@ mod failover;
 mod hooks;
 mod http_door;
 mod http_layer;
+mod http_verdicts;
 mod layout;
 mod ledger_durable;
 mod ledger_memory;

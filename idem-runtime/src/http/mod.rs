@@ -80,6 +80,7 @@ mod answer;
 mod forward;
 mod key;
 mod service;
+mod shape;
 mod template;
 
 use std::borrow::Cow;
@@ -203,7 +204,7 @@ impl Route {
     #[track_caller]
     fn recipe(&self, tool: String, namespace: Option<&'static str>) -> &'static Recipe {
         let tool: &'static str = Box::leak(tool.into_boxed_str());
-        let mut recipe = Recipe::new(tool, &["route", "key"]).stale(self.stale);
+        let mut recipe = Recipe::new(tool, &["route", "key"]).stale(self.stale).result_schema(shape::stored_response);
         if let Some(namespace) = namespace {
             recipe = recipe.namespace(namespace);
         }

@@ -134,10 +134,13 @@ impl Admin<'_> {
     /// for the verdict retention at least.
     ///
     /// A "completed" verdict must fit the tool's result shape, when its handles declared one
-    /// ([`Admin::about`]): one that does not is refused before anything is stored
-    /// ([`StatusError::Misfit`]). A completed operation whose stored result does not fit (an
-    /// earlier verdict, stored before the shape was known) has answered no repeat — each was
-    /// refused as unreadable — so a fitting "completed" verdict replaces it.
+    /// ([`Admin::about`]; an HTTP route's is its stored response): one that does not is refused
+    /// before anything is stored ([`StatusError::Misfit`], [`ToolFacts::check`]). A completed
+    /// operation whose stored result no repeat could read ([`ToolFacts::readable`]: an earlier
+    /// verdict, stored before the shape was known) has answered no repeat — each was refused as
+    /// unreadable — so a fitting "completed" verdict replaces it, on the condition that the
+    /// ledger still holds those bytes ([`Resolution::Replace`]). A result a repeat could read is
+    /// never replaced.
     ///
     /// # Errors
     /// A malformed address (a ref alone included), no operation at that address, one that
@@ -176,7 +179,7 @@ impl Admin<'_> {
                                 .open(stored.clone(), report.reference)
                                 .ok()
                                 .and_then(|plain| ok_value(&plain))
-                                .is_some_and(|value| facts.check(&value).is_err()) =>
+                                .is_some_and(|value| facts.readable(&value).is_err()) =>
                         {
                             Resolution::Replace { unreadable: stored.clone(), result: sealed }
                         }
@@ -193,8 +196,9 @@ impl Admin<'_> {
 
     /// Who and what an operation was — its tool, tenant, subject and namespace, opened from its
     /// sealed label — and what the ledger keeps of its tool ([`ToolFacts`]: the result's shape,
-    /// the stale policy). Either is `None` where the ledger keeps none (the memory ledger keeps
-    /// no labels; a tool's facts are kept from its first call by a handle of this version).
+    /// the stale policy). Either is `None` where the ledger keeps none (a ledger of another
+    /// crate may keep no labels; a tool's facts are kept from its first call by a handle of this
+    /// version).
     pub async fn about(self, report: &StatusReport) -> About {
         let mut about = About::default();
         let Ok(keyring) = self.idem.keyring(Check::Compare).await else { return about };

@@ -150,7 +150,8 @@ impl Idem {
             namespace: self.namespace(recipe),
             recipe,
             owner: arguments.owner.as_deref(),
-            result_schema: arguments.result_schema,
+            // The handler's own (`#[idempotent]`), else the recipe's (the HTTP layer's routes).
+            result_schema: arguments.result_schema.or(recipe.result_schema_fn()),
             now: self.ledger_now(),
             horizon: owners::horizon(
                 recipe.window_duration(),

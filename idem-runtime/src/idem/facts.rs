@@ -1,15 +1,24 @@
 //! What an operator is shown of a tool beside its operations: the shape of its result (the
-//! JSON Schema of its `Ok` value, when its type has one) and its stale policy. The handles that
-//! serve a tool write them to the ledger ([`Ledger::keep_tool_facts`]) at its first call; the
-//! operator's verbs read them to show what a verdict must look like (`idem show`) and to refuse
-//! a "completed" verdict that the tool could not read back ([`Admin::resolve`]).
+//! JSON Schema of its `Ok` value, when its type has one, or the one its recipe carries:
+//! [`Recipe::result_schema`]) and its stale policy. The handles that serve a tool write them to
+//! the ledger ([`Ledger::keep_tool_facts`]) at its first call; the operator's verbs read them to
+//! show what a verdict must look like (`idem show`: the shape and an example) and to refuse a
+//! "completed" verdict that does not fit ([`Admin::resolve`]).
 //!
-//! The check is deliberately partial, and errs one way: it reads `type`, `enum`, `const`,
-//! `required`, `properties`, `additionalProperties`, `items`, `prefixItems`, `anyOf`, `oneOf`
-//! (as `anyOf`), `allOf` and local `$ref`s — what schemars writes for serde types — and ignores
-//! every other keyword (formats, bounds, patterns). So a value it refuses is one the tool cannot
-//! decode; a value it accepts may still fail a bound it does not read.
+//! The check is deliberately partial. It reads `type`, `enum`, `const`, `required`,
+//! `properties`, `additionalProperties`, `items`, `prefixItems`, `anyOf`, `oneOf` (as `anyOf`),
+//! `allOf` and local `$ref`s — what schemars writes for serde types — and ignores every other
+//! keyword but the few below. What it refuses with these is a value the tool cannot decode
+//! ([`ToolFacts::readable`]); what it accepts may still fail what it does not read.
 //!
+//! A verdict is held to a little more ([`ToolFacts::check`]): the bounds `minimum`, `maximum`,
+//! `exclusiveMinimum`, `exclusiveMaximum`, `minItems` and `maxItems` (what schemars writes for
+//! sized integers and tuples, and what a recipe's hand-written schema may say: an HTTP status is
+//! 100 to 599), `contentEncoding: "base64"` (standard base64, padded, as the HTTP layer keeps a
+//! binary body), and `oneOf` as exactly one. A stored result outside these is not taken for
+//! unreadable: a repeat may have been answered with it, so it is never replaced.
+//!
+//! [`Recipe::result_schema`]: crate::Recipe::result_schema
 //! [`Ledger::keep_tool_facts`]: crate::ledger::Ledger::keep_tool_facts
 //! [`Admin::resolve`]: super::Admin::resolve
 
@@ -18,8 +27,11 @@ use serde_json::{Map, Value};
 
 use crate::recipe::StalePolicy;
 
-/// How deep a shape is described on one line before it is shown as `…`.
+/// How deep a shape is described on one line before it is shown as `…` (the forms of an
+/// `anyOf` are alternatives at one depth).
 const DESCRIBE_DEPTH: usize = 4;
+/// How deep an example is made before it is left `null`.
+const EXAMPLE_DEPTH: usize = 16;
 /// How deep `$ref`s are followed when checking a value (a recursive type's schema refers to
 /// itself; a value that deep is accepted unchecked).
 const CHECK_DEPTH: usize = 64;
@@ -66,16 +78,40 @@ impl ToolFacts {
         Some(describe(schema, schema, DESCRIBE_DEPTH))
     }
 
-    /// Whether `value` fits the result's shape: `Err` says where and how it does not. A tool
+    /// Whether `value` fits the result's shape, as a "completed" verdict must: `Err` says where
+    /// and how it does not. Reads the bounds and encodings too (see the module's note). A tool
     /// without a declared shape accepts anything.
     ///
     /// # Errors
-    /// `value` does not fit the shape (see the module's note on what is checked).
+    /// `value` does not fit the shape.
     pub fn check(&self, value: &Value) -> Result<(), String> {
         match &self.result_schema {
-            Some(schema) => check(schema, schema, value, "the result", CHECK_DEPTH),
+            Some(schema) => Checker { root: schema, bounds: true }.check(schema, value, "the result", CHECK_DEPTH),
             None => Ok(()),
         }
+    }
+
+    /// Whether a stored `value` could be read back as the tool's result, as far as its shape
+    /// tells: [`ToolFacts::check`] without the bounds and encodings. A value it refuses is one no
+    /// repeat could have been answered with (each was refused as unreadable), which a fitting
+    /// verdict may replace; one it accepts is never taken for unreadable.
+    ///
+    /// # Errors
+    /// `value` is not of the shape's types and members.
+    pub fn readable(&self, value: &Value) -> Result<(), String> {
+        match &self.result_schema {
+            Some(schema) => Checker { root: schema, bounds: false }.check(schema, value, "the result", CHECK_DEPTH),
+            None => Ok(()),
+        }
+    }
+
+    /// A value of the result's shape, to show an operator what a verdict looks like: the
+    /// schema's first `examples` entry, else one made from the shape (its members' first allowed
+    /// values, `""`, `0`, `false`, empty arrays). `None` for a tool without a declared shape.
+    #[must_use]
+    pub fn example(&self) -> Option<Value> {
+        let schema = self.result_schema.as_ref()?;
+        Some(example(schema, schema, EXAMPLE_DEPTH))
     }
 
     /// Whether the tool recovers a dead holder's operation by itself (`takeover`: it runs again
@@ -110,101 +146,257 @@ fn is_type(value: &Value, name: &str) -> bool {
     actual == name || (name == "number" && actual == "integer")
 }
 
-fn check(schema: &Value, root: &Value, value: &Value, at: &str, depth: usize) -> Result<(), String> {
-    let object = match schema {
-        Value::Bool(false) => return Err(format!("{at} is not allowed here")),
-        Value::Object(object) if depth > 0 => object,
-        _ => return Ok(()),
-    };
-    if let Some(Value::String(reference)) = object.get("$ref")
-        && let Some(target) = resolve(root, reference)
-    {
-        check(target, root, value, at, depth - 1)?;
-    }
-    if let Some(types) = object.get("type") {
-        let names: Vec<&str> = match types {
-            Value::String(name) => vec![name.as_str()],
-            Value::Array(names) => names.iter().filter_map(Value::as_str).collect(),
-            _ => Vec::new(),
+/// The check of a value against a schema whose local `$ref`s point into `root`; with or without
+/// the bounds and encodings ([`ToolFacts::check`], [`ToolFacts::readable`]).
+#[derive(Clone, Copy)]
+struct Checker<'a> {
+    root: &'a Value,
+    bounds: bool,
+}
+
+impl Checker<'_> {
+    fn check(self, schema: &Value, value: &Value, at: &str, depth: usize) -> Result<(), String> {
+        let object = match schema {
+            Value::Bool(false) => return Err(format!("{at} is not allowed here")),
+            Value::Object(object) if depth > 0 => object,
+            _ => return Ok(()),
         };
-        if !names.is_empty() && !names.iter().any(|name| is_type(value, name)) {
-            return Err(format!("{at} is {} where {} is expected", type_of(value), names.join(" or ")));
-        }
-    }
-    if let Some(Value::Array(allowed)) = object.get("enum")
-        && !allowed.contains(value)
-    {
-        let allowed: Vec<String> = allowed.iter().map(Value::to_string).collect();
-        return Err(format!("{at} is {value} where one of {} is expected", allowed.join(", ")));
-    }
-    if let Some(expected) = object.get("const")
-        && expected != value
-    {
-        return Err(format!("{at} is {value} where {expected} is expected"));
-    }
-    for word in ["anyOf", "oneOf"] {
-        if let Some(Value::Array(forms)) = object.get(word)
-            && !forms.iter().any(|form| check(form, root, value, at, depth - 1).is_ok())
+        if let Some(Value::String(reference)) = object.get("$ref")
+            && let Some(target) = resolve(self.root, reference)
         {
-            let first = forms.first().map(|form| check(form, root, value, at, depth - 1));
-            let why = first.and_then(Result::err).unwrap_or_default();
-            return Err(format!("{at} fits none of its {} forms (the first: {why})", forms.len()));
+            self.check(target, value, at, depth - 1)?;
         }
-    }
-    if let Some(Value::Array(all)) = object.get("allOf") {
-        for form in all {
-            check(form, root, value, at, depth - 1)?;
-        }
-    }
-    if let Value::Object(members) = value {
-        check_object(object, root, members, at, depth)?;
-    }
-    if let Value::Array(items) = value {
-        let prefix = match object.get("prefixItems") {
-            Some(Value::Array(prefix)) => prefix.as_slice(),
-            _ => &[],
-        };
-        for (index, item) in items.iter().enumerate() {
-            if let Some(form) = prefix.get(index).or_else(|| object.get("items")) {
-                check(form, root, item, &format!("{at}[{index}]"), depth - 1)?;
+        if let Some(types) = object.get("type") {
+            let names: Vec<&str> = match types {
+                Value::String(name) => vec![name.as_str()],
+                Value::Array(names) => names.iter().filter_map(Value::as_str).collect(),
+                _ => Vec::new(),
+            };
+            if !names.is_empty() && !names.iter().any(|name| is_type(value, name)) {
+                return Err(format!("{at} is {} where {} is expected", type_of(value), names.join(" or ")));
             }
         }
+        if let Some(Value::Array(allowed)) = object.get("enum")
+            && !allowed.contains(value)
+        {
+            let allowed: Vec<String> = allowed.iter().map(Value::to_string).collect();
+            return Err(format!("{at} is {value} where one of {} is expected", allowed.join(", ")));
+        }
+        if let Some(expected) = object.get("const")
+            && expected != value
+        {
+            return Err(format!("{at} is {value} where {expected} is expected"));
+        }
+        for word in ["anyOf", "oneOf"] {
+            let Some(Value::Array(forms)) = object.get(word) else { continue };
+            let misfits: Vec<String> =
+                forms.iter().filter_map(|form| self.check(form, value, at, depth - 1).err()).collect();
+            let fits = forms.len() - misfits.len();
+            if fits == 0 {
+                // The form the value went furthest into says best what is wrong with it.
+                let why = misfits.iter().rev().max_by_key(|why| reached(why)).cloned().unwrap_or_default();
+                return Err(format!("{at} fits none of its {} forms (the nearest: {why})", forms.len()));
+            }
+            // Exactly one, for a verdict: a value two forms take is read as one of them.
+            if self.bounds && word == "oneOf" && fits > 1 {
+                return Err(format!("{at} fits {fits} of its {} forms where exactly one is expected", forms.len()));
+            }
+        }
+        if let Some(Value::Array(all)) = object.get("allOf") {
+            for form in all {
+                self.check(form, value, at, depth - 1)?;
+            }
+        }
+        if self.bounds {
+            check_bounds(object, value, at)?;
+        }
+        if let Value::Object(members) = value {
+            self.check_object(object, members, at, depth)?;
+        }
+        if let Value::Array(items) = value {
+            let prefix = match object.get("prefixItems") {
+                Some(Value::Array(prefix)) => prefix.as_slice(),
+                _ => &[],
+            };
+            for (index, item) in items.iter().enumerate() {
+                if let Some(form) = prefix.get(index).or_else(|| object.get("items")) {
+                    self.check(form, item, &format!("{at}[{index}]"), depth - 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_object(
+        self,
+        object: &Map<String, Value>,
+        members: &Map<String, Value>,
+        at: &str,
+        depth: usize,
+    ) -> Result<(), String> {
+        if let Some(Value::Array(required)) = object.get("required") {
+            for name in required.iter().filter_map(Value::as_str) {
+                if !members.contains_key(name) {
+                    return Err(format!("{at} lacks the member \"{name}\""));
+                }
+            }
+        }
+        let properties = match object.get("properties") {
+            Some(Value::Object(properties)) => Some(properties),
+            _ => None,
+        };
+        for (name, member) in members {
+            let member_at = format!("{at}.{name}");
+            match properties.and_then(|properties| properties.get(name)) {
+                Some(Value::Bool(false)) => {
+                    return Err(format!("{at} has the member \"{name}\", which it does not take here"));
+                }
+                Some(form) => self.check(form, member, &member_at, depth - 1)?,
+                None => match object.get("additionalProperties") {
+                    Some(Value::Bool(false)) => {
+                        return Err(format!("{at} has the member \"{name}\", which it does not take"));
+                    }
+                    Some(form @ Value::Object(_)) => self.check(form, member, &member_at, depth - 1)?,
+                    _ => {}
+                },
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How far into a value a misfit's reason reached: the length of the place it names
+/// (`the result.headers[0]` is further than `the result`).
+fn reached(why: &str) -> usize {
+    [" is ", " lacks ", " has ", " fits "].iter().filter_map(|word| why.find(word)).min().unwrap_or(0)
+}
+
+/// The bounds and encodings a verdict is held to: a number's `minimum`, `maximum` and their
+/// exclusive forms, an array's `minItems` and `maxItems`, a string's `contentEncoding: "base64"`.
+fn check_bounds(object: &Map<String, Value>, value: &Value, at: &str) -> Result<(), String> {
+    use std::cmp::Ordering::{Greater, Less};
+    if let Value::Number(number) = value {
+        let bound = |word: &str, refused: &[std::cmp::Ordering], words: &str| match object.get(word) {
+            Some(Value::Number(bound)) if compare(number, bound).is_some_and(|order| refused.contains(&order)) => {
+                Err(format!("{at} is {number} where {words} {bound} is expected"))
+            }
+            _ => Ok(()),
+        };
+        bound("minimum", &[Less], "at least")?;
+        bound("maximum", &[Greater], "at most")?;
+        bound("exclusiveMinimum", &[Less, std::cmp::Ordering::Equal], "more than")?;
+        bound("exclusiveMaximum", &[Greater, std::cmp::Ordering::Equal], "less than")?;
+    }
+    if let Value::Array(items) = value {
+        let count = items.len() as u64;
+        if let Some(least) = object.get("minItems").and_then(Value::as_u64)
+            && count < least
+        {
+            return Err(format!("{at} has {count} items where at least {least} are expected"));
+        }
+        if let Some(most) = object.get("maxItems").and_then(Value::as_u64)
+            && count > most
+        {
+            return Err(format!("{at} has {count} items where at most {most} are expected"));
+        }
+    }
+    if let Value::String(text) = value
+        && object.get("contentEncoding").and_then(Value::as_str) == Some("base64")
+    {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|error| format!("{at} is not standard base64 ({error})"))?;
     }
     Ok(())
 }
 
-fn check_object(
-    object: &Map<String, Value>,
-    root: &Value,
-    members: &Map<String, Value>,
-    at: &str,
-    depth: usize,
-) -> Result<(), String> {
-    if let Some(Value::Array(required)) = object.get("required") {
-        for name in required.iter().filter_map(Value::as_str) {
-            if !members.contains_key(name) {
-                return Err(format!("{at} lacks the member \"{name}\""));
-            }
+/// Two JSON numbers in order: exactly when both are integers, else as doubles.
+fn compare(a: &serde_json::Number, b: &serde_json::Number) -> Option<std::cmp::Ordering> {
+    let integer =
+        |number: &serde_json::Number| number.as_i64().map(i128::from).or_else(|| number.as_u64().map(i128::from));
+    match (integer(a), integer(b)) {
+        (Some(a), Some(b)) => Some(a.cmp(&b)),
+        _ => a.as_f64()?.partial_cmp(&b.as_f64()?),
+    }
+}
+
+/// A value of `schema`'s shape (see [`ToolFacts::example`]).
+fn example(schema: &Value, root: &Value, depth: usize) -> Value {
+    let Value::Object(object) = schema else { return Value::Null };
+    if depth == 0 {
+        return Value::Null;
+    }
+    if let Some(Value::Array(examples)) = object.get("examples")
+        && let Some(first) = examples.first()
+    {
+        return first.clone();
+    }
+    for word in ["const", "default"] {
+        if let Some(value) = object.get(word) {
+            return value.clone();
         }
     }
-    let properties = match object.get("properties") {
-        Some(Value::Object(properties)) => Some(properties),
-        _ => None,
+    if let Some(Value::Array(allowed)) = object.get("enum")
+        && let Some(first) = allowed.first()
+    {
+        return first.clone();
+    }
+    if let Some(Value::String(reference)) = object.get("$ref") {
+        return resolve(root, reference).map_or(Value::Null, |target| example(target, root, depth - 1));
+    }
+    for word in ["anyOf", "oneOf", "allOf"] {
+        if let Some(Value::Array(forms)) = object.get(word)
+            && let Some(first) = forms.first()
+        {
+            return example(first, root, depth - 1);
+        }
+    }
+    let name = match object.get("type") {
+        Some(Value::String(name)) => name.as_str(),
+        // `["string", "null"]`: the first that is not null.
+        Some(Value::Array(names)) => {
+            names.iter().filter_map(Value::as_str).find(|name| *name != "null").unwrap_or("null")
+        }
+        _ if object.contains_key("properties") => "object",
+        _ => return Value::Null,
     };
-    for (name, member) in members {
-        let member_at = format!("{at}.{name}");
-        match properties.and_then(|properties| properties.get(name)) {
-            Some(form) => check(form, root, member, &member_at, depth - 1)?,
-            None => match object.get("additionalProperties") {
-                Some(Value::Bool(false)) => {
-                    return Err(format!("{at} has the member \"{name}\", which it does not take"));
-                }
-                Some(form @ Value::Object(_)) => check(form, root, member, &member_at, depth - 1)?,
-                _ => {}
-            },
+    match name {
+        "object" => {
+            let required: Vec<&str> = match object.get("required") {
+                Some(Value::Array(required)) => required.iter().filter_map(Value::as_str).collect(),
+                _ => Vec::new(),
+            };
+            let members = match object.get("properties") {
+                Some(Value::Object(properties)) => properties
+                    .iter()
+                    .filter(|(name, _)| required.contains(&name.as_str()))
+                    .map(|(name, form)| (name.clone(), example(form, root, depth - 1)))
+                    .collect(),
+                _ => Map::new(),
+            };
+            Value::Object(members)
         }
+        "array" => {
+            let prefix = match object.get("prefixItems") {
+                Some(Value::Array(prefix)) => prefix.iter().map(|form| example(form, root, depth - 1)).collect(),
+                _ => Vec::new(),
+            };
+            let least = object.get("minItems").and_then(Value::as_u64).unwrap_or(0);
+            let mut items: Vec<Value> = prefix;
+            while (items.len() as u64) < least.min(16) {
+                items.push(object.get("items").map_or(Value::Null, |form| example(form, root, depth - 1)));
+            }
+            Value::Array(items)
+        }
+        "integer" | "number" => {
+            let least = object.get("minimum").filter(|bound| bound.as_i64().is_some_and(|bound| bound > 0));
+            least.cloned().unwrap_or(Value::from(0))
+        }
+        "string" => Value::String(String::new()),
+        "boolean" => Value::Bool(false),
+        _ => Value::Null,
     }
-    Ok(())
 }
 
 /// `schema` on one line, `depth` levels deep.
@@ -226,7 +418,7 @@ fn describe(schema: &Value, root: &Value, depth: usize) -> String {
     }
     for word in ["anyOf", "oneOf"] {
         if let Some(Value::Array(forms)) = object.get(word) {
-            return forms.iter().map(|form| describe(form, root, depth - 1)).collect::<Vec<_>>().join(" | ");
+            return forms.iter().map(|form| describe(form, root, depth)).collect::<Vec<_>>().join(" | ");
         }
     }
     let types: Vec<&str> = match object.get("type") {
@@ -242,10 +434,21 @@ fn describe(schema: &Value, root: &Value, depth: usize) -> String {
         .iter()
         .map(|name| match *name {
             "object" => describe_object(object, root, depth),
-            "array" => match object.get("items") {
-                Some(items) => format!("[{}]", describe(items, root, depth - 1)),
-                None => "[any]".to_owned(),
+            "array" => match (object.get("prefixItems"), object.get("items")) {
+                (Some(Value::Array(prefix)), items) => {
+                    let mut parts: Vec<String> = prefix.iter().map(|form| describe(form, root, depth - 1)).collect();
+                    if items != Some(&Value::Bool(false)) {
+                        parts.push("…".to_owned());
+                    }
+                    format!("[{}]", parts.join(", "))
+                }
+                (_, Some(items)) => format!("[{}]", describe(items, root, depth - 1)),
+                (_, None) => "[any]".to_owned(),
             },
+            "integer" | "number" => format!("{name}{}", describe_bounds(object)),
+            "string" if object.get("contentEncoding").and_then(Value::as_str) == Some("base64") => {
+                "string (base64)".to_owned()
+            }
             other => other.to_owned(),
         })
         .collect::<Vec<_>>()
@@ -260,12 +463,28 @@ fn describe_object(object: &Map<String, Value>, root: &Value, depth: usize) -> S
     };
     let members: Vec<String> = properties
         .iter()
+        // A member a form does not take (`"base64": false` beside `"text"`) is not listed.
+        .filter(|(_, form)| **form != Value::Bool(false))
         .map(|(name, form)| {
             let optional = if required.contains(&name.as_str()) { "" } else { "?" };
             format!("\"{name}\"{optional}: {}", describe(form, root, depth - 1))
         })
         .collect();
     format!("{{{}}}", members.join(", "))
+}
+
+/// A number's bounds in words (` from 100 to 599`), unless a `format` names them: schemars
+/// writes a sized integer's own range (`uint64`, at least 0), which its type already says.
+fn describe_bounds(object: &Map<String, Value>) -> String {
+    if object.contains_key("format") {
+        return String::new();
+    }
+    match (object.get("minimum"), object.get("maximum")) {
+        (Some(least), Some(most)) => format!(" from {least} to {most}"),
+        (Some(least), None) => format!(" of at least {least}"),
+        (None, Some(most)) => format!(" of at most {most}"),
+        (None, None) => String::new(),
+    }
 }
 
 #[cfg(test)]
@@ -336,5 +555,54 @@ mod tests {
         assert!(!receipt().recovers_by_itself());
         assert!(!ToolFacts::new(StalePolicy::Reconcile, None).recovers_by_itself(), "it may not tell");
         assert_eq!(ToolFacts::from_json(&receipt().to_json()), Some(receipt()));
+    }
+
+    #[test]
+    fn a_verdict_is_held_to_the_bounds_a_stored_result_is_not() {
+        let facts = ToolFacts::new(
+            StalePolicy::Hold,
+            Some(json!({
+                "type": "object",
+                "properties": {
+                    "code": {"type": "integer", "minimum": 100, "maximum": 599},
+                    "ratio": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                    "pair": {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "minItems": 2},
+                    "bytes": {"type": "string", "contentEncoding": "base64"}
+                },
+                "required": ["code"]
+            })),
+        );
+        facts.check(&json!({"code": 100, "ratio": 0.5, "pair": ["a", 1], "bytes": "AAE="})).unwrap();
+        for (value, words) in [
+            (json!({"code": 600}), "the result.code is 600 where at most 599 is expected"),
+            (json!({"code": 99}), "the result.code is 99 where at least 100 is expected"),
+            (json!({"code": 200, "ratio": 1}), "the result.ratio is 1 where less than 1 is expected"),
+            (json!({"code": 200, "ratio": 0.0}), "the result.ratio is 0.0 where more than 0 is expected"),
+            (json!({"code": 200, "pair": ["a"]}), "the result.pair has 1 items where at least 2 are expected"),
+            (json!({"code": 200, "bytes": "AAE"}), "the result.bytes is not standard base64"),
+        ] {
+            let why = facts.check(&value).unwrap_err();
+            assert!(why.starts_with(words), "{value}: {why}");
+            facts.readable(&value).unwrap_or_else(|why| panic!("{value} is of the types: {why}"));
+        }
+        assert!(facts.readable(&json!({"code": "200"})).is_err());
+        assert!(facts.readable(&json!({"pair": ["a", 1]})).is_err(), "lacks code");
+        assert_eq!(
+            facts.expected_shape().unwrap(),
+            "{\"bytes\"?: string (base64), \"code\": integer from 100 to 599, \"pair\"?: [string, integer, …], \
+             \"ratio\"?: number}"
+        );
+    }
+
+    #[test]
+    fn an_example_fits_its_shape() {
+        let example = receipt().example().unwrap();
+        assert_eq!(example, json!({"charge_id": "", "amount_cents": 0, "status": "paid"}));
+        receipt().check(&example).unwrap();
+        let given = ToolFacts::new(StalePolicy::Hold, Some(json!({"type": "integer", "examples": [7]})));
+        assert_eq!(given.example(), Some(json!(7)), "a schema's own example first");
+        let bounded = ToolFacts::new(StalePolicy::Hold, Some(json!({"type": "integer", "minimum": 100})));
+        bounded.check(&bounded.example().unwrap()).unwrap();
+        assert_eq!(ToolFacts::new(StalePolicy::Hold, None).example(), None, "no shape, no example");
     }
 }

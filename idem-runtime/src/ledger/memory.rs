@@ -158,6 +158,12 @@ impl Ledger for MemoryLedger {
         true
     }
 
+    /// Kept, as the durable ledgers keep them: an operator's verdict on an operation is checked
+    /// against its tool's result shape, which only the label names.
+    fn keeps_labels(&self) -> bool {
+        true
+    }
+
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
         let mut stats = LedgerStats::default();
         self.lock().count(now, &mut stats);

@@ -587,8 +587,9 @@ pub trait Ledger: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>>;
 
     /// Whether the ledger keeps the sealed [`Label`] a claim carries, so a handle seals one
-    /// per claim only for a ledger that keeps it. The durable ledgers do; the default (and the
-    /// memory ledger) does not, and a claim's label is then `None`.
+    /// per claim only for a ledger that keeps it. The ledgers of this crate do (an operator's
+    /// verdict is checked against the shape of the tool its label names); the default does not,
+    /// and a claim's label is then `None`.
     fn keeps_labels(&self) -> bool {
         false
     }
