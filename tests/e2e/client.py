@@ -817,8 +817,10 @@ class ProcessorServer:
 
     def start(self) -> None:
         command = [self.binary, "--http", f"127.0.0.1:{self.port}", "--delay-ms", str(self.delay_ms)]
+        # Its ledger and charges in a file of this run's (by default they would outlive it).
+        env = os.environ | {"IDEM_DATABASE_URL": str(self.setup.workdir / "processor.sqlite3"), "NO_COLOR": "1"}
         with open(self.setup.workdir / "processor.log", "ab") as log:
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            self.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.process.poll() is None, "the processor exited during startup"

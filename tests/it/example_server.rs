@@ -230,8 +230,11 @@ fn the_payments_example_runs_on_the_redis_ledger() {
 /// body is 422; no key is 400; another merchant's identical request is its own charge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_processor_example_charges_once_per_key() {
+    // Its ledger and charges in a file of the test's own (by default they would outlive it).
+    let dir = std::env::temp_dir().join(format!("idem-processor-{}", idem_runtime::ledger::Token::random().get()));
     let mut child = Command::new(idem_tests::example_binary("processor"))
         .args(["--http", "127.0.0.1:0"])
+        .env("IDEM_DATABASE_URL", dir.join("processor.sqlite3"))
         .env("RUST_LOG", "info")
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -270,6 +273,7 @@ async fn the_processor_example_charges_once_per_key() {
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "acme was charged once: {listed}");
     child.kill().unwrap();
     child.wait().unwrap();
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The address a process's log names (`… serving … http://ADDR…`, the word after `marker`), its
@@ -344,15 +348,16 @@ async fn mcp_call(
 /// charge carries the key the MCP receipt names; a repeat is replayed and charges nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_payments_example_charges_through_the_processor_example() {
+    let dir = std::env::temp_dir().join(format!("idem-payments-{}", idem_runtime::ledger::Token::random().get()));
+    std::fs::create_dir_all(&dir).unwrap();
     let mut processor = Command::new(idem_tests::example_binary("processor"))
         .args(["--http", "127.0.0.1:0"])
+        .env("IDEM_DATABASE_URL", dir.join("processor.sqlite3"))
         .env("RUST_LOG", "info")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start the processor");
     let processor_url = served_at(&mut processor, "serving on ");
-    let dir = std::env::temp_dir().join(format!("idem-payments-{}", idem_runtime::ledger::Token::random().get()));
-    std::fs::create_dir_all(&dir).unwrap();
     let mut payments = Command::new(idem_tests::example_binary("mcp_server"))
         .args(["--http", "127.0.0.1:0", "--processor", &processor_url])
         .env("IDEM_DATABASE_URL", dir.join("ledger.sqlite3"))
@@ -378,4 +383,5 @@ async fn the_payments_example_charges_through_the_processor_example() {
         child.kill().unwrap();
         child.wait().unwrap();
     }
+    std::fs::remove_dir_all(&dir).ok();
 }

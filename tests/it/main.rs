@@ -31,6 +31,7 @@ mod metrics;
 mod mrtr;
 mod owners;
 mod pedantic;
+mod processor_service;
 mod rmcp_tasks;
 mod rmcp_tools;
 mod rmcp_waiting;
