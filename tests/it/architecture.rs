@@ -120,10 +120,72 @@ fn module_of(file: &str) -> String {
     if path == "lib" { String::new() } else { path.replace('/', "::") }
 }
 
+/// What the crate root re-exports (`lib.rs`'s `pub use`, also inside its inline modules such as
+/// `pub mod admin { pub use crate::idem::{…}; }`): each name as reached from the root
+/// (`Idem`, `admin::Admin`) and the module it is defined in (`idem`). An import through a root
+/// re-export (`crate::Idem`) is an import of that module.
+fn root_exports(lib: &str, modules: &BTreeSet<String>) -> std::collections::BTreeMap<String, String> {
+    let mut exports = std::collections::BTreeMap::new();
+    let mut inline: Option<String> = None;
+    let mut statement: Option<String> = None;
+    for line in lib.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        if let Some(open) = &mut statement {
+            open.push_str(code);
+        } else if let Some(name) = code.strip_prefix("pub mod ").and_then(|rest| rest.strip_suffix(" {")) {
+            inline = Some(name.trim().to_owned());
+            continue;
+        } else if code == "}" {
+            inline = None;
+            continue;
+        } else if let Some(rest) =
+            code.trim_start().strip_prefix("pub use ").or_else(|| code.trim_start().strip_prefix("pub(crate) use "))
+        {
+            statement = Some(rest.to_owned());
+        } else {
+            continue;
+        }
+        let Some(text) = statement.as_deref().filter(|text| text.contains(';')) else { continue };
+        let text = text.split(';').next().unwrap_or_default().replace(char::is_whitespace, "");
+        statement = None;
+        let text = text.strip_prefix("crate::").or_else(|| text.strip_prefix("self::")).unwrap_or(&text).to_owned();
+        let (prefix, items) = match text.split_once('{') {
+            Some((prefix, items)) => {
+                (prefix.to_owned(), items.trim_end_matches('}').split(',').map(str::to_owned).collect())
+            }
+            None => (String::new(), vec![text.clone()]),
+        };
+        for item in items.iter().filter(|item| !item.is_empty() && item.as_str() != "*") {
+            let (path, alias) =
+                item.split_once("as").map_or((item.as_str(), None), |(path, alias)| (path, Some(alias)));
+            let full = format!("{prefix}{path}");
+            let parts: Vec<&str> = full.split("::").filter(|part| !part.is_empty()).collect();
+            let Some(last) = parts.last() else { continue };
+            let defined = (1..parts.len())
+                .rev()
+                .map(|k| parts[..k].join("::"))
+                .find(|candidate| modules.contains(candidate))
+                .or_else(|| modules.contains(&full).then(|| full.clone()));
+            let Some(defined) = defined else { continue };
+            let name = alias.unwrap_or(last);
+            let reached = inline.as_ref().map_or_else(|| name.to_owned(), |module| format!("{module}::{name}"));
+            exports.insert(reached, defined);
+        }
+    }
+    exports
+}
+
 /// The modules the code of `module` names through `crate::`, `super::` or `self::` paths,
-/// outside comments and its test module, each resolved to the longest module it starts with.
-/// A module naming an ancestor of its own (what declares it) does not count.
-fn imports(module: &str, source: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+/// outside comments and its test module, each resolved to the longest module it starts with —
+/// or, for a name the crate root re-exports (`crate::Idem`, `crate::admin::Admin`), to the
+/// module that defines it ([`root_exports`]). A module naming an ancestor of its own (what
+/// declares it) does not count.
+fn imports(
+    module: &str,
+    source: &str,
+    modules: &BTreeSet<String>,
+    exports: &std::collections::BTreeMap<String, String>,
+) -> BTreeSet<String> {
     let code = source.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
     let code: Vec<&str> = code.lines().map(|line| line.split("//").next().unwrap_or_default()).collect();
     let code = code.join("\n");
@@ -155,6 +217,14 @@ fn imports(module: &str, source: &str, modules: &BTreeSet<String>) -> BTreeSet<S
             .rev()
             .map(|k| base.iter().chain(&names[..k]).copied().collect::<Vec<_>>().join("::"))
             .find(|candidate| modules.contains(candidate));
+        // Through the root: a name it re-exports is its defining module.
+        let target = match target {
+            Some(root) if root.is_empty() => {
+                let rooted: Vec<&str> = base.iter().chain(&names).copied().collect();
+                (1..=rooted.len()).rev().find_map(|k| exports.get(&rooted[..k].join("::")).cloned()).or(Some(root))
+            }
+            other => other,
+        };
         if let Some(target) = target
             && !target.is_empty()
             && target != module
@@ -190,12 +260,14 @@ fn the_runtime_modules_have_no_import_cycles() {
         .collect();
     let files: Vec<String> = sources(&root).into_iter().filter(|file| !tests.contains(&module_of(file))).collect();
     let modules: BTreeSet<String> = files.iter().map(|file| module_of(file)).collect();
+    let exports = root_exports(&std::fs::read_to_string(root.join("lib.rs")).expect("read lib.rs"), &modules);
+    assert!(exports.get("Idem").is_some_and(|module| module == "idem"), "the root's re-exports: {exports:?}");
     let graph: std::collections::BTreeMap<String, BTreeSet<String>> = files
         .iter()
         .map(|file| {
             let source = std::fs::read_to_string(root.join(file)).expect("read a source file");
             let module = module_of(file);
-            let imported = imports(&module, &source, &modules);
+            let imported = imports(&module, &source, &modules, &exports);
             (module, imported)
         })
         .collect();
@@ -243,11 +315,38 @@ fn the_runtime_modules_have_no_import_cycles() {
 /// The check sees a cycle: two modules that import each other.
 #[test]
 fn the_cycle_check_sees_a_cycle() {
-    let modules: BTreeSet<String> = ["ledger", "idem", "ledger::sea"].map(str::to_owned).into();
-    assert_eq!(imports("ledger::sea", "use crate::idem::DEFAULT;\n", &modules), ["idem".to_owned()].into());
+    let modules: BTreeSet<String> = ["", "ledger", "idem", "ledger::sea"].map(str::to_owned).into();
+    let exports = root_exports(
+        "pub use idem::{Idem, Builder as Settings};\npub mod admin {\n    pub use crate::idem::Admin;\n}\npub use idem_macros::idempotent;\n",
+        &modules,
+    );
+    let none = std::collections::BTreeMap::new();
+    assert_eq!(imports("ledger::sea", "use crate::idem::DEFAULT;\n", &modules, &none), ["idem".to_owned()].into());
     assert_eq!(
-        imports("idem", "use crate::ledger::Ledger; // crate::nothing\n", &modules),
+        imports("idem", "use crate::ledger::Ledger; // crate::nothing\n", &modules, &none),
         ["ledger".to_owned()].into()
     );
-    assert_eq!(imports("ledger::sea", "use super::Ledger;\n", &modules), BTreeSet::new(), "its own parent");
+    assert_eq!(imports("ledger::sea", "use super::Ledger;\n", &modules, &none), BTreeSet::new(), "its own parent");
+    // Through the root's re-exports, also an aliased one and one of an inline module.
+    for through in ["use crate::Idem;\n", "use crate::Settings;\n", "fn f(_: crate::admin::Admin) {}\n"] {
+        assert_eq!(imports("ledger::sea", through, &modules, &exports), ["idem".to_owned()].into(), "{through}");
+    }
+    assert_eq!(exports.len(), 3, "{exports:?}");
+}
+
+/// No source file of the published crates passes 600 lines: a file that grows past it holds more
+/// than one job, and is split along its seams (issue 43).
+#[test]
+fn no_source_file_passes_600_lines() {
+    let mut long = Vec::new();
+    for krate in ["idem-runtime", "idem-macros", "idem-cli"] {
+        let root = workspace().join(krate).join("src");
+        for file in sources(&root) {
+            let lines = std::fs::read_to_string(root.join(&file)).expect("read a source file").lines().count();
+            if lines > 600 {
+                long.push(format!("{krate}/src/{file}: {lines} lines"));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these along their seams (at most 600 lines a file): {long:#?}");
 }

@@ -15,7 +15,7 @@ use crate::key::{Address, Key, Ref, SubjectTag, TenantTag};
 
 /// The model check of the ledger protocol: it runs this ledger, so it lives beside its records.
 #[cfg(test)]
-#[path = "model.rs"]
+#[path = "model/mod.rs"]
 mod model;
 
 /// What the ledger keeps beside its records.
