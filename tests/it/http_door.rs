@@ -398,3 +398,29 @@ async fn the_handler_reads_the_clients_key_decoded() {
     assert!(seen[0].starts_with("ord\"er ") && !seen[0].contains('\\'), "{seen:?}");
     assert_eq!(seen[1], bare);
 }
+
+/// Issue 43, item 5: a layer is a value — a clone configured further is a layer of its own, and
+/// the one it was cloned from is unchanged. Before, configuring a clone panicked ("configured
+/// before it is cloned").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_configured_after_a_clone_is_a_layer_of_its_own() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+    let payments = IdempotencyLayer::new(idem, x_user).route(Method::POST, "/payments", Route::new());
+    let with_refunds = payments.clone().route(Method::POST, "/refunds", Route::new());
+    assert!(format!("{payments:?}").contains("POST /payments") && !format!("{payments:?}").contains("/refunds"));
+    assert!(format!("{with_refunds:?}").contains("POST /refunds"), "{with_refunds:?}");
+    let base = serve(
+        axum::Router::new()
+            .route("/payments", counting("payment", &runs))
+            .route("/refunds", counting("refund", &runs))
+            .layer(with_refunds),
+    )
+    .await;
+    let key = unique("k");
+    for path in ["payments", "refunds"] {
+        assert_eq!(post_raw(&format!("{base}/{path}"), Some(&key), "{}").await.status(), 201, "{path}");
+        assert!(replayed(&post_raw(&format!("{base}/{path}"), Some(&key), "{}").await), "{path} is protected");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

@@ -219,6 +219,7 @@ impl Route {
 }
 
 /// A configured route: its method, its path template and how it is kept.
+#[derive(Clone)]
 struct Protected {
     method: Method,
     /// The template as axum's router reads it (see `template.rs`).
@@ -240,6 +241,7 @@ impl Protected {
 }
 
 /// What the layer's services share.
+#[derive(Clone)]
 pub(crate) struct Config {
     idem: Idem,
     principal: Arc<Principal>,
@@ -304,7 +306,11 @@ impl IdempotencyLayer {
     }
 
     fn config(&mut self) -> &mut Config {
-        Arc::get_mut(&mut self.config).expect("an IdempotencyLayer is configured before it is cloned")
+        // A clone configured further is a layer of its own, checked again when applied; the one
+        // it was cloned from is unchanged.
+        let config = Arc::make_mut(&mut self.config);
+        config.checked = OnceLock::new();
+        config
     }
 
     /// Keys the layer's operations in `namespace` — your service's name (`"orders"`). Two
