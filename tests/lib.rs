@@ -192,7 +192,7 @@ pub fn idem(ledger: impl idem_runtime::ledger::Ledger) -> idem_runtime::Idem {
 }
 
 /// The settings of a handle on `ledger` (a ledger, or a shared one) keyed with [`test_secret`].
-pub fn builder(ledger: impl idem_runtime::ledger::Ledger) -> idem_runtime::Builder {
+pub fn builder(ledger: impl idem_runtime::ledger::Ledger) -> idem_runtime::settings::Builder {
     idem_runtime::Idem::builder(ledger).secret(test_secret())
 }
 

@@ -8,7 +8,8 @@ use idem_runtime::ledger::redis::RedisLedger;
 use idem_runtime::ledger::sea::SeaOrmLedger;
 use idem_runtime::ledger::{DATABASE_URL_ENV, ToolOwner, is_redis_url};
 use idem_runtime::secret::{self, SECRET_ENV, Secret};
-use idem_runtime::{Builder, Idem, ledger::Ledger, ledger::LedgerError};
+use idem_runtime::settings::Builder;
+use idem_runtime::{Idem, ledger::Ledger, ledger::LedgerError};
 
 use super::Failure;
 

@@ -36,7 +36,7 @@ pub struct Key([u8; 32]);
 impl Key {
     /// Derives, under `secret`, the key for `tool` of `namespace` called under `scope` with the
     /// `selected` arguments. (To compute the key a handle would use, call
-    /// [`Admin::key_of`](crate::Admin::key_of).)
+    /// [`Admin::key_of`](crate::admin::Admin::key_of).)
     ///
     /// `selected` maps each key path of the recipe (e.g. `"customer.id"`) to its value.
     pub fn derive(

@@ -15,9 +15,9 @@
 //! - [`Ledger`](ledger::Ledger): the atomic claim and the record's state machine; [`MemoryLedger`] for tests.
 //! - [`Idem`]: the handle that runs a handler under a recipe ([`Idem::call`]), built once with
 //!   [`Idem::builder`]; an operation's status for its caller ([`Idem::status`]); and the
-//!   operator's verbs on [`Admin`] ([`Idem::admin`]: inspect, resolve with a [`Resolution`](admin::Resolution),
+//!   operator's verbs on [`Admin`](admin::Admin) ([`Idem::admin`]: inspect, resolve with a [`Resolution`](admin::Resolution),
 //!   stats, pending, sweep, and a sweeper that sweeps in the background on every replica).
-//! - [`Hooks`]: an observer of each call's lifecycle for audit logs ([`Builder::hooks`]): its
+//! - [`Hooks`]: an observer of each call's lifecycle for audit logs ([`Builder::hooks`](settings::Builder::hooks)): its
 //!   claim, replay, in-flight, conflict or unknown answer, and the outcome it recorded
 //!   ([`Completion`]), with the ref, tool, namespace and caller of a [`CallEvent`] — never an
 //!   argument or a result.
@@ -28,7 +28,7 @@
 //!   same call points as the hooks.
 //!
 //! The root names what a handler author writes: the attributes, the handle ([`Idem`], its
-//! [`Builder`]), the caller, the recipe, the error contract ([`IdempotentError`], [`Rejection`])
+//! [`Builder`](settings::Builder)), the caller, the recipe, the error contract ([`IdempotentError`], [`Rejection`])
 //! and what a running handler sees ([`Operation`]). The rest lives in its module: the operator's
 //! verbs in [`admin`], the settings' defaults in [`settings`], keys and refs in [`key`], scopes in
 //! [`scope`], secrets in [`secret`], what a ledger implementation needs in [`ledger`], what only
@@ -102,8 +102,8 @@ mod window;
 #[cfg(feature = "metrics")]
 pub use idem::metrics;
 pub use idem::{
-    Admin, BuildError, Builder, CallEvent, Completion, Drained, HasIdem, Hooks, Idem, Operation, Reconciled,
-    ResultSeal, Served, StatusError, current_caller, current_operation, run_as,
+    CallEvent, Completion, Drained, HasIdem, Hooks, Idem, Operation, Reconciled, ResultSeal, Served, StatusError,
+    current_caller, current_operation, run_as,
 };
 pub use key::{Key, Ref};
 pub use ledger::StatusReport;
@@ -112,7 +112,7 @@ pub use recipe::{Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, StorableError};
 pub use scope::{Caller, CallerError};
 
-/// The operator's verbs ([`Admin`], from [`Idem::admin`]) and what they take and answer.
+/// The operator's verbs ([`Admin`](crate::admin::Admin), from [`Idem::admin`]) and what they take and answer.
 pub mod admin {
     pub use crate::idem::{
         About, Admin, CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage, Sweeper, SweeperStats,
@@ -121,7 +121,7 @@ pub mod admin {
     pub use crate::ledger::{Label, LedgerStats, Resolution};
 }
 
-/// What a handle is built with ([`Builder`], from [`Idem::builder`]) and the defaults of its settings.
+/// What a handle is built with ([`Builder`](crate::settings::Builder), from [`Idem::builder`]) and the defaults of its settings.
 pub mod settings {
     pub use crate::idem::{
         BuildError, Builder, DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION,
@@ -183,22 +183,22 @@ pub mod settings {
 /// | option | meaning | default |
 /// |---|---|---|
 /// | `key = "order_id, customer.id"` | the arguments that make two calls the same operation: parameter names, or fields of the single arguments struct (rmcp's `Parameters<T>` included); dotted paths reach into nested structs. A business key states the uniqueness rule directly — prefer one. `key = "()"`: the call itself is the operation, once per caller (scope) and window — for a tool without arguments; arguments still count in the fingerprint | required, unless `inherent` |
-/// | `window = "15m"` | how long after the **first claim** a repeat is the same operation (`s`, `m`, `h`, `d`; sliding, not a clock bucket) | the ledger retention (24 h, [`Builder::retention`](crate::Builder::retention)) |
+/// | `window = "15m"` | how long after the **first claim** a repeat is the same operation (`s`, `m`, `h`, `d`; sliding, not a clock bucket) | the ledger retention (24 h, [`Builder::retention`](crate::settings::Builder::retention)) |
 /// | `ignore = "note, trace_id"` | top-level arguments left out of the conflict fingerprint (and not serialised at all for plain parameters) | none |
-/// | `stale = "takeover"` | a dead holder's lease: run again under a new fencing token; safe when the downstream dedupes by the forwarded key | `"hold"`: report "outcome unknown" until [`Admin::resolve`] |
+/// | `stale = "takeover"` | a dead holder's lease: run again under a new fencing token; safe when the downstream dedupes by the forwarded key | `"hold"`: report "outcome unknown" until [`Admin::resolve`](crate::admin::Admin::resolve) |
 /// | `reconcile = Self::check` | `stale = "reconcile"`: `async fn(&self, Operation) -> Reconciled<T, E>` (free functions: `async fn(Operation)`) asks the downstream what happened | — |
 /// | `scope = "tenant"` | widen the key from the caller (tenant + subject) to the whole tenant | `"caller"` |
 /// | `within = "conversation_id"` | narrow the key to a task or conversation id argument (MCP has no sessions; request ids are reused) | — |
 /// | `task = true` | on an rmcp tool: it may run as an MCP task (the `io.modelcontextprotocol/tasks` extension). For a client that declared the extension, a repeat that finds the operation in progress gets the operation's task (`taskId` = its ref) instead of the in-flight answer, and `tasks/get` is answered from the ledger (`mcp::get_task`, feature `rmcp`). The result must be `rmcp::Json<T>` or `String`, the error `mcp::ToolError`, so that any replica can rebuild the answer from the stored JSON | `false` |
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
-/// | `name = "charge"` | the tool name in the key, with the namespace ([`Builder::namespace`](crate::Builder::namespace), else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. Two different handlers under one tool name in one namespace on one ledger — one handle, two handles, two processes or binaries — are both refused (`duplicate_tool`), see [Who serves a tool](#who-serves-a-tool) | `#[tool(name = ...)]`, else the function's name |
+/// | `name = "charge"` | the tool name in the key, with the namespace ([`Builder::namespace`](crate::settings::Builder::namespace), else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. Two different handlers under one tool name in one namespace on one ledger — one handle, two handles, two processes or binaries — are both refused (`duplicate_tool`), see [Who serves a tool](#who-serves-a-tool) | `#[tool(name = ...)]`, else the function's name |
 /// | `wait = "5s"` | a repeat that finds the operation in progress waits up to this long (`s` or `m`, 1 s to [`MAX_WAIT`](recipe::MAX_WAIT)) for it to settle: completed, it gets the stored result as a replay; failed with nothing done, it claims again and may run the handler; unknown, "outcome unknown"; still running, "in flight". No connection or lock is held while it waits (see [`Recipe::wait`]) | none: "in flight" at once |
 /// | `replay_note = false` | on an rmcp tool, leave out the line of text a replayed answer ends with ("this is the stored result of an earlier identical call … nothing was executed again"); `_meta["dev.idem/outcome"].replayed` still says it | `true`: hosts that drop `_meta` still show the model it was a replay |
 /// | `input_key = "pick.content.amount"` | on an rmcp tool that may ask for input (`mcp::Step`, feature `rmcp`): input-response paths (the input request's id, then fields of the client's response) whose values join the key, under names no argument can have (`$input.pick.content.amount`). Input responses are no part of the key otherwise: a confirmation does not change what is done. With one, the first round (without the response) and each continuation with another value are different operations | none |
 /// | `client_key = "required"` | on an rmcp tool: the client's own key in the request's `_meta["idempotency-key"]` (a non-empty string of at most 255 characters, as the Universal Commerce Protocol's MCP binding sends it) joins the operation's identity, beside the `key` paths and still under the caller's scope and the tool: the same client key with other arguments is a conflict, another one is another operation. `"required"` refuses a call without one (`invalid_client_key`, nothing runs); `"optional"` keys a call without one by its recipe alone | ignored |
 /// | `single_use_state = true` | on an rmcp tool that may ask for input: a continuation's `requestState` is accepted once, enforced through the ledger on every replica (a second continuation after a "nothing happened" failure is refused: `request_state_used`); a repeat of a completed continuation is still a replay | `false` |
 /// | `idem = self.payments_idem` | the [`Idem`] handle to use | [`HasIdem`] for methods, [`Idem::install`] for free functions |
-/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Builder::local_caller`](crate::Builder::local_caller); none: refused |
+/// | `caller = request_caller` | the authenticated [`Caller`] (an expression) | on an rmcp tool, the request's authenticated caller — over HTTP that one only; otherwise the caller in scope ([`run_as`], or the idempotent handler this one runs inside), else [`Builder::local_caller`](crate::settings::Builder::local_caller); none: refused |
 /// | `crate = my_reexport::idem_runtime` | the path to this crate, for re-exporters | `::idem_runtime` |
 ///
 /// # Parameters and what a key may name

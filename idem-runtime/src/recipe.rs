@@ -163,7 +163,7 @@ impl Recipe {
     }
 
     /// The namespace the tool's keys are derived in, unless the handle sets one for all its
-    /// tools ([`Builder::namespace`](crate::Builder::namespace)). `#[idempotent]` sets the
+    /// tools ([`Builder::namespace`](crate::settings::Builder::namespace)). `#[idempotent]` sets the
     /// name of the package that declares the handler; a hand-built recipe without one uses
     /// `"default"`. Renaming a namespace re-keys its tools.
     #[must_use]

@@ -59,7 +59,7 @@ pub enum Rejection {
     /// again helps only once the client authenticates.
     NoCaller,
     /// A local request (stdio) on a server started without a local caller
-    /// ([`Builder::local_caller`](crate::Builder::local_caller)): nothing authenticates such
+    /// ([`Builder::local_caller`](crate::settings::Builder::local_caller)): nothing authenticates such
     /// requests, so no key can be scoped and the handler did not run. Only the server's operator
     /// can fix it; retrying cannot.
     NoLocalCaller,

@@ -8,7 +8,7 @@
 //! `IDEM_SECRET=1:$(openssl rand -hex 32)`.
 //!
 //! Rotation: configure the new secret as the current one and keep the old one as a previous
-//! secret (`IDEM_SECRET_PREVIOUS`, [`Builder::previous_secret`](crate::Builder::previous_secret))
+//! secret (`IDEM_SECRET_PREVIOUS`, [`Builder::previous_secret`](crate::settings::Builder::previous_secret))
 //! until the longest window has run. A call whose operation was recorded under a previous
 //! secret is answered from that record (replayed, in flight, unknown), never run a second time.
 //!
@@ -17,7 +17,7 @@
 //! version's time ahead), and a handle that honours that version neither as its secret nor as a
 //! previous one refuses to serve until then ([`SecretError::Rekeying`]) — unless the version is
 //! named in [`RETIRED_VERSIONS_ENV`]
-//! ([`Builder::retired_secret_version`](crate::Builder::retired_secret_version)): re-keying
+//! ([`Builder::retired_secret_version`](crate::settings::Builder::retired_secret_version)): re-keying
 //! accepted, repeats of its operations run again.
 
 mod error;

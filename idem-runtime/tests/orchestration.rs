@@ -902,7 +902,7 @@ async fn a_superseded_holder_learns_it_before_its_effect() {
 /// then `with_lease(60s)` used to panic, the reverse did not).
 #[test]
 fn settings_are_checked_together_when_the_handle_is_built() {
-    let refused = |builder: idem_runtime::Builder| builder.build().expect_err("refused").to_string();
+    let refused = |builder: idem_runtime::settings::Builder| builder.build().expect_err("refused").to_string();
     let message = refused(
         Idem::builder(MemoryLedger::new()).lease(Duration::from_secs(2)).ledger_timeout(Duration::from_secs(5)),
     );

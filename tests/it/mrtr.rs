@@ -471,7 +471,7 @@ async fn a_state_sealed_before_a_rotation_step_is_accepted_after_it(backend: &st
     );
     let alice = Caller::new("acme", "alice");
     let processor = Arc::new(Processor::default());
-    let replica = |idem: idem_runtime::Builder| Till {
+    let replica = |idem: idem_runtime::settings::Builder| Till {
         idem: idem.local_caller(alice.clone()).build().unwrap(),
         processor: Arc::clone(&processor),
     };

@@ -315,7 +315,7 @@ impl IdempotencyLayer {
 
     /// Keys the layer's operations in `namespace` — your service's name (`"orders"`). Two
     /// services on one ledger with the same route, principal and key then never share an
-    /// operation. A handle built with [`Builder::namespace`](crate::Builder::namespace) keys
+    /// operation. A handle built with [`Builder::namespace`](crate::settings::Builder::namespace) keys
     /// every recipe in its own, which wins over this one.
     ///
     /// On a memory ledger the default is `"default"`; on any other (SQL, Redis: a ledger other

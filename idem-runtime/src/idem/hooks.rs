@@ -51,7 +51,7 @@ use super::Idem;
 ///
 /// let idem = Idem::builder(MemoryLedger::new()).hooks(Arc::new(AuditLog)).build()?;
 /// # let _ = idem;
-/// # Ok::<(), idem_runtime::BuildError>(())
+/// # Ok::<(), idem_runtime::settings::BuildError>(())
 /// ```
 pub trait Hooks: Send + Sync + 'static {
     /// A first claim won (no live record): the handler runs now.

@@ -85,7 +85,7 @@ pub(super) struct Settings {
 ///     .local_caller(Caller::new("acme", "alice"))
 ///     .build()?;
 /// # let _ = idem;
-/// # Ok::<(), idem_runtime::BuildError>(())
+/// # Ok::<(), idem_runtime::settings::BuildError>(())
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct Builder {

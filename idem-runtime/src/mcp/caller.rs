@@ -67,7 +67,7 @@ pub(crate) fn no_caller(remote: bool) -> Rejection {
 }
 
 /// Checks, before serving on stdio, that `idem` has a local caller: a request over stdio carries
-/// no authenticated caller, so without [`Builder::local_caller`](crate::Builder::local_caller) every idempotent tool call
+/// no authenticated caller, so without [`Builder::local_caller`](crate::settings::Builder::local_caller) every idempotent tool call
 /// would be refused (as [`Rejection::NoLocalCaller`]). Call it where your `main` chooses stdio,
 /// so the mistake stops the server at startup with what to do; a server that only serves HTTP
 /// behind an auth layer does not need it.
@@ -78,7 +78,7 @@ pub(crate) fn no_caller(remote: bool) -> Rejection {
 /// assert!(mcp::check_stdio(&idem).is_err());
 /// let idem = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("local", "user")).build()?;
 /// assert!(mcp::check_stdio(&idem).is_ok());
-/// # Ok::<(), idem_runtime::BuildError>(())
+/// # Ok::<(), idem_runtime::settings::BuildError>(())
 /// ```
 ///
 /// # Errors

@@ -59,7 +59,7 @@ pub struct ToolContext {
 
 impl ToolContext {
     /// As a request over stdio: no authenticated caller, so the caller in scope or the handle's
-    /// local identity ([`Builder::local_caller`](crate::Builder::local_caller)) is used.
+    /// local identity ([`Builder::local_caller`](crate::settings::Builder::local_caller)) is used.
     #[must_use]
     pub fn local() -> Self {
         Self::default()

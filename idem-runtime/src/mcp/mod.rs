@@ -32,7 +32,7 @@
 //! The caller: over streamable HTTP, the [`Caller`](crate::Caller) an auth middleware put into
 //! the request's extensions ([`require_bearer`] is a small one to replace with your own
 //! validation); over stdio, the handle's configured local identity
-//! ([`Builder::local_caller`](crate::Builder::local_caller)). Neither: refused — over HTTP
+//! ([`Builder::local_caller`](crate::settings::Builder::local_caller)). Neither: refused — over HTTP
 //! with `no_caller` (the client must authenticate), over stdio with `no_local_caller` (the
 //! operator must configure one; [`check_stdio`] catches that at startup).
 
