@@ -1,1 +1,28 @@
-//! Runnable programs for idem; see the `[[example]]` targets.
+//! Runnable programs for idem; see the `[[example]]` targets. What they share lives here.
+
+/// Why a program stopped, in words: its error's message and each cause — not Rust's debug
+/// syntax, which is what `main` returning an error would print.
+pub struct Stopped(pub Box<dyn std::error::Error>);
+
+impl<E: Into<Box<dyn std::error::Error>>> From<E> for Stopped {
+    fn from(error: E) -> Self {
+        Self(error.into())
+    }
+}
+
+impl std::fmt::Debug for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let message = self.0.to_string();
+        write!(f, "{message}")?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            // A cause the message already says is not said twice.
+            let words = error.to_string();
+            if !message.contains(&words) {
+                write!(f, "\n  caused by: {words}")?;
+            }
+            cause = error.source();
+        }
+        Ok(())
+    }
+}

@@ -40,6 +40,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_examples::Stopped;
 use idem_runtime::mcp::{self, Step, ToolError};
 use idem_runtime::{Caller, HasIdem, Idem, audit_idempotent, current_operation, idempotent};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -466,33 +467,6 @@ fn options() -> Result<Option<Options>, String> {
     Ok(Some(options))
 }
 
-/// Why the server stopped, in words: its error's message and each cause — not Rust's debug
-/// syntax, which is what `main` returning an error would print.
-struct Stopped(Box<dyn std::error::Error>);
-
-impl<E: Into<Box<dyn std::error::Error>>> From<E> for Stopped {
-    fn from(error: E) -> Self {
-        Self(error.into())
-    }
-}
-
-impl std::fmt::Debug for Stopped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let message = self.0.to_string();
-        write!(f, "{message}")?;
-        let mut cause = self.0.source();
-        while let Some(error) = cause {
-            // A cause the message already says is not said twice.
-            let words = error.to_string();
-            if !message.contains(&words) {
-                write!(f, "\n  caused by: {words}")?;
-            }
-            cause = error.source();
-        }
-        Ok(())
-    }
-}
-
 /// `--metrics ADDR`: installs the Prometheus recorder, so idem's counters, histograms and gauge
 /// (the `metrics` feature of idem-runtime) are recorded, and serves them at `/metrics`.
 async fn serve_metrics(address: &str) -> Result<(), Box<dyn std::error::Error>> {
@@ -549,7 +523,7 @@ async fn main() -> Result<(), Stopped> {
         None => {
             // Nothing authenticates a request over stdio: the server acts for this caller.
             let idem = idem.local_caller(Caller::try_new(tenant, subject)?).build()?;
-            idem.check_secret().await?;
+            idem.admin().check_secret().await?;
             let _sweeper = sweeper(&idem, options.metrics.is_some());
             mcp::check_stdio(&idem)?;
             let mut server = Payments::new(idem.clone(), delay)?;
@@ -590,7 +564,7 @@ async fn main() -> Result<(), Stopped> {
             }
             use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
             let idem = idem.build()?;
-            idem.check_secret().await?;
+            idem.admin().check_secret().await?;
             let _sweeper = sweeper(&idem, options.metrics.is_some());
             // One server value for every request: the fake downstream is shared, as a real one would be.
             let mut server = Payments::new(idem.clone(), delay)?;

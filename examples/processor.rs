@@ -51,6 +51,8 @@
 
 use std::time::Duration;
 
+use idem_examples::Stopped;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
@@ -107,6 +109,16 @@ struct Charge {
 }
 
 /// The charges, in the table `processor_charges` of the ledger's database.
+/// What became of a charge the database was asked to record.
+enum Recorded {
+    /// Recorded (now, or under this key before): its id.
+    Charged(i64),
+    /// Not recorded, and no charge under its key: nothing was charged.
+    NotCharged(DbErr),
+    /// The database failed, and could not say whether the charge was recorded.
+    Unknown(DbErr),
+}
+
 #[derive(Clone)]
 struct Charges {
     db: DatabaseConnection,
@@ -120,9 +132,11 @@ impl Charges {
             DbBackend::MySql => "id BIGINT AUTO_INCREMENT PRIMARY KEY",
             _ => "id INTEGER PRIMARY KEY AUTOINCREMENT",
         };
+        // One charge per merchant and key, whatever reaches the database twice.
         let create = format!(
-            "CREATE TABLE IF NOT EXISTS processor_charges ({id}, merchant TEXT NOT NULL, reference TEXT NOT NULL, \
-             card TEXT NOT NULL, amount_cents BIGINT NOT NULL)"
+            "CREATE TABLE IF NOT EXISTS processor_charges ({id}, merchant VARCHAR(255) NOT NULL, \
+             reference VARCHAR(255) NOT NULL, card TEXT NOT NULL, amount_cents BIGINT NOT NULL, \
+             UNIQUE (merchant, reference))"
         );
         if let Err(error) = db.execute_unprepared(&create).await {
             // Two processes starting together on PostgreSQL: one creates it, the other's
@@ -152,8 +166,23 @@ impl Charges {
         Statement::from_sql_and_values(backend, sql, values)
     }
 
-    /// Records a charge; its id, the database's.
-    async fn record(&self, merchant: &str, reference: &str, card: &str, amount_cents: i64) -> Result<i64, DbErr> {
+    /// Records a charge under its key — or finds the one recorded under it, when the insert
+    /// failed: its answer lost with a commit that happened, or the key already charged.
+    async fn record(&self, merchant: &str, reference: &str, card: &str, amount_cents: i64) -> Recorded {
+        let error = match self.insert(merchant, reference, card, amount_cents).await {
+            Ok(id) => return Recorded::Charged(id),
+            Err(error) => error,
+        };
+        let select = "SELECT id FROM processor_charges WHERE merchant = ? AND reference = ?";
+        match self.db.query_one_raw(self.statement(select, vec![merchant.into(), reference.into()])).await {
+            Ok(Some(row)) => row.try_get_by_index(0).map_or_else(|_| Recorded::Unknown(error), Recorded::Charged),
+            Ok(None) => Recorded::NotCharged(error),
+            Err(_) => Recorded::Unknown(error),
+        }
+    }
+
+    /// Inserts a charge; its id, the database's.
+    async fn insert(&self, merchant: &str, reference: &str, card: &str, amount_cents: i64) -> Result<i64, DbErr> {
         let insert = "INSERT INTO processor_charges (merchant, reference, card, amount_cents) VALUES (?, ?, ?, ?)";
         let values = vec![merchant.into(), reference.into(), card.into(), amount_cents.into()];
         if self.db.get_database_backend() == DbBackend::Postgres {
@@ -216,7 +245,7 @@ async fn charge(
         return problem(StatusCode::PAYMENT_REQUIRED, "the card was declined");
     }
     match processor.charges.record(&merchant, key.as_str(), &request.card, amount_cents).await {
-        Ok(id) => {
+        Recorded::Charged(id) => {
             let charge = Charge {
                 merchant,
                 charge_id: format!("ch_{id}"),
@@ -227,9 +256,14 @@ async fn charge(
             tracing::info!(charge_id = %charge.charge_id, reference = %charge.reference, "charged");
             (StatusCode::CREATED, Json(serde_json::to_value(charge).unwrap_or_default()))
         }
-        Err(error) => {
+        Recorded::NotCharged(error) => {
             tracing::error!(%error, "the charge could not be recorded; nothing was charged");
             problem(StatusCode::SERVICE_UNAVAILABLE, "the charge could not be recorded; nothing was charged")
+        }
+        // Stored and replayed (a 500): a retry must not charge what may have been charged.
+        Recorded::Unknown(error) => {
+            tracing::error!(%error, "the database failed, and whether the charge was recorded is unknown");
+            problem(StatusCode::INTERNAL_SERVER_ERROR, "whether the charge was recorded is unknown; ask the operator")
         }
     }
 }
@@ -306,32 +340,6 @@ fn options() -> Result<Option<Options>, String> {
     Ok(Some(options))
 }
 
-/// Why the processor stopped, in words: its error's message and each cause — not Rust's debug
-/// syntax, which is what `main` returning an error would print.
-struct Stopped(Box<dyn std::error::Error>);
-
-impl<E: Into<Box<dyn std::error::Error>>> From<E> for Stopped {
-    fn from(error: E) -> Self {
-        Self(error.into())
-    }
-}
-
-impl std::fmt::Debug for Stopped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let message = self.0.to_string();
-        write!(f, "{message}")?;
-        let mut cause = self.0.source();
-        while let Some(error) = cause {
-            let words = error.to_string();
-            if !message.contains(&words) {
-                write!(f, "\n  caused by: {words}")?;
-            }
-            cause = error.source();
-        }
-        Ok(())
-    }
-}
-
 /// SIGTERM (what systemd and Kubernetes send), or SIGINT (ctrl-c).
 async fn stop_requested() {
     #[cfg(unix)]
@@ -372,7 +380,7 @@ async fn main() -> Result<(), Stopped> {
     // Keys are keyed with IDEM_SECRET, or on a SQLite file with a secret kept beside it; on
     // PostgreSQL or MySQL without IDEM_SECRET this stops here and says how to make one.
     let idem = Idem::builder(ledger).build()?;
-    idem.check_secret().await?;
+    idem.admin().check_secret().await?;
     let charges = Charges::open(db)
         .await
         .map_err(|error| format!("cannot create the table processor_charges beside the ledger: {error}"))?;

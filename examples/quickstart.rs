@@ -109,7 +109,7 @@ async fn main() {
     };
     let alice = Caller::new("acme", "alice");
     let idem = Idem::builder(ledger).local_caller(alice).build().expect("the default lease and timeouts work together");
-    if let Err(error) = idem.check_secret().await {
+    if let Err(error) = idem.admin().check_secret().await {
         eprintln!("cannot key operations: {error}");
         std::process::exit(1);
     }

@@ -6,8 +6,9 @@
 //!   [`Idem::install`]).
 //! - `settings`: what a handle is built with — [`Builder`], checked once by [`Builder::build`].
 //! - `handle`: the handle itself — its ledger, settings and runtime state, each in its own type;
-//!   its verbs for everyone (`status`, `admin`, `install`); a tool's namespace and the registry
-//!   that keeps two recipes from sharing keys.
+//!   its whole public front, for a door or a handler (`new`, `builder`, `call`,
+//!   `call_reconciling`, `status`, `admin`, `install`, `installed`, `drain`); a tool's namespace
+//!   and the registry that keeps two recipes from sharing keys.
 //! - `keyring`: the secrets a handle keys with, checked against the ledger's check values and
 //!   kept once they check out (a failure is tried again later, never kept).
 //! - `arguments`: a call's arguments as its recipe selects them, and the scope they are keyed in.
@@ -22,8 +23,9 @@
 //! - `hooks`: watching a call's lifecycle — [`Hooks`] for audit logs, and the one set of call
 //!   points that also feeds the metrics.
 //! - `metrics` (feature `metrics`): the counters, histograms and gauge of every call.
-//! - `admin`: the operator's verbs ([`Admin`]: inspect, resolve, stats, sweep); `pending` lists
-//!   what is unsettled.
+//! - `admin`: the operator's verbs ([`Admin`]: inspect, resolve, stats, sweep; the startup checks
+//!   `check_secret` and `register`; the raw ledger, namespace and clocks); `pending` lists what is
+//!   unsettled.
 //! - `sweeper`: [`Admin::sweep`] in the background, on a jittered schedule ([`Admin::spawn_sweeper`]).
 
 mod admin;

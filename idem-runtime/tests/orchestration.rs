@@ -219,7 +219,7 @@ async fn a_call_without_a_caller_fails_closed() {
     let args = charge(500, "x");
     let scoped = run_as(alice(), idem.call(&CHARGE, None, &args, || processor.charge(500)));
     assert!(!scoped.await.unwrap().replayed);
-    let local = Idem::builder(Arc::clone(idem.ledger())).local_caller(alice()).build().unwrap();
+    let local = Idem::builder(Arc::clone(idem.admin().ledger())).local_caller(alice()).build().unwrap();
     assert!(local.call(&CHARGE, None, &charge(500, "x"), || processor.charge(500)).await.unwrap().replayed);
     assert_eq!(processor.count(), 1);
 }

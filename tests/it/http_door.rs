@@ -424,3 +424,107 @@ async fn a_layer_configured_after_a_clone_is_a_layer_of_its_own() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// One `/v1` and one `/v2` router made by one function, on one handle.
+fn versioned_api(idem: &idem_runtime::Idem, name: &'static str, runs: &Arc<AtomicUsize>) -> axum::Router {
+    let layer = IdempotencyLayer::new(idem.clone(), x_user).route(Method::POST, "/payments", Route::new());
+    axum::Router::new().route("/payments", counting(name, runs)).layer(layer)
+}
+
+/// From the review of items 1 and 2: layers told apart only by where their routes were written
+/// let two layers built by one function (`/v1` and `/v2` from one `api()`), a clone configured
+/// further, or two `.methods(..)` layers share operations — v2 was answered "v1 run 1",
+/// replayed. Now every layer is itself: a second one alive at once on one route is refused.
+#[test]
+fn two_layers_from_one_function_a_clone_or_two_methods_layers_are_refused_when_built() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let from_one_function = panic_of(|| {
+        let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+        let _app: axum::Router = axum::Router::new()
+            .nest("/v1", versioned_api(&idem, "v1", &runs))
+            .nest("/v2", versioned_api(&idem, "v2", &runs));
+    });
+    let a_clone = panic_of(|| {
+        let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+        let v1 = IdempotencyLayer::new(idem, x_user).route(Method::POST, "/payments", Route::new());
+        let v2 = v1.clone().max_response_bytes(4096);
+        let _app: axum::Router = axum::Router::new()
+            .nest("/v1", axum::Router::new().route("/payments", counting("v1", &runs)).layer(v1))
+            .nest("/v2", axum::Router::new().route("/payments", counting("v2", &runs)).layer(v2));
+    });
+    let two_methods_layers = panic_of(|| {
+        let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+        let public = IdempotencyLayer::new(idem.clone(), x_user).methods(&[Method::POST]);
+        let admin = IdempotencyLayer::new(idem, x_user).methods(&[Method::POST]);
+        let _app: axum::Router = axum::Router::new()
+            .nest("/public", axum::Router::new().route("/items", counting("public", &runs)).layer(public))
+            .nest("/admin", axum::Router::new().route("/items", counting("admin", &runs)).layer(admin));
+    });
+    for (what, refused) in [("one function", from_one_function), ("a clone", a_clone), ("methods", two_methods_layers)]
+    {
+        let refused = refused.unwrap_or_else(|| panic!("{what}: two layers on one route were built"));
+        assert!(refused.contains("two IdempotencyLayers") && refused.contains(".namespace("), "{what}: {refused}");
+    }
+    // One layer applied to two routers (clones of it) is one layer: built, and one operation.
+    let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+    let one = IdempotencyLayer::new(idem, x_user).route(Method::POST, "/payments", Route::new());
+    let _app: axum::Router = axum::Router::new()
+        .merge(axum::Router::new().route("/payments", counting("a", &runs)).layer(one.clone()))
+        .nest("/again", axum::Router::new().route("/payments", counting("b", &runs)).layer(one));
+}
+
+/// From the review of item 3: inside a router, the layer protects the route the router matched.
+/// Before, a template written in full inside a nested router (`/v1/payments`) was never matched
+/// (it ran twice for one key), and an undeclared sibling (`/payments/export` beside
+/// `/payments/{id}`) demanded a key. A non-ASCII `location` was dropped from the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inside_a_router_the_layer_protects_the_route_the_router_matched() {
+    let (payments, exports, files) =
+        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+    let full =
+        IdempotencyLayer::new(idem.clone(), x_user).namespace("full").route(Method::POST, "/v1/payments", Route::new());
+    let files_runs = Arc::clone(&files);
+    let upload = post(move || {
+        let files = Arc::clone(&files_runs);
+        async move {
+            files.fetch_add(1, Ordering::SeqCst);
+            let location = axum::http::HeaderValue::from_bytes("/files/café".as_bytes()).unwrap();
+            (StatusCode::CREATED, [(axum::http::header::LOCATION, location)], "stored")
+        }
+    });
+    let by_id = IdempotencyLayer::new(idem, x_user)
+        .namespace("by-id")
+        .route(Method::POST, "/payments/{id}", Route::new())
+        .route(Method::POST, "/files", Route::new());
+    let base = serve(
+        axum::Router::new()
+            .nest("/v1", axum::Router::new().route("/payments", counting("payment", &payments)).layer(full))
+            .merge(
+                axum::Router::new()
+                    .route("/payments/{id}", counting("payment", &payments))
+                    .route("/payments/export", counting("export", &exports))
+                    .route("/files", upload)
+                    .layer(by_id),
+            ),
+    )
+    .await;
+    let key = unique("k");
+    assert_eq!(post_raw(&format!("{base}/v1/payments"), Some(&key), "{}").await.status(), 201);
+    assert!(
+        replayed(&post_raw(&format!("{base}/v1/payments"), Some(&key), "{}").await),
+        "a full template is the route"
+    );
+    assert_eq!(payments.load(Ordering::SeqCst), 1);
+
+    assert_eq!(post_raw(&format!("{base}/payments/export"), None, "{}").await.status(), 201, "undeclared: through");
+    assert_eq!(post_raw(&format!("{base}/payments/7"), None, "{}").await.status(), 400, "declared: needs a key");
+    assert_eq!(exports.load(Ordering::SeqCst), 1);
+
+    let first = post_raw(&format!("{base}/files"), Some(&key), "{}").await;
+    let retry = post_raw(&format!("{base}/files"), Some(&key), "{}").await;
+    assert!(replayed(&retry));
+    assert_eq!(first.headers().get("location"), retry.headers().get("location"), "the location, byte for byte");
+    assert_eq!(retry.headers()["location"].as_bytes(), "/files/café".as_bytes());
+    assert_eq!(files.load(Ordering::SeqCst), 1);
+}

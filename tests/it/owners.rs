@@ -250,7 +250,7 @@ async fn a_plain_free_functions_owner_is_its_module_path_and_name() {
         .build()
         .unwrap();
     assert_eq!(idem_tests::owners::named(&idem, 7).await, Ok("named 7".to_owned()));
-    let now = idem.now_ms();
+    let now = idem.admin().now_ms();
     let owners = ledger.tool_owners(&namespace, "named", "a probe", now, 0).await.expect("the owners");
     assert_eq!(owners, ["a probe".to_owned(), "idem_tests::owners::named".to_owned()], "the owners recorded");
 }

@@ -100,11 +100,11 @@ async fn a_replica_with_other_bytes_for_a_version_cannot_serve() {
         let third = Idem::builder(Arc::clone(&ledger)).secret(secret(version, 0x33)).build().unwrap();
         let runs = AtomicUsize::new(0);
         let args = json!({ "order_id": order(), "amount": 5 });
-        first.check_secret().await.unwrap_or_else(|error| panic!("{backend}: the first replica: {error}"));
+        first.admin().check_secret().await.unwrap_or_else(|error| panic!("{backend}: the first replica: {error}"));
         let served = pay(&first, &args, &runs, None).await.unwrap();
         assert_eq!(served.value, "paid #1", "{backend}");
 
-        let refused = third.check_secret().await.expect_err("a replica with other bytes starts");
+        let refused = third.admin().check_secret().await.expect_err("a replica with other bytes starts");
         assert!(matches!(refused, SecretError::Mismatch { version: v, .. } if v == version), "{backend}: {refused:?}");
         let words = refused.to_string();
         assert!(words.contains(&format!("version {version}")) && words.contains("IDEM_SECRET"), "{backend}: {words}");
@@ -435,7 +435,7 @@ async fn a_new_secret_without_the_old_one_refuses_while_the_old_ones_operations_
     for (backend, ledger) in own_ledgers(test, "rotation_rekey", true).await {
         let (old, new) = (secret(1, 0x11), secret(3, 0x33));
         let before = Idem::builder(Arc::clone(&ledger)).secret(old.clone()).build().unwrap();
-        before.check_secret().await.expect("the first secret serves");
+        before.admin().check_secret().await.expect("the first secret serves");
         let runs = AtomicUsize::new(0);
         let args = json!({ "order_id": order(), "amount": 5 });
         let first = pay(&before, &args, &runs, None).await.unwrap();
@@ -447,12 +447,13 @@ async fn a_new_secret_without_the_old_one_refuses_while_the_old_ones_operations_
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: the repeat ran again under the new secret: {repeat:?}");
         let refused = repeat.expect_err("served with the old version's operations live");
         assert_eq!(refused.code(), "ledger_unavailable", "{backend}: {refused:?}");
-        let error = forgot.check_secret().await.expect_err("a new secret without the old one served").to_string();
+        let error =
+            forgot.admin().check_secret().await.expect_err("a new secret without the old one served").to_string();
         for words in ["version 1", "version 3", "IDEM_SECRET_PREVIOUS", "IDEM_SECRET_RETIRED=1"] {
             assert!(error.contains(words), "{backend}: the refusal does not say {words:?}: {error}");
         }
 
-        match forgot.check_secret().await {
+        match forgot.admin().check_secret().await {
             Err(SecretError::Rekeying { current: 3, live }) => {
                 assert_eq!(live.iter().map(|(version, _)| *version).collect::<Vec<_>>(), [1], "{backend}");
             }
@@ -462,14 +463,14 @@ async fn a_new_secret_without_the_old_one_refuses_while_the_old_ones_operations_
         // Version 3 with version 1 kept as previous: the repeat is replayed.
         let rotated =
             Idem::builder(Arc::clone(&ledger)).secret(new.clone()).previous_secret(old.clone()).build().unwrap();
-        rotated.check_secret().await.expect("a rotation that keeps the old secret serves");
+        rotated.admin().check_secret().await.expect("a rotation that keeps the old secret serves");
         let again = pay(&rotated, &args, &runs, None).await.unwrap();
         assert_eq!((again.value.as_str(), again.replayed), ("paid #1", true), "{backend}");
         assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}");
 
         // Going back to version 1 alone is refused too: version 3 now has operations of its own.
         let back = Idem::builder(Arc::clone(&ledger)).secret(old.clone()).build().unwrap();
-        match back.check_secret().await {
+        match back.admin().check_secret().await {
             Err(SecretError::Rekeying { current: 1, live }) => {
                 assert_eq!(live.iter().map(|(version, _)| *version).collect::<Vec<_>>(), [3], "{backend}");
             }
@@ -479,12 +480,16 @@ async fn a_new_secret_without_the_old_one_refuses_while_the_old_ones_operations_
         // Version 1 given up: re-keying accepted, the handle serves (and the repeat runs again,
         // as its operator said it may). Giving up a version still in use is refused.
         let retired = Idem::builder(Arc::clone(&ledger)).secret(new.clone()).retired_secret_version(1).build().unwrap();
-        retired.check_secret().await.expect("a retired version's operations do not stop the handle");
+        retired.admin().check_secret().await.expect("a retired version's operations do not stop the handle");
         let rekeyed = pay(&retired, &args, &runs, None).await.unwrap();
         assert_eq!((rekeyed.value.as_str(), rekeyed.replayed), ("paid #2", false), "{backend}");
         let contradictory =
             Idem::builder(Arc::clone(&ledger)).secret(new.clone()).retired_secret_version(3).build().unwrap();
-        assert_eq!(contradictory.check_secret().await, Err(SecretError::RetiredInUse { version: 3 }), "{backend}");
+        assert_eq!(
+            contradictory.admin().check_secret().await,
+            Err(SecretError::RetiredInUse { version: 3 }),
+            "{backend}"
+        );
     }
 }
 
@@ -508,13 +513,13 @@ async fn a_versions_time_passes_and_then_nothing_is_refused() {
     let runs = AtomicUsize::new(0);
     let args = json!({ "order_id": order(), "amount": 5 });
     pay(&short(1, 0x11), &args, &runs, None).await.unwrap();
-    let error = short(3, 0x33).check_secret().await.expect_err("version 1's operations live");
+    let error = short(3, 0x33).admin().check_secret().await.expect_err("version 1's operations live");
     assert!(matches!(error, SecretError::Rekeying { current: 3, .. }), "{error}");
     // Past the records' life (three minutes and a lease) and the handle's refresh interval (an
     // hour).
     clock.advance(Duration::from_secs(2 * 3600));
     let later = short(3, 0x33);
-    later.check_secret().await.expect("version 1's time has passed");
+    later.admin().check_secret().await.expect("version 1's time has passed");
     assert_eq!(pay(&later, &args, &runs, None).await.unwrap().value, "paid #2");
 }
 
@@ -537,7 +542,7 @@ async fn a_long_window_keeps_its_version_live_as_long() {
         .build()
         .unwrap();
     let until = || async { ledger.secret_versions(None).await.unwrap() };
-    idem.check_secret().await.unwrap();
+    idem.admin().check_secret().await.unwrap();
     let [(1, first)] = until().await[..] else { panic!("{:?}", until().await) };
     assert!((T0 + 9 * DAY..T0 + 10 * DAY).contains(&first), "the default life: {first}");
     let runs = AtomicUsize::new(0);
@@ -569,7 +574,8 @@ async fn a_ledger_made_before_the_times_is_upgraded_in_place() {
         sql.connection().execute_unprepared("ALTER TABLE idem_secrets DROP COLUMN live_until").await.unwrap();
         sql.migrate().await.expect("the upgrade");
         sql.migrate().await.expect("run again: nothing to do");
-        let error = Idem::builder(Arc::clone(&ledger)).secret(secret(3, 0x33)).build().unwrap().check_secret().await;
+        let error =
+            Idem::builder(Arc::clone(&ledger)).secret(secret(3, 0x33)).build().unwrap().admin().check_secret().await;
         assert!(matches!(error, Err(SecretError::Rekeying { current: 3, .. })), "{backend}: {error:?}");
         let again = pay(&before, &args, &runs, None).await.unwrap();
         assert!(again.replayed, "{backend}");

@@ -214,7 +214,7 @@ async fn the_sqlite_default_keeps_its_own_secret_beside_the_file() {
     let runs = AtomicUsize::new(0);
     let args = json!({ "card": CARD, "amount_cents": 5 });
     let first = Idem::new(SeaOrmLedger::connect(&url).await.unwrap());
-    first.check_secret().await.expect("zero setup");
+    first.admin().check_secret().await.expect("zero setup");
     assert_eq!(charge(&first, &args, &runs, Duration::ZERO).await.unwrap(), "receipt-1");
     let secret_file = dir.join("ledger.sqlite3.secret");
     #[cfg(unix)]
@@ -238,14 +238,14 @@ async fn a_shared_database_without_a_secret_refuses_and_says_how_to_set_one() {
         let Some(url) = idem_tests::suite_database(&test, env, default).await else { continue };
         let ledger = SeaOrmLedger::connect(&url).await.expect("connect to the suite's database");
         let idem = Idem::new(ledger);
-        let error = idem.check_secret().await.expect_err("no secret on a shared database").to_string();
+        let error = idem.admin().check_secret().await.expect_err("no secret on a shared database").to_string();
         assert!(error.contains("IDEM_SECRET=1:") && error.contains("every replica"), "{backend}: {error}");
         let runs = AtomicUsize::new(0);
         let refused = charge(&idem, &json!({ "card": CARD, "amount_cents": 7 }), &runs, Duration::ZERO).await;
         assert!(matches!(refused, Err(Error::Idem(ref code)) if code == "ledger_unavailable"), "{refused:?}");
         assert_eq!(runs.load(Ordering::SeqCst), 0);
-        let keyed = Idem::builder(Arc::clone(idem.ledger())).secret(idem_tests::test_secret()).build().unwrap();
-        keyed.check_secret().await.expect("configured in code");
+        let keyed = Idem::builder(Arc::clone(idem.admin().ledger())).secret(idem_tests::test_secret()).build().unwrap();
+        keyed.admin().check_secret().await.expect("configured in code");
     }
 }
 
@@ -443,7 +443,8 @@ async fn the_default_namespace_is_the_declaring_package() {
     let expected =
         idem.admin().key_of(&Recipe::new("create", &["id"]).namespace("idem-tests"), &alice(), &json!({ "id": "42" }));
     assert_eq!(key, expected.unwrap().to_string());
-    let named = Idem::builder(Arc::clone(idem.ledger())).local_caller(alice()).namespace("shop").build().unwrap();
+    let named =
+        Idem::builder(Arc::clone(idem.admin().ledger())).local_caller(alice()).namespace("shop").build().unwrap();
     let key = Keyed(named.clone()).create("42".into()).await.unwrap();
     assert_eq!(key, named.admin().key_of(&CREATE, &alice(), &json!({ "id": "42" })).unwrap().to_string());
 }

@@ -906,7 +906,7 @@ async fn multi_megabyte_arguments(backend: &str) {
 /// stuck in progress); repeats are told to check; the operator path settles it.
 async fn result_above_the_size_limit(backend: &str) {
     let Some((idem, _)) = idem_on(backend, "reliability_hostile::result_above_the_size_limit").await else { return };
-    let idem = idem_tests::builder(Arc::clone(idem.ledger())).max_result_bytes(1024).build().unwrap();
+    let idem = idem_tests::builder(Arc::clone(idem.admin().ledger())).max_result_bytes(1024).build().unwrap();
     let caller = caller();
     let runs = AtomicUsize::new(0);
     let big = "r".repeat(64 * 1024);
@@ -956,14 +956,14 @@ async fn sql_metacharacters_everywhere(backend: &str) {
     assert_eq!((again.value.as_str(), again.replayed), ("ok", true));
     let reference = key_for(&idem, &caller, &arguments["order_id"]).reference().to_string();
     assert_eq!(idem.status(&caller, &reference).await.unwrap().unwrap().state, State::Completed);
-    let ledger: &Arc<dyn Ledger> = idem.ledger();
+    let ledger: &Arc<dyn Ledger> = idem.admin().ledger();
     assert!(
         ledger
             .status(
                 TenantTag::of(&idem_tests::test_secret(), "t"),
                 idem_runtime::scope::SubjectTag::TENANT,
                 Ref::parse(&reference).unwrap(),
-                idem.now_ms()
+                idem.admin().now_ms()
             )
             .await
             .unwrap()

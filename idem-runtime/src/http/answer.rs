@@ -38,11 +38,17 @@ enum StoredBody {
 impl StoredResponse {
     /// `status`, the headers of `headers` named in `keep`, and `body`.
     pub(super) fn of(status: StatusCode, headers: &HeaderMap, keep: &[HeaderName], body: &Bytes) -> Self {
+        // A value is kept as the text its bytes spell: visible ASCII, or UTF-8 beyond it (a
+        // `location` of `/files/café`), which a replay sends as the same bytes.
         let headers = keep
             .iter()
             .flat_map(|name| {
-                headers.get_all(name).iter().filter_map(move |value| {
-                    value.to_str().ok().map(|value| (name.as_str().to_owned(), value.to_owned()))
+                headers.get_all(name).iter().filter_map(move |value| match std::str::from_utf8(value.as_bytes()) {
+                    Ok(text) => Some((name.as_str().to_owned(), text.to_owned())),
+                    Err(_) => {
+                        tracing::warn!(header = %name, "a stored header's value is not UTF-8: the replay goes without it");
+                        None
+                    }
                 })
             })
             .collect();

@@ -68,7 +68,7 @@
 //! Which responses are stored: every response the service returned, 2xx, 4xx and 5xx alike — the
 //! service ran, and only it knows whether the effect happened — except the statuses that mean
 //! "nothing happened": by default what the framework answers before the handler acts
-//! ([`NOTHING_HAPPENED_BY_DEFAULT`]: 400, 405, 413, 415, 422), or the list a route declares
+//! ([`NOTHING_HAPPENED_BY_DEFAULT`]: 400, 404, 405, 413, 415, 422), or the list a route declares
 //! ([`Route::nothing_happened_on`], e.g. adding a 429 your service returns before doing
 //! anything). Those reach the client and the next repeat runs again. The layer's own refusals
 //! (400, 401, 409, 413, 422, 503) are never stored: nothing ran.
@@ -77,6 +77,7 @@
 //! `status` and `detail`.
 
 mod answer;
+mod build;
 mod forward;
 mod key;
 mod service;
@@ -107,11 +108,13 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
 /// The statuses not stored by default ([`Route::nothing_happened_on`]): what a framework answers
-/// before the handler acts — 400 (a body that does not parse), 405 (a method the route lacks),
-/// 413 (a body over a limit), 415 (a content type the handler does not take), 422 (a body of the
+/// before the handler acts — 400 (a body or a path parameter that does not parse), 404 (a path
+/// the router lacks, or a resource the handler did not find), 405 (a method the route lacks), 413
+/// (a body over a limit), 415 (a content type the handler does not take), 422 (a body of the
 /// wrong shape). The client gets the answer, and a corrected request under the same key runs.
-pub const NOTHING_HAPPENED_BY_DEFAULT: [StatusCode; 5] = [
+pub const NOTHING_HAPPENED_BY_DEFAULT: [StatusCode; 6] = [
     StatusCode::BAD_REQUEST,
+    StatusCode::NOT_FOUND,
     StatusCode::METHOD_NOT_ALLOWED,
     StatusCode::PAYLOAD_TOO_LARGE,
     StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -238,6 +241,20 @@ impl Protected {
         }
         template::matches(&self.pieces, path)
     }
+
+    /// Whether this route is the one the router matched: `matched` (axum's `MatchedPath`, the
+    /// whole template, with the prefixes of the routers it is nested in) is this template, or is
+    /// it under the prefix `nested` (axum's `NestedPath`: the layer sits inside that router).
+    fn is_route(&self, method: &Method, matched: &str, nested: Option<&str>) -> bool {
+        if *method != self.method {
+            return false;
+        }
+        let inner = nested.and_then(|prefix| matched.strip_prefix(prefix.trim_end_matches('/')));
+        [Some(matched), inner]
+            .into_iter()
+            .flatten()
+            .any(|template| template::parse(template).is_ok_and(|pieces| pieces == self.pieces))
+    }
 }
 
 /// What the layer's services share.
@@ -258,6 +275,11 @@ pub(crate) struct Config {
     stored_headers: Vec<HeaderName>,
     /// Set once the layer's routes were checked against its handle (the first `layer` call).
     checked: OnceLock<()>,
+    /// This layer: the same in its clones, another in a clone configured further.
+    identity: Arc<()>,
+    /// Whether a request of a method given to `methods` came without the router's
+    /// `MatchedPath` (the layer outside a router), said once.
+    outside_router: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A tower layer that makes requests safe to repeat under the `Idempotency-Key` header (see the
@@ -301,6 +323,8 @@ impl IdempotencyLayer {
                 max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
                 stored_headers: REPRESENTATION_HEADERS.into_iter().chain(STORED_HEADERS_BY_DEFAULT).collect(),
                 checked: OnceLock::new(),
+                identity: Arc::new(()),
+                outside_router: Arc::default(),
             }),
         }
     }
@@ -310,6 +334,7 @@ impl IdempotencyLayer {
         // it was cloned from is unchanged.
         let config = Arc::make_mut(&mut self.config);
         config.checked = OnceLock::new();
+        config.identity = Arc::new(());
         config
     }
 
@@ -361,7 +386,7 @@ impl IdempotencyLayer {
     #[must_use]
     #[track_caller]
     pub fn route(mut self, method: Method, path: &str, route: Route) -> Self {
-        refuse_safe(&method, &format!("IdempotencyLayer::route({method}, {path:?})"));
+        build::refuse_safe(&method, &format!("IdempotencyLayer::route({method}, {path:?})"));
         let pieces = match template::parse(path) {
             Ok(pieces) => pieces,
             Err(advice) => panic!(
@@ -403,14 +428,14 @@ impl IdempotencyLayer {
     #[track_caller]
     pub fn methods(mut self, methods: &[Method]) -> Self {
         for method in methods {
-            refuse_safe(method, &format!("IdempotencyLayer::methods(&[.., {method}, ..])"));
+            build::refuse_safe(method, &format!("IdempotencyLayer::methods(&[.., {method}, ..])"));
         }
-        let recipes = methods
-            .iter()
-            .map(|method| {
-                (method.clone(), self.config.default_route.recipe(format!("{method} *"), self.config.namespace))
-            })
-            .collect();
+        // A loop, not a closure: the recipes' site is the caller's `.methods(..)`.
+        let mut recipes = Vec::with_capacity(methods.len());
+        for method in methods {
+            recipes
+                .push((method.clone(), self.config.default_route.recipe(format!("{method} *"), self.config.namespace)));
+        }
         self.config().methods = recipes;
         self
     }
@@ -450,68 +475,6 @@ impl IdempotencyLayer {
         stored.extend(names.iter().filter(|name| !REPRESENTATION_HEADERS.contains(name)).cloned());
         self.config().stored_headers = stored;
         self
-    }
-}
-
-/// Refuses protecting a safe method, saying why.
-#[track_caller]
-fn refuse_safe(method: &Method, what: &str) {
-    if [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method) {
-        panic!(
-            "{what}: {method} is a safe method — a repeat of a read must read again, and a stored answer would \
-             replay an old state (\"paid\" after a refund); protect the methods that act (POST, PATCH, PUT, DELETE)"
-        );
-    }
-}
-
-impl Config {
-    /// Checks the layer against its handle once, when it is first applied to a service: it
-    /// protects something; on a ledger other services may share, its operations are kept in a
-    /// namespace of their own; and no other layer on the handle protects one of its routes.
-    ///
-    /// # Panics
-    ///
-    /// When one of these fails, saying what to change.
-    fn check(&self) {
-        self.checked.get_or_init(|| {
-            let recipes: Vec<&'static Recipe> = self
-                .routes
-                .iter()
-                .map(|route| route.recipe)
-                .chain(self.methods.iter().map(|(_, recipe)| *recipe))
-                .collect();
-            assert!(
-                !recipes.is_empty(),
-                "this IdempotencyLayer protects nothing: name its routes with \
-                 `.route(Method::POST, \"/payments\", Route::new())`, or protect every route's requests of a method \
-                 with `.methods(&[Method::POST])`"
-            );
-            let ledger = self.idem.ledger();
-            for recipe in &recipes {
-                let namespace = self.idem.namespace(recipe);
-                if self.namespace.is_none() && namespace == crate::idem::DEFAULT_NAMESPACE && !ledger.local() {
-                    panic!(
-                        "this IdempotencyLayer protects `{}` on a ledger other services may share, without a \
-                         namespace: two services on one database with the same route, principal and key would \
-                         share one operation, and the second would be answered the first's response. Name the \
-                         service: `.namespace(\"orders\")` on the layer (or `Idem::builder(..).namespace(..)` for \
-                         the whole handle)",
-                        recipe.tool()
-                    );
-                }
-                if let Err(crate::Rejection::DuplicateTool { namespace, tool, first, second }) =
-                    self.idem.register(recipe)
-                {
-                    panic!(
-                        "two IdempotencyLayers on one handle protect `{tool}` in namespace `{namespace}` (declared \
-                         at `{first}` and at `{second}`): their requests would be one operation per key. Protect \
-                         the route in one layer only, or give each layer its own namespace — \
-                         `.namespace(\"payments-v2\")` — on a handle without `Builder::namespace` (which wins over \
-                         a layer's). A layer inside `Router::nest(\"/v2\", ..)` sees the path without `/v2`"
-                    );
-                }
-            }
-        });
     }
 }
 

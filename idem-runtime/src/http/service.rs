@@ -209,20 +209,42 @@ struct Matched {
 /// How `request` is kept; `None` when the layer does not protect it.
 fn route_of<B>(config: &Config, request: &Request<B>) -> Option<Matched> {
     let (method, path) = (request.method(), request.uri().path());
-    // The router's choice among the routes that match: text before `{id}` before `{*rest}`.
-    let chosen = config
-        .routes
-        .iter()
-        .filter_map(|route| route.matches(method, path).map(|rank| (rank, route)))
-        .min_by(|(a, _), (b, _)| a.cmp(b));
-    if let Some((_, route)) = chosen {
+    let matched = request.extensions().get::<axum::extract::MatchedPath>().map(axum::extract::MatchedPath::as_str);
+    let chosen = match matched {
+        // Inside a router: the named route the router matched, and no other (a sibling the layer
+        // was not told of, `/payments/export` beside `/payments/{id}`, is not protected).
+        Some(matched) => {
+            let nested = request.extensions().get::<axum::extract::NestedPath>().map(axum::extract::NestedPath::as_str);
+            config.routes.iter().find(|route| route.is_route(method, matched, nested))
+        }
+        // Outside one: the router's choice among the templates that match, text before `{id}`
+        // before `{*rest}`.
+        None => config
+            .routes
+            .iter()
+            .filter_map(|route| route.matches(method, path).map(|rank| (rank, route)))
+            .min_by(|(a, _), (b, _)| a.cmp(b))
+            .map(|(_, route)| route),
+    };
+    if let Some(route) = chosen {
         let (recipe, route, nothing_happened) = (route.recipe, route.template.clone(), route.nothing_happened.clone());
         return Some(Matched { recipe, route, nothing_happened });
     }
     let (_, recipe) = config.methods.iter().find(|(protected, _)| protected == method)?;
     // Only a request the router matched to a route: another one gets the router's 404 or 405.
-    let route = request.extensions().get::<axum::extract::MatchedPath>()?.as_str().to_owned();
-    Some(Matched { recipe, route, nothing_happened: config.default_route.nothing_happened.clone() })
+    let Some(matched) = matched else {
+        if !config.outside_router.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                %method,
+                path,
+                "an IdempotencyLayer given `.methods(..)` saw a request without axum's MatchedPath: it protects \
+                 those methods only on routes of a Router it is applied to with `Router::layer`, and this request \
+                 (a path no route matches, or a layer applied outside the router) passed through unprotected"
+            );
+        }
+        return None;
+    };
+    Some(Matched { recipe, route: matched.to_owned(), nothing_happened: config.default_route.nothing_happened.clone() })
 }
 
 /// One protected request, from its key, principal and body to one engine call, and back.

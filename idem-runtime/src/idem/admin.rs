@@ -1,11 +1,17 @@
 //! The operator's verbs as one family on [`Admin`] ([`Idem::admin`]): `inspect`, `resolve` (a
-//! verdict on an operation whose outcome is unknown), `stats`, `sweep`; `pending` (`pending.rs`),
+//! verdict on an operation whose outcome is unknown), `stats`, `sweep`; the startup checks
+//! (`check_secret`, `register`) and the raw access (`ledger`, `namespace`, the clocks);
+//! `pending` (`pending.rs`),
 //! `spawn_sweeper` (`sweeper.rs`) and `key_of` (`arguments.rs`) live beside their concern.
 //! Inspection and verdicts look under every secret still honoured, so a rotation hides nothing;
 //! verdicts and the sweep act on time, so only on a settled clock.
 
+use std::sync::Arc;
+
 use crate::key::{Address, AddressError, Ref, RefError, TenantTag};
-use crate::ledger::{Label, LedgerError, LedgerStats, Resolution, State, StatusReport, open_label};
+use crate::ledger::{Label, Ledger, LedgerError, LedgerStats, Resolution, State, StatusReport, open_label};
+use crate::recipe::Recipe;
+use crate::rejection::Rejection;
 use crate::secret::SecretError;
 
 use super::Idem;
@@ -91,7 +97,8 @@ impl From<SecretError> for StatusError {
 }
 
 /// The operator's verbs: look at an operation, settle one whose outcome is unknown, count,
-/// list what is unsettled, sweep — what the `idem` command runs. They cross callers (an operator
+/// list what is unsettled, sweep — what the `idem` command runs — and a server's startup checks
+/// ([`Admin::check_secret`], [`Admin::register`]). They cross callers (an operator
 /// knows the tenant, not necessarily the subject): never expose them to callers, who see only
 /// their own operations through [`Idem::status`]. Made by [`Idem::admin`].
 #[derive(Clone, Copy, Debug)]
@@ -261,6 +268,63 @@ impl Admin<'_> {
         // A sweep deletes by time: only on a settled clock.
         let now = self.idem.trusted_time().await?;
         self.idem.inner.ledger.sweep(now, batch).await
+    }
+}
+
+/// A server's startup checks, and the raw access operators and tests reach for.
+impl<'a> Admin<'a> {
+    /// Whether this handle has a secret to key operations with, and whether it is the one the
+    /// ledger has seen under its version; call it at startup
+    /// (`idem.admin().check_secret().await?`) so a missing, malformed or mismatched secret stops
+    /// the server instead of refusing every call. The first replica to use a version keeps its
+    /// check value in the ledger; every other compares with it.
+    ///
+    /// # Errors
+    /// No secret is configured and the ledger has no default (PostgreSQL, MySQL), or a
+    /// configured one is malformed, or the SQLite default's secret file cannot be used, or its
+    /// bytes differ from those the ledger has seen under its version
+    /// ([`SecretError::Mismatch`]), or the ledger did not answer ([`SecretError::Unchecked`]).
+    pub async fn check_secret(self) -> Result<(), SecretError> {
+        self.idem.keyring(Check::Keep).await.map(|_| ())
+    }
+
+    /// Registers `recipe` with this handle, refusing a different recipe (declared elsewhere)
+    /// with the same tool name in the same namespace: the two would share keys. Once two are
+    /// seen, both are refused from then on, whichever came first — as on two handles of one
+    /// ledger. Every call registers its recipe before anything else; call this at startup to
+    /// find a clash before the first call does.
+    ///
+    /// # Errors
+    /// [`Rejection::DuplicateTool`], naming both places.
+    pub fn register(self, recipe: &Recipe) -> Result<(), Rejection> {
+        self.idem.register(recipe)
+    }
+
+    /// The namespace `recipe`'s keys are derived in: the handle's
+    /// ([`Builder::namespace`](super::Builder::namespace)), else the recipe's, else the default.
+    #[must_use]
+    pub fn namespace(self, recipe: &'a Recipe) -> &'a str {
+        self.idem.namespace(recipe)
+    }
+
+    /// The ledger, wrapped in the handle's ledger timeout: raw access, past every check a call
+    /// makes.
+    #[must_use]
+    pub fn ledger(self) -> &'a Arc<dyn Ledger> {
+        self.idem.ledger()
+    }
+
+    /// Now, by this handle's clock.
+    #[must_use]
+    pub fn now_ms(self) -> u64 {
+        self.idem.now_ms()
+    }
+
+    /// Now on the ledger's clock, as last measured (this handle's clock corrected by the
+    /// measured skew; uncorrected before the first measurement).
+    #[must_use]
+    pub fn ledger_now(self) -> u64 {
+        self.idem.ledger_now()
     }
 }
 

@@ -1,6 +1,6 @@
 //! One call, top to bottom: its arguments → its key → the claim → the handler → the record →
-//! the answer. [`Idem::call`] and [`Idem::call_reconciling`] are the public entry points, and
-//! `#[idempotent]` enters at `Idem::execute`, which reads as the list of steps. Once a call is
+//! the answer. [`Idem::call`] and [`Idem::call_reconciling`] (declared in `handle.rs`) and
+//! `#[idempotent]` all enter at `Idem::execute`, which reads as the list of steps. Once a call is
 //! keyed, each step is one method of an `Attempt`: the handle, the claim it sends, and the lease
 //! it holds if it wins.
 
@@ -51,64 +51,6 @@ pub enum Reconciled<T, E> {
 }
 
 impl Idem {
-    /// Runs `handler` as the operation `recipe` derives from `caller` and `arguments`, at most
-    /// once per key, and answers repeats from the ledger. `caller` falls back to the one in
-    /// scope ([`run_as`](super::run_as)) and then to the local caller; with none, the
-    /// call is refused.
-    ///
-    /// `arguments` are the tool's arguments by name: anything that serialises to an object (a
-    /// struct, a map, a `serde_json::Value` object). They are canonicalised here, as
-    /// `#[idempotent]` does ([`crate::canonical::to_value`]): NaN, infinities and other values
-    /// without a canonical form are refused (`invalid_arguments`), never keyed as `null`.
-    ///
-    /// # Errors
-    /// The handler's own error, or `E::from_rejection` of why it did not run.
-    pub async fn call<T, E, F, Fut>(
-        &self,
-        recipe: &Recipe,
-        caller: Option<&Caller>,
-        arguments: &(impl Serialize + ?Sized),
-        handler: F,
-    ) -> Result<Served<T>, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: IdempotentError,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        self.call_reconciling(recipe, caller, arguments, |_| async { Reconciled::StillUnknown }, handler).await
-    }
-
-    /// [`Idem::call`] for a recipe with the `reconcile` stale policy: when a claim finds a dead
-    /// holder's lease, `reconcile` asks the downstream what happened (by the operation's
-    /// idempotency key) before anything runs again.
-    ///
-    /// # Errors
-    /// As [`Idem::call`].
-    pub async fn call_reconciling<T, E, F, Fut, R, RFut>(
-        &self,
-        recipe: &Recipe,
-        caller: Option<&Caller>,
-        arguments: &(impl Serialize + ?Sized),
-        reconcile: R,
-        handler: F,
-    ) -> Result<Served<T>, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: IdempotentError,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        R: FnOnce(Operation) -> RFut,
-        RFut: Future<Output = Reconciled<T, E>>,
-    {
-        let arguments = CallArguments::of(recipe, arguments);
-        match self.execute(recipe, caller, true, arguments, reconcile, handler).await {
-            Ok(Served { value: Ok(value), replayed, reference }) => Ok(Served { value, replayed, reference }),
-            Ok(Served { value: Err(error), .. }) => Err(error),
-            Err(rejection) => Err(E::from_rejection(rejection)),
-        }
-    }
-
     /// The orchestration behind [`Idem::call`] and `#[idempotent]`. Without a `caller`, the one
     /// in scope or the local identity — if `fallback` (never for a request that came over
     /// HTTP). The handler and a reconcile function run with the caller in scope.

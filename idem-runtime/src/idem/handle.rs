@@ -3,16 +3,23 @@
 //! its own: the keyring, ledger time, coalescing, waiters, background work and the registry of
 //! recipes that keeps two tools from sharing keys by accident.
 
+use std::future::Future;
 use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::key::{Ref, SubjectTag, TenantTag};
 use crate::ledger::{Ledger, StatusReport, Timeout};
 use crate::recipe::Recipe;
-use crate::rejection::Rejection;
+use crate::rejection::{IdempotentError, Rejection};
 use crate::scope::Caller;
 
+use super::Operation;
 use super::admin::{Admin, StatusError};
+use super::arguments::CallArguments;
 use super::background::BACKGROUND_JOBS;
+use super::call::{Reconciled, Served};
 use super::drain::{Drain, Drained};
 use super::keyring::Check;
 use super::keyring::Secrets;
@@ -105,47 +112,62 @@ impl Idem {
         }
     }
 
-    /// The namespace `recipe`'s keys are derived in.
-    #[must_use]
-    pub fn namespace<'a>(&'a self, recipe: &'a Recipe) -> &'a str {
-        self.inner.settings.namespace.as_deref().or(recipe.namespace_name()).unwrap_or(DEFAULT_NAMESPACE)
-    }
-
-    /// Registers `recipe` with this handle, refusing a different recipe (declared elsewhere)
-    /// with the same tool name in the same namespace: the two would share keys. Once two are
-    /// seen, both are refused from then on, whichever came first — as on two handles of one
-    /// ledger. Every call registers its recipe before anything else; call this at startup to
-    /// find a clash before the first call does.
+    /// Runs `handler` as the operation `recipe` derives from `caller` and `arguments`, at most
+    /// once per key, and answers repeats from the ledger. `caller` falls back to the one in
+    /// scope ([`run_as`](super::run_as)) and then to the local caller; with none, the
+    /// call is refused.
+    ///
+    /// `arguments` are the tool's arguments by name: anything that serialises to an object (a
+    /// struct, a map, a `serde_json::Value` object). They are canonicalised here, as
+    /// `#[idempotent]` does ([`crate::canonical::to_value`]): NaN, infinities and other values
+    /// without a canonical form are refused (`invalid_arguments`), never keyed as `null`.
     ///
     /// # Errors
-    /// [`Rejection::DuplicateTool`], naming both places.
-    pub fn register(&self, recipe: &Recipe) -> Result<(), Rejection> {
-        let namespace = self.namespace(recipe);
-        let site = recipe.site();
-        let mut registry = self.inner.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let seen = registry.entry(recipe.tool()).or_default();
-        let mut here = seen.iter().filter(|(known, _)| known == namespace);
-        if here.clone().next().is_none() {
-            // Every outcome's series exists from the tool's first call, at zero.
-            #[cfg(feature = "metrics")]
-            super::metrics::first_call(recipe.tool());
+    /// The handler's own error, or `E::from_rejection` of why it did not run.
+    pub async fn call<T, E, F, Fut>(
+        &self,
+        recipe: &Recipe,
+        caller: Option<&Caller>,
+        arguments: &(impl Serialize + ?Sized),
+        handler: F,
+    ) -> Result<Served<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: IdempotentError,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.call_reconciling(recipe, caller, arguments, |_| async { Reconciled::StillUnknown }, handler).await
+    }
+
+    /// [`Idem::call`] for a recipe with the `reconcile` stale policy: when a claim finds a dead
+    /// holder's lease, `reconcile` asks the downstream what happened (by the operation's
+    /// idempotency key) before anything runs again.
+    ///
+    /// # Errors
+    /// As [`Idem::call`].
+    pub async fn call_reconciling<T, E, F, Fut, R, RFut>(
+        &self,
+        recipe: &Recipe,
+        caller: Option<&Caller>,
+        arguments: &(impl Serialize + ?Sized),
+        reconcile: R,
+        handler: F,
+    ) -> Result<Served<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: IdempotentError,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        R: FnOnce(Operation) -> RFut,
+        RFut: Future<Output = Reconciled<T, E>>,
+    {
+        let arguments = CallArguments::of(recipe, arguments);
+        match self.execute(recipe, caller, true, arguments, reconcile, handler).await {
+            Ok(Served { value: Ok(value), replayed, reference }) => Ok(Served { value, replayed, reference }),
+            Ok(Served { value: Err(error), .. }) => Err(error),
+            Err(rejection) => Err(E::from_rejection(rejection)),
         }
-        if !here.any(|(_, known)| *known == site) {
-            seen.push((namespace.to_owned(), site));
-        }
-        let others: Vec<String> =
-            seen.iter().filter(|(known, at)| known == namespace && *at != site).map(|(_, at)| at.to_string()).collect();
-        if others.is_empty() {
-            return Ok(());
-        }
-        let rejection = Rejection::DuplicateTool {
-            namespace: namespace.to_owned(),
-            tool: recipe.tool().to_owned(),
-            first: others.join("`, `"),
-            second: site.to_string(),
-        };
-        tracing::error!(%rejection, "duplicate tool; handler not run");
-        Err(rejection)
     }
 
     /// The status of operation `reference`, if the caller may see it: its own operations, and
@@ -208,15 +230,52 @@ impl Idem {
         Results { seal: settings.seal.as_deref(), max_result_bytes: settings.max_result_bytes }
     }
 
-    /// The configured local identity, if any.
-    #[must_use]
-    pub fn local_caller(&self) -> Option<&Caller> {
+    // What the runtime's own rooms and doors ask of a handle; the public ones are on `Admin`.
+
+    /// The namespace `recipe`'s keys are derived in ([`Admin::namespace`]).
+    pub(crate) fn namespace<'a>(&'a self, recipe: &'a Recipe) -> &'a str {
+        self.inner.settings.namespace.as_deref().or(recipe.namespace_name()).unwrap_or(DEFAULT_NAMESPACE)
+    }
+
+    /// Registers `recipe` with this handle: every call does, before anything else; see
+    /// [`Admin::register`].
+    pub(crate) fn register(&self, recipe: &Recipe) -> Result<(), Rejection> {
+        let namespace = self.namespace(recipe);
+        let site = recipe.site();
+        let mut registry = self.inner.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seen = registry.entry(recipe.tool()).or_default();
+        let mut here = seen.iter().filter(|(known, _)| known == namespace);
+        if here.clone().next().is_none() {
+            // Every outcome's series exists from the tool's first call, at zero.
+            #[cfg(feature = "metrics")]
+            super::metrics::first_call(recipe.tool());
+        }
+        if !here.any(|(_, known)| *known == site) {
+            seen.push((namespace.to_owned(), site));
+        }
+        let others: Vec<String> =
+            seen.iter().filter(|(known, at)| known == namespace && *at != site).map(|(_, at)| at.to_string()).collect();
+        if others.is_empty() {
+            return Ok(());
+        }
+        let rejection = Rejection::DuplicateTool {
+            namespace: namespace.to_owned(),
+            tool: recipe.tool().to_owned(),
+            first: others.join("`, `"),
+            second: site.to_string(),
+        };
+        tracing::error!(%rejection, "duplicate tool; handler not run");
+        Err(rejection)
+    }
+
+    /// The configured local identity, if any (what an rmcp tool without a caller runs as).
+    #[cfg(feature = "rmcp")]
+    pub(crate) fn local_caller(&self) -> Option<&Caller> {
         self.inner.settings.local_caller.as_ref()
     }
 
-    /// The ledger.
-    #[must_use]
-    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+    /// The ledger, wrapped in the ledger timeout ([`Admin::ledger`]).
+    pub(crate) fn ledger(&self) -> &Arc<dyn Ledger> {
         &self.inner.ledger
     }
 }

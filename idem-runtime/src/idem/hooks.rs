@@ -87,7 +87,7 @@ pub struct CallEvent<'a> {
     pub reference: Ref,
     /// The tool's name.
     pub tool: &'a str,
-    /// The namespace its key is derived in ([`Idem::namespace`]).
+    /// The namespace its key is derived in ([`Admin::namespace`](crate::admin::Admin::namespace)).
     pub namespace: &'a str,
     /// The authenticated caller (tenant and subject).
     pub caller: &'a Caller,

@@ -83,20 +83,6 @@ pub(super) enum Check {
 }
 
 impl Idem {
-    /// Whether this handle has a secret to key operations with, and whether it is the one the
-    /// ledger has seen under its version; call it at startup so a missing, malformed or
-    /// mismatched secret stops the server instead of refusing every call. The first replica to
-    /// use a version keeps its check value in the ledger; every other compares with it.
-    ///
-    /// # Errors
-    /// No secret is configured and the ledger has no default (PostgreSQL, MySQL), or a
-    /// configured one is malformed, or the SQLite default's secret file cannot be used, or its
-    /// bytes differ from those the ledger has seen under its version
-    /// ([`SecretError::Mismatch`]), or the ledger did not answer ([`SecretError::Unchecked`]).
-    pub async fn check_secret(&self) -> Result<(), SecretError> {
-        self.keyring(Check::Keep).await.map(|_| ())
-    }
-
     /// The secrets in use: resolved and checked once, retried after a failure.
     pub(super) async fn keyring(&self, check: Check) -> Result<Arc<Keyring>, SecretError> {
         let secrets = &self.inner.secrets;

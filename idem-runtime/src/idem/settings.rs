@@ -212,7 +212,8 @@ impl Builder {
     /// Without one: `IDEM_SECRET` (`<version>:<hex>`, at least 32 bytes, see [`crate::secret`]);
     /// else a [`MemoryLedger`](crate::MemoryLedger) uses a random secret per process, and the
     /// embedded SQLite default one it generates once and keeps beside its file (owner-only);
-    /// PostgreSQL and MySQL refuse — check at startup with [`Idem::check_secret`].
+    /// PostgreSQL and MySQL refuse — check at startup with
+    /// [`Admin::check_secret`](crate::admin::Admin::check_secret).
     pub fn secret(mut self, secret: Secret) -> Self {
         self.settings.secret = Some(secret);
         self

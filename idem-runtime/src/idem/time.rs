@@ -30,16 +30,15 @@ pub(super) struct Skew {
 }
 
 impl Idem {
-    /// Now, by this handle's clock.
-    #[must_use]
-    pub fn now_ms(&self) -> u64 {
+    /// Now, by this handle's clock ([`Admin::now_ms`](super::Admin::now_ms)).
+    pub(crate) fn now_ms(&self) -> u64 {
         self.inner.settings.clock.now_ms()
     }
 
     /// Now on the ledger's clock, as last measured (this handle's clock corrected by the
-    /// measured skew; uncorrected before the first measurement).
-    #[must_use]
-    pub fn ledger_now(&self) -> u64 {
+    /// measured skew; uncorrected before the first measurement;
+    /// [`Admin::ledger_now`](super::Admin::ledger_now)).
+    pub(crate) fn ledger_now(&self) -> u64 {
         let offset = self.skew().map_or(0, |skew| skew.offset);
         self.now_ms().saturating_add_signed(offset)
     }
