@@ -26,3 +26,21 @@ impl std::fmt::Debug for Stopped {
         Ok(())
     }
 }
+
+/// Waits for SIGTERM (what systemd and Kubernetes send) or SIGINT (ctrl-c): when a program
+/// starts draining.
+pub async fn stop_requested() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => tokio::select! {
+                _ = terminate.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            },
+            Err(_) => drop(tokio::signal::ctrl_c().await),
+        }
+    }
+    #[cfg(not(unix))]
+    drop(tokio::signal::ctrl_c().await);
+}

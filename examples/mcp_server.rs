@@ -40,7 +40,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_examples::Stopped;
+use idem_examples::{Stopped, stop_requested};
 use idem_runtime::mcp::{self, Step, ToolError};
 use idem_runtime::{Caller, HasIdem, Idem, audit_idempotent, current_operation, idempotent};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -380,23 +380,6 @@ fn sweeper(idem: &Idem, gauges: bool) -> idem_runtime::admin::Sweeper {
 /// How long a stopping server waits for the calls under way (systemd and Kubernetes wait 90 s
 /// and 30 s before they kill).
 const DRAIN_DEADLINE: Duration = Duration::from_secs(25);
-
-/// SIGTERM (what systemd and Kubernetes send), or SIGINT (ctrl-c).
-async fn stop_requested() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => tokio::select! {
-                _ = terminate.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            },
-            Err(_) => drop(tokio::signal::ctrl_c().await),
-        }
-    }
-    #[cfg(not(unix))]
-    drop(tokio::signal::ctrl_c().await);
-}
 
 /// Refuses new calls and waits for those under way, before the process exits.
 async fn drain(idem: &Idem) {

@@ -51,7 +51,7 @@
 
 use std::time::Duration;
 
-use idem_examples::Stopped;
+use idem_examples::{Stopped, stop_requested};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -338,23 +338,6 @@ fn options() -> Result<Option<Options>, String> {
         }
     }
     Ok(Some(options))
-}
-
-/// SIGTERM (what systemd and Kubernetes send), or SIGINT (ctrl-c).
-async fn stop_requested() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => tokio::select! {
-                _ = terminate.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            },
-            Err(_) => drop(tokio::signal::ctrl_c().await),
-        }
-    }
-    #[cfg(not(unix))]
-    drop(tokio::signal::ctrl_c().await);
 }
 
 #[tokio::main]
