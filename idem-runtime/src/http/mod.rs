@@ -242,19 +242,20 @@ impl Protected {
         template::matches(&self.pieces, path)
     }
 
-    /// Whether this route is the one the router matched: `matched` (axum's `MatchedPath`, the
-    /// whole template, with the prefixes of the routers it is nested in) is this template, or is
-    /// it under the prefix `nested` (axum's `NestedPath`: the layer sits inside that router).
-    fn is_route(&self, method: &Method, matched: &str, nested: Option<&str>) -> bool {
-        if *method != self.method {
-            return false;
-        }
-        let inner = nested.and_then(|prefix| matched.strip_prefix(prefix.trim_end_matches('/')));
-        [Some(matched), inner]
-            .into_iter()
-            .flatten()
-            .any(|template| template::parse(template).is_ok_and(|pieces| pieces == self.pieces))
+    /// Whether this route is the one the router matched: `matched` is what [`matched_templates`]
+    /// read from the request, parsed once for all the layer's routes.
+    fn is_route(&self, method: &Method, matched: &[Vec<template::Piece>]) -> bool {
+        *method == self.method && matched.contains(&self.pieces)
     }
+}
+
+/// The route the router matched, as templates the layer's routes are compared with: `matched`
+/// (axum's `MatchedPath`, the whole template, with the prefixes of the routers it is nested in)
+/// and, under the prefix `nested` (axum's `NestedPath`: the layer sits inside that router), the
+/// template as that router has it.
+fn matched_templates(matched: &str, nested: Option<&str>) -> Vec<Vec<template::Piece>> {
+    let inner = nested.and_then(|prefix| matched.strip_prefix(prefix.trim_end_matches('/')));
+    [Some(matched), inner].into_iter().flatten().filter_map(|template| template::parse(template).ok()).collect()
 }
 
 /// What the layer's services share.

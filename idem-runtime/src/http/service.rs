@@ -215,7 +215,8 @@ fn route_of<B>(config: &Config, request: &Request<B>) -> Option<Matched> {
         // was not told of, `/payments/export` beside `/payments/{id}`, is not protected).
         Some(matched) => {
             let nested = request.extensions().get::<axum::extract::NestedPath>().map(axum::extract::NestedPath::as_str);
-            config.routes.iter().find(|route| route.is_route(method, matched, nested))
+            let templates = super::matched_templates(matched, nested);
+            config.routes.iter().find(|route| route.is_route(method, &templates))
         }
         // Outside one: the router's choice among the templates that match, text before `{id}`
         // before `{*rest}`.
