@@ -44,3 +44,12 @@ pub async fn stop_requested() {
     #[cfg(not(unix))]
     drop(tokio::signal::ctrl_c().await);
 }
+
+/// Logs to standard error (colours on a terminal), at `RUST_LOG`'s levels, `info` by default.
+pub fn log_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+}

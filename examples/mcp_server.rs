@@ -482,11 +482,7 @@ async fn serve_metrics(address: &str) -> Result<(), Box<dyn std::error::Error>> 
 
 #[tokio::main]
 async fn main() -> Result<(), Stopped> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
+    idem_examples::log_to_stderr();
     let Some(options) = options()? else { return Ok(()) };
     if let Some(address) = &options.metrics {
         serve_metrics(address).await?;

@@ -342,11 +342,7 @@ fn options() -> Result<Option<Options>, String> {
 
 #[tokio::main]
 async fn main() -> Result<(), Stopped> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
+    idem_examples::log_to_stderr();
     let Some(Options { address, delay }) = options()? else { return Ok(()) };
     let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&address).await?.collect();
     if resolved.is_empty() || resolved.iter().any(|socket| !socket.ip().is_loopback()) {

@@ -69,25 +69,7 @@ async fn processor() -> (String, Arc<Processor>) {
     (format!("http://{address}"), state)
 }
 
-/// A tower client service over reqwest: what `ForwardKeyLayer` wraps.
-#[derive(Clone)]
-struct Reqwest(reqwest::Client);
-
-impl tower_service::Service<axum::http::Request<String>> for Reqwest {
-    type Response = reqwest::Response;
-    type Error = reqwest::Error;
-    type Future =
-        std::pin::Pin<Box<dyn std::future::Future<Output = Result<reqwest::Response, reqwest::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: axum::http::Request<String>) -> Self::Future {
-        let client = self.0.clone();
-        Box::pin(async move { client.execute(reqwest::Request::try_from(request)?).await })
-    }
-}
+use crate::http_layer::Reqwest;
 
 type Client = idem_runtime::http::ForwardKey<Reqwest>;
 

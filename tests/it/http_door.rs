@@ -9,24 +9,11 @@ use std::sync::{Arc, Mutex};
 use axum::Json;
 use axum::http::{Method, StatusCode};
 use axum::routing::post;
-use idem_runtime::Caller;
 use idem_runtime::http::{IdempotencyKey, IdempotencyLayer, Route};
 use idem_runtime::ledger::Token;
 use serde_json::Value;
 
-/// An axum router at a local port: its base URL.
-async fn serve(app: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{address}")
-}
-
-/// Who makes a request: the `x-user` header.
-fn x_user(parts: &axum::http::request::Parts) -> Option<Caller> {
-    let user = parts.headers.get("x-user")?.to_str().ok()?;
-    Caller::try_new("shop", user).ok()
-}
+use crate::http_layer::{serve_router as serve, x_user};
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", Token::random().get())

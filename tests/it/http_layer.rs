@@ -262,9 +262,10 @@ where
 /// A reqwest client as a tower service, under `ForwardKeyLayer`.
 type ForwardingClient = idem_runtime::http::ForwardKey<Reqwest>;
 
-/// A tower client service over reqwest: what `ForwardKeyLayer` wraps in these tests.
+/// A tower client service over reqwest: what `ForwardKeyLayer` wraps in these tests (and in
+/// `child_keys`).
 #[derive(Clone)]
-struct Reqwest(reqwest::Client);
+pub(crate) struct Reqwest(pub(crate) reqwest::Client);
 
 impl tower_service::Service<axum::http::Request<String>> for Reqwest {
     type Response = reqwest::Response;
@@ -392,15 +393,15 @@ async fn a_client_that_gives_up_mid_request_finds_the_response_on_retry() {
 }
 
 /// An axum router at a local port: its base URL.
-async fn serve_router(app: axum::Router) -> String {
+pub(crate) async fn serve_router(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{address}")
 }
 
-/// Who makes a request in the tests below: the `x-user` header.
-fn x_user(parts: &axum::http::request::Parts) -> Option<Caller> {
+/// Who makes a request in the tests below (and in `http_door`): the `x-user` header.
+pub(crate) fn x_user(parts: &axum::http::request::Parts) -> Option<Caller> {
     let user = parts.headers.get("x-user")?.to_str().ok()?;
     Caller::try_new("shop", user).ok()
 }
