@@ -47,7 +47,8 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::InputResponses;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CancelTaskParams, GetTaskParams, GetTaskResult, ServerCapabilities, ServerConfig};
-use rmcp::{ErrorData, Json, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, Json, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -193,9 +194,9 @@ fn forwarded_key() -> String {
 #[audit_idempotent]
 #[tool_router]
 impl Payments {
-    fn new(idem: Idem, processor_delay: Duration) -> Result<Self, mcp::AuditError> {
-        let tool_router = mcp::checked_router(Self::tool_router(), Self::idem_backed_tools())?;
-        Ok(Self { idem, downstream: Arc::default(), processor_delay, remote: None, tool_router })
+    fn new(idem: Idem, processor_delay: Duration) -> Self {
+        let tool_router = Self::tool_router() + mcp::status_tool();
+        Self { idem, downstream: Arc::default(), processor_delay, remote: None, tool_router }
     }
 
     #[idempotent(key = "card, amount_cents", window = "15m", reconcile = Self::reconcile_charge)]
@@ -317,7 +318,7 @@ impl Payments {
         description = "List every charge the card processor really made for your tenant.",
         annotations(read_only_hint = true)
     )]
-    async fn list_charges(&self, context: mcp::Context) -> Result<Json<Charges>, String> {
+    async fn list_charges(&self, context: RequestContext<RoleServer>) -> Result<Json<Charges>, String> {
         let caller = mcp::request_caller(&self.idem, &context)
             .ok_or("the caller is not authenticated: send a bearer token and call again")?;
         let charges = self.downstream.charges.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -337,12 +338,20 @@ impl ServerHandler for Payments {
     }
 
     // MCP tasks are idem's operations: `tasks/get` and `tasks/cancel` are answered from the ledger.
-    async fn get_task(&self, request: GetTaskParams, context: mcp::Context) -> Result<GetTaskResult, ErrorData> {
-        mcp::get_task(&self.idem, &request, &context).await
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        mcp::tasks::get_task(&self.idem, &request, &context).await
     }
 
-    async fn cancel_task(&self, request: CancelTaskParams, context: mcp::Context) -> Result<(), ErrorData> {
-        mcp::cancel_task(&self.idem, &request, &context).await
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        mcp::tasks::cancel_task(&self.idem, &request, &context).await
     }
 }
 
@@ -504,13 +513,12 @@ async fn main() -> Result<(), Stopped> {
             let idem = idem.local_caller(Caller::try_new(tenant, subject)?).build()?;
             idem.admin().check_secret().await?;
             let _sweeper = sweeper(&idem, options.metrics.is_some());
-            mcp::check_stdio(&idem)?;
-            let mut server = Payments::new(idem.clone(), delay)?;
+            let mut server = Payments::new(idem.clone(), delay);
             if let Some(processor) = &options.processor {
                 server = server.with_processor(processor);
             }
-            // The router this server serves has `idem_status`, which idem's answers name.
-            mcp::check_status_served(&server)?;
+            // Hinted tools backed by recipes, `idem_status` served, a local caller for stdio.
+            mcp::check(&server, &server.tool_router, mcp::Transport::Stdio)?;
             tracing::info!("serving on stdio");
             // Served on a task of its own, so a stop is heard from the start (the handshake too).
             let mut serving = tokio::spawn(async move {
@@ -546,11 +554,11 @@ async fn main() -> Result<(), Stopped> {
             idem.admin().check_secret().await?;
             let _sweeper = sweeper(&idem, options.metrics.is_some());
             // One server value for every request: the fake downstream is shared, as a real one would be.
-            let mut server = Payments::new(idem.clone(), delay)?;
+            let mut server = Payments::new(idem.clone(), delay);
             if let Some(processor) = &options.processor {
                 server = server.with_processor(processor);
             }
-            mcp::check_status_served(&server)?;
+            mcp::check(&server, &server.tool_router, mcp::Transport::Http)?;
             let service = StreamableHttpService::new(
                 move || Ok(server.clone()),
                 Arc::new(LocalSessionManager::default()),
@@ -586,7 +594,9 @@ mod tests {
 
     fn server() -> Payments {
         let idem = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap();
-        Payments::new(idem, Duration::ZERO).expect("every hinted tool has a recipe")
+        let server = Payments::new(idem, Duration::ZERO);
+        mcp::check(&server, &server.tool_router, mcp::Transport::Stdio).expect("ready to serve on stdio");
+        server
     }
 
     fn charge(card: &str) -> Parameters<Charge> {

@@ -4,8 +4,8 @@
 use comfy_table::{Table, presets};
 use idem_runtime::ledger::ToolOwner;
 use idem_runtime::{
-    StatusReport, admin::About, admin::PendingOperation, admin::PendingPage, admin::ToolFacts, ledger::LedgerStats,
-    ledger::State,
+    admin::About, admin::PendingOperation, admin::PendingPage, admin::ToolFacts, ledger::LedgerStats, ledger::State,
+    ledger::StatusReport,
 };
 use serde_json::{Value, json};
 

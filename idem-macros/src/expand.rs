@@ -276,14 +276,14 @@ fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut Handler) -> (Str
         tool.push(syn::parse_quote!(output_schema = #krate::__private::output_schema::<#inner>()));
     }
     // The tool's `_meta` advertises the recipe that backs its hint (`dev.idem/recipe`), for
-    // hosts and gateways, and so the startup audit (`mcp::checked_router`) sees every audited
+    // hosts and gateways, and so the startup check (`mcp::check`) sees every audited
     // impl's tools in whatever router holds them.
     let krate = &recipe.krate;
     let (function, backing) = if recipe.inherent.is_some() {
         (quote!(#krate::__private::backed_meta), quote!(#krate::__private::Backing::Inherent))
     } else {
         let recipe = recipe_expr(recipe, &name);
-        (quote!(#krate::__private::recipe_meta), quote!(&#recipe))
+        (quote!(#krate::mcp::wire::recipe_meta), quote!(&#recipe))
     };
     tool.stamp_meta(|user| match user {
         Some(user) => quote!(#function(::core::option::Option::Some(#user), #backing)),
@@ -401,7 +401,7 @@ fn wrap_body(
         _ => None,
     };
     // On an rmcp server's tool: at the server's first idempotent call, whether it serves the
-    // status tool its answers name (`mcp::check_status_served` is the check at startup).
+    // status tool its answers name (`mcp::check` is the check at startup).
     let status_check = (mcp && has_self).then(|| {
         let receiver = receiver_ref(item);
         let tool = Ident::new("idem_tool", Span::mixed_site());

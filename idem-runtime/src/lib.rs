@@ -17,9 +17,9 @@
 //!   [`Idem::builder`]; an operation's status for its caller ([`Idem::status`]); and the
 //!   operator's verbs on [`Admin`](admin::Admin) ([`Idem::admin`]: inspect, resolve with a [`Resolution`](admin::Resolution),
 //!   stats, pending, sweep, and a sweeper that sweeps in the background on every replica).
-//! - [`Hooks`]: an observer of each call's lifecycle for audit logs ([`Builder::hooks`](settings::Builder::hooks)): its
+//! - [`Hooks`](hooks::Hooks): an observer of each call's lifecycle for audit logs ([`Builder::hooks`](settings::Builder::hooks)): its
 //!   claim, replay, in-flight, conflict or unknown answer, and the outcome it recorded
-//!   ([`Completion`]), with the ref, tool, namespace and caller of a [`CallEvent`] — never an
+//!   ([`Completion`](hooks::Completion)), with the ref, tool, namespace and caller of a [`CallEvent`](hooks::CallEvent) — never an
 //!   argument or a result.
 //! - `metrics` (feature `metrics`, off by default): counters of every call by tool and outcome,
 //!   claim and completion latency, and a gauge of operations in progress, through the
@@ -30,7 +30,7 @@
 //! The root names what a handler author writes: the attributes, the handle ([`Idem`], its
 //! [`Builder`](settings::Builder)), the caller, the recipe, the error contract ([`IdempotentError`], [`Rejection`])
 //! and what a running handler sees ([`Operation`]). The rest lives in its module: the operator's
-//! verbs in [`admin`], the settings' defaults in [`settings`], keys and refs in [`key`], scopes in
+//! verbs in [`admin`], the settings and their defaults in [`settings`], the lifecycle observer in [`hooks`], keys and refs in [`key`], scopes in
 //! [`scope`], secrets in [`secret`], what a ledger implementation needs in [`ledger`], what only
 //! an rmcp server needs in `mcp` (feature `rmcp`), canonical JSON in [`canonical`], test clocks
 //! in [`clock`].
@@ -102,11 +102,9 @@ mod window;
 #[cfg(feature = "metrics")]
 pub use idem::metrics;
 pub use idem::{
-    CallEvent, Completion, Drained, HasIdem, Hooks, Idem, Operation, Reconciled, ResultSeal, Served, StatusError,
-    current_caller, current_operation, run_as,
+    Drained, HasIdem, Idem, Operation, Reconciled, Served, StatusError, current_caller, current_operation, run_as,
 };
 pub use key::{Key, Ref};
-pub use ledger::StatusReport;
 pub use ledger::memory::MemoryLedger;
 pub use recipe::{Recipe, ScopeRule, StalePolicy};
 pub use rejection::{ErrorClass, IdempotentError, Rejection, StorableError};
@@ -121,11 +119,18 @@ pub mod admin {
     pub use crate::ledger::{Label, LedgerStats, Resolution};
 }
 
+/// An observer of each call's lifecycle, for audit logs ([`Hooks`](crate::hooks::Hooks), set with
+/// [`Builder::hooks`](crate::settings::Builder::hooks)): what it is told of a call ([`CallEvent`](crate::hooks::CallEvent)) and
+/// how a call that won its claim ended ([`Completion`](crate::hooks::Completion)).
+pub mod hooks {
+    pub use crate::idem::{CallEvent, Completion, Hooks};
+}
+
 /// What a handle is built with ([`Builder`](crate::settings::Builder), from [`Idem::builder`]) and the defaults of its settings.
 pub mod settings {
     pub use crate::idem::{
         BuildError, Builder, DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION,
-        DEFAULT_SETTLE_GRACE, DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION,
+        DEFAULT_SETTLE_GRACE, DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION, ResultSeal,
     };
 }
 
@@ -189,7 +194,7 @@ pub mod settings {
 /// | `reconcile = Self::check` | `stale = "reconcile"`: `async fn(&self, Operation) -> Reconciled<T, E>` (free functions: `async fn(Operation)`) asks the downstream what happened | — |
 /// | `scope = "tenant"` | widen the key from the caller (tenant + subject) to the whole tenant | `"caller"` |
 /// | `within = "conversation_id"` | narrow the key to a task or conversation id argument (MCP has no sessions; request ids are reused) | — |
-/// | `task = true` | on an rmcp tool: it may run as an MCP task (the `io.modelcontextprotocol/tasks` extension). For a client that declared the extension, a repeat that finds the operation in progress gets the operation's task (`taskId` = its ref) instead of the in-flight answer, and `tasks/get` is answered from the ledger (`mcp::get_task`, feature `rmcp`). The result must be `rmcp::Json<T>` or `String`, the error `mcp::ToolError`, so that any replica can rebuild the answer from the stored JSON | `false` |
+/// | `task = true` | on an rmcp tool: it may run as an MCP task (the `io.modelcontextprotocol/tasks` extension). For a client that declared the extension, a repeat that finds the operation in progress gets the operation's task (`taskId` = its ref) instead of the in-flight answer, and `tasks/get` is answered from the ledger (`mcp::tasks::get_task`, feature `rmcp`). The result must be `rmcp::Json<T>` or `String`, the error `mcp::ToolError`, so that any replica can rebuild the answer from the stored JSON | `false` |
 /// | `inherent = "sets the status by id"` | a naturally idempotent tool (an absolute write by id): no ledger, the hint only, with the reason written down | — |
 /// | `name = "charge"` | the tool name in the key, with the namespace ([`Builder::namespace`](crate::settings::Builder::namespace), else the declaring package's name). Renaming a tool re-keys it: set `name` to the old name to keep its keys across a rename. Two different handlers under one tool name in one namespace on one ledger — one handle, two handles, two processes or binaries — are both refused (`duplicate_tool`), see [Who serves a tool](#who-serves-a-tool) | `#[tool(name = ...)]`, else the function's name |
 /// | `wait = "5s"` | a repeat that finds the operation in progress waits up to this long (`s` or `m`, 1 s to [`MAX_WAIT`](recipe::MAX_WAIT)) for it to settle: completed, it gets the stored result as a replay; failed with nothing done, it claims again and may run the handler; unknown, "outcome unknown"; still running, "in flight". No connection or lock is held while it waits (see [`Recipe::wait`]) | none: "in flight" at once |
@@ -287,9 +292,13 @@ pub use idem_macros::audit_idempotent;
 pub mod __private {
     pub use crate::macro_support::*;
     #[cfg(feature = "rmcp")]
+    pub use crate::mcp::check::{Backing, backed_meta};
+    #[cfg(feature = "rmcp")]
     pub use crate::mcp::macro_support::*;
     #[cfg(feature = "rmcp")]
-    pub use crate::mcp::{Backing, ToolContext, ToolOutcome, backed_meta, output_schema, recipe_meta};
+    pub use crate::mcp::outcome::output_schema;
+    #[cfg(feature = "rmcp")]
+    pub use crate::mcp::{ToolContext, ToolOutcome};
     pub use crate::recipe::ClientKey;
     pub use crate::{HasIdem, Idem, Recipe, ScopeRule, StalePolicy};
     /// The traits `ShapeOf` is asked through: the result's JSON Schema when rmcp's schemars

@@ -288,7 +288,7 @@ impl Recipe {
     /// Whether the tool may run as an MCP task (the tasks extension, `io.modelcontextprotocol/tasks`;
     /// `#[idempotent(task = true)]`): a repeat that finds the operation in progress is answered
     /// with the operation's task when the client declared the extension, and `tasks/get` for
-    /// it is answered from the ledger (`idem_runtime::mcp::get_task`, feature
+    /// it is answered from the ledger (`idem_runtime::mcp::tasks::get_task`, feature
     /// `rmcp`). Clients without the extension get the in-flight answer as before. Not part of
     /// the key.
     #[must_use]

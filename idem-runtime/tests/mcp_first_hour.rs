@@ -1,7 +1,7 @@
 //! The first hour with rmcp, over the wire: rmcp's own `Json<T>` and idem's `ToolError` are
 //! stored and replayed; a replay ends with a line of text the model reads (unless the recipe
 //! says `replay_note = false`); a server that does not serve `idem_status` is caught, at startup
-//! by `check_status_served` and in the log at its first idempotent call.
+//! by `mcp::check` and in the log at its first idempotent call.
 
 #![cfg(feature = "rmcp")]
 
@@ -44,7 +44,7 @@ impl HasIdem for Desk {
 #[tool_router]
 impl Desk {
     fn new() -> Self {
-        let tool_router = mcp::checked_router(Self::tool_router(), Self::idem_backed_tools()).expect("audited");
+        let tool_router = Self::tool_router() + mcp::status_tool();
         Self { idem: local_idem(), opened: AtomicUsize::new(0), tool_router }
     }
 
@@ -100,7 +100,7 @@ async fn a_replay_ends_with_a_line_the_model_reads() {
     assert_eq!(first.len(), 1, "a fresh answer has no note: {first:?}");
     assert_eq!(again[..1], first[..], "the replay starts with the same content");
     let note = again.last().and_then(|block| block["text"].as_str()).expect("a text block");
-    assert_eq!(note, mcp::replay_note(idem_runtime::Ref::parse(&reference).expect("a ref")));
+    assert_eq!(note, mcp::wire::replay_note(idem_runtime::Ref::parse(&reference).expect("a ref")));
     assert!(note.contains("nothing was executed again") && note.contains(&reference), "{note}");
 }
 
@@ -166,11 +166,13 @@ impl ServerHandler for PlainDesk {}
 
 #[test]
 fn a_server_without_the_status_tool_is_caught_at_startup() {
-    let error = mcp::check_status_served(&PlainDesk { idem: local_idem() }).unwrap_err();
+    let plain = PlainDesk { idem: local_idem() };
+    let error = mcp::check(&plain, &PlainDesk::tool_router(), mcp::Transport::Stdio).unwrap_err();
     let text = error.to_string();
     assert!(text.contains("PlainDesk` does not serve `idem_status`"), "{text}");
     assert!(text.contains("#[tool_handler(router = self.tool_router)]"), "says what to do: {text}");
-    mcp::check_status_served(&Desk::new()).expect("the checked router serves it");
+    let desk = Desk::new();
+    mcp::check(&desk, &desk.tool_router, mcp::Transport::Stdio).expect("the router with `status_tool` serves it");
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! A call that no caller can be found for, as the agent and the operator see it: over HTTP the
 //! client must authenticate (`no_caller`); over stdio on a server started without
 //! `Builder::local_caller`, only the operator can help (`no_local_caller`, logged at WARN) —
-//! and `mcp::check_stdio` catches that before serving.
+//! and `mcp::check` (with `Transport::Stdio`) catches that before serving.
 
 use std::sync::{Arc, Mutex};
 
@@ -64,7 +64,7 @@ impl HasIdem for Desk {
 #[tool_router]
 impl Desk {
     fn new(idem: Idem) -> Self {
-        let router = mcp::checked_router(Self::tool_router(), Self::idem_backed_tools()).unwrap();
+        let router = Self::tool_router() + mcp::status_tool();
         Self { idem, opened: Arc::default(), over_http: Arc::default(), router }
     }
 
@@ -111,16 +111,22 @@ use log::Captured;
 
 #[test]
 fn a_stdio_server_without_a_local_caller_is_caught_before_it_serves() {
-    let idem = Idem::new(MemoryLedger::new());
-    let error = mcp::check_stdio(&idem).unwrap_err();
+    let server = Desk::new(Idem::new(MemoryLedger::new()));
+    let error = mcp::check(&server, &server.router, mcp::Transport::Stdio).unwrap_err();
     assert_eq!(
         error.to_string(),
         "refusing to serve on stdio: this server's idem handle has no local caller, and a request over stdio carries \
          no authenticated one, so every idempotent tool call would be refused. Configure the caller this server acts \
          for: `Idem::builder(ledger).local_caller(Caller::try_new(tenant, subject)?).build()?`"
     );
+    assert_eq!(
+        mcp::check(&server, &server.router, mcp::Transport::Http),
+        Ok(()),
+        "over HTTP, callers come with requests"
+    );
     let local = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("local", "user")).build().unwrap();
-    assert_eq!(mcp::check_stdio(&local), Ok(()));
+    let server = Desk::new(local);
+    assert_eq!(mcp::check(&server, &server.router, mcp::Transport::Stdio), Ok(()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,7 +157,7 @@ async fn a_call_without_a_caller_says_whose_move_it_is() {
             && line.ends_with(
                 "idem_runtime::mcp::caller: refused a call over stdio: this server's idem handle has no local caller, \
              so every idempotent tool call on stdio is refused. Configure one with `Idem::builder(…).local_caller(…)` (and \
-             check it at startup with `idem_runtime::mcp::check_stdio`)"
+             check it at startup with `idem_runtime::mcp::check` and `Transport::Stdio`)"
             )),
         "the operator is told in the log: {logged}"
     );

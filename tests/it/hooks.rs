@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use idem_runtime::ledger::Token;
 use idem_runtime::{
-    CallEvent, Caller, Completion, ErrorClass, Hooks, Idem, IdempotentError, MemoryLedger, Recipe, Rejection,
+    Caller, ErrorClass, Idem, IdempotentError, MemoryLedger, Recipe, Rejection,
+    hooks::{CallEvent, Completion, Hooks},
     ledger::Ledger,
 };
 use serde::{Deserialize, Serialize};

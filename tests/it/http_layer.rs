@@ -662,7 +662,7 @@ async fn a_reused_key_is_told_to_use_a_new_key_in_http_words() {
 /// without it.
 struct Item6Seal;
 
-impl idem_runtime::ResultSeal for Item6Seal {
+impl idem_runtime::settings::ResultSeal for Item6Seal {
     fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, String> {
         Ok([b"item6:".as_slice(), plain].concat())
     }

@@ -191,7 +191,7 @@ fn rmcp_tools_are_listed_with_their_hints() {
         ["charge", "refund", "nickname", "charge_everything", "charge_task", "charge_confirmed"]
     );
     let confirmed = tools.iter().find(|tool| tool.name == "charge_confirmed").expect("listed");
-    let recipe = confirmed.meta.as_ref().and_then(|meta| meta.0.get(idem_runtime::mcp::RECIPE_META_KEY));
+    let recipe = confirmed.meta.as_ref().and_then(|meta| meta.0.get(idem_runtime::mcp::wire::RECIPE_META_KEY));
     assert_eq!(
         recipe,
         Some(&serde_json::json!({

@@ -67,7 +67,7 @@ impl HasIdem for Deployer {
 #[tool_router]
 impl Deployer {
     fn new(idem: Idem, downstream: Arc<Downstream>, advertise_tasks: bool) -> Self {
-        let router = idem_runtime::mcp::checked_router(Self::tool_router(), Self::idem_backed_tools()).unwrap();
+        let router = Self::tool_router() + idem_runtime::mcp::status_tool();
         Self { idem, downstream, router, advertise_tasks }
     }
 
@@ -104,7 +104,7 @@ impl ServerHandler for Deployer {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
-        idem_runtime::mcp::get_task(&self.idem, &request, &context).await
+        idem_runtime::mcp::tasks::get_task(&self.idem, &request, &context).await
     }
 
     async fn cancel_task(
@@ -112,7 +112,7 @@ impl ServerHandler for Deployer {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        idem_runtime::mcp::cancel_task(&self.idem, &request, &context).await
+        idem_runtime::mcp::tasks::cancel_task(&self.idem, &request, &context).await
     }
 }
 
@@ -187,7 +187,7 @@ async fn scenario(ledger: Arc<dyn Ledger>, reopened: Option<Arc<dyn Ledger>>) {
     not_found(&alice.get_task("not-a-task").await);
 
     let cancel = alice.request("tasks/cancel", json!({ "taskId": task_id, "_meta": declares_tasks() })).await;
-    assert_eq!(cancel.pointer("/error/code"), Some(&json!(idem_runtime::mcp::CANNOT_CANCEL)), "{cancel}");
+    assert_eq!(cancel.pointer("/error/code"), Some(&json!(idem_runtime::mcp::tasks::CANNOT_CANCEL)), "{cancel}");
     let words = cancel.pointer("/error/message").and_then(Value::as_str).unwrap_or_default();
     assert!(words.contains("cannot be cancelled") && words.contains("still running"), "{cancel}");
 

@@ -8,7 +8,7 @@ use idem_runtime::{
     Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, audit_idempotent, idempotent,
 };
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{ServiceExt, tool, tool_router};
+use rmcp::{ServiceExt, tool, tool_handler, tool_router};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -258,19 +258,24 @@ impl Desk {
     }
 }
 
+/// The server serves its default and admin routers with the status tool.
+#[tool_handler(router = (Desk::tool_router() + Desk::admin_router() + idem_runtime::mcp::status_tool()))]
+impl rmcp::ServerHandler for Desk {}
+
 #[test]
 fn the_startup_audit_sees_the_recipes_of_every_audited_impl() {
-    let router = Desk::tool_router() + Desk::admin_router();
-    let served = idem_runtime::mcp::checked_router(router, &[]).expect("both hinted tools have recipes");
-    let mut names: Vec<String> = served.list_all().into_iter().map(|tool| tool.name.to_string()).collect();
+    use idem_runtime::mcp::{self, NotReady, Transport};
+    let desk = Desk { idem: Idem::new(MemoryLedger::new()) };
+    let router = Desk::tool_router() + Desk::admin_router() + mcp::status_tool();
+    mcp::check(&desk, &router, Transport::Http).expect("both hinted tools have recipes");
+    let mut names: Vec<String> = router.list_all().into_iter().map(|tool| tool.name.to_string()).collect();
     names.sort();
     assert_eq!(names, ["idem_status", "place", "set_status"]);
     assert_eq!(Desk::idem_backed_tools(), ["place"], "the default router's impl lists its own");
 
-    let with_legacy = Desk::tool_router() + Desk::admin_router() + Desk::legacy_router();
-    let refused = idem_runtime::mcp::checked_router(with_legacy, &[]).map(|_| ()).unwrap_err();
-    assert_eq!(refused.tools, ["resend"]);
-    let _ = Desk { idem: Idem::new(MemoryLedger::new()) }.idem;
+    let with_legacy = router + Desk::legacy_router();
+    let refused = mcp::check(&desk, &with_legacy, Transport::Http).unwrap_err();
+    assert_eq!(refused, NotReady::Unbacked { tools: vec!["resend".to_owned()] });
 }
 
 #[test]

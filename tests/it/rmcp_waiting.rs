@@ -120,7 +120,7 @@ impl HasIdem for Deployer {
 #[tool_router]
 impl Deployer {
     fn new(idem: Idem, downstream: Arc<Downstream>) -> Self {
-        let router = idem_runtime::mcp::checked_router(Self::tool_router(), Self::idem_backed_tools()).unwrap();
+        let router = Self::tool_router() + idem_runtime::mcp::status_tool();
         Self { idem, downstream, router }
     }
 
@@ -154,7 +154,7 @@ impl ServerHandler for Deployer {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
-        idem_runtime::mcp::get_task(&self.idem, &request, &context).await
+        idem_runtime::mcp::tasks::get_task(&self.idem, &request, &context).await
     }
 }
 

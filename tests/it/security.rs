@@ -532,7 +532,7 @@ mod over_mcp {
     #[tool_router]
     impl Warehouse {
         fn new(idem: Idem) -> Self {
-            let router = idem_runtime::mcp::checked_router(Self::tool_router(), Self::idem_backed_tools()).unwrap();
+            let router = Self::tool_router() + idem_runtime::mcp::status_tool();
             Self { idem, reserved: Arc::default(), next: Arc::new(Mutex::new(Arrival::Stdio)), router }
         }
 
@@ -787,7 +787,7 @@ fn the_demo_tokens_refuse_a_non_loopback_address() {
 /// sealed ones.
 struct Reversed;
 
-impl idem_runtime::ResultSeal for Reversed {
+impl idem_runtime::settings::ResultSeal for Reversed {
     fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, String> {
         Ok(b"sealed:".iter().copied().chain(plain.iter().rev().map(|b| b ^ 0x55)).collect())
     }

@@ -102,7 +102,7 @@ pub fn text_of(answer: &Value) -> String {
     blocks.filter_map(|block| block.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(" ")
 }
 
-/// The replay note idem adds to a replayed result (`idem_runtime::mcp::replay_note`).
+/// The replay note idem adds to a replayed result (`idem_runtime::mcp::wire::replay_note`).
 const IDEM_REPLAY_NOTE: &str = "(idem: this is the stored result of an earlier identical call";
 
 /// An answer with its declared replay markers removed: `_meta` (idem's `dev.idem/outcome`

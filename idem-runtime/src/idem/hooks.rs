@@ -35,7 +35,8 @@ use super::Idem;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use idem_runtime::{CallEvent, Completion, Hooks, Idem, MemoryLedger};
+/// use idem_runtime::hooks::{CallEvent, Completion, Hooks};
+/// use idem_runtime::{Idem, MemoryLedger};
 ///
 /// struct AuditLog;
 ///

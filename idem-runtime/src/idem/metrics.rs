@@ -1,5 +1,5 @@
 //! Metrics of every call through the [`metrics`](https://docs.rs/metrics) facade (feature
-//! `metrics`): what [`describe`] lists, fed from the same call points as [`Hooks`](crate::Hooks).
+//! `metrics`): what [`describe`] lists, fed from the same call points as [`Hooks`](crate::hooks::Hooks).
 //!
 //! The facade records nothing until the program installs a recorder (an exporter): without one,
 //! each update is a check of a global. With one, any backend works —
@@ -9,7 +9,7 @@
 //! | metric | kind | labels | what |
 //! |---|---|---|---|
 //! | `idem_calls_total` | counter | `tool`, `outcome` | each call that reached the ledger, once, by how its claim was answered: `claimed`, `takeover`, `reconciled` (it ran), `replayed`, `unreadable_result` (a stored result the handler cannot read back: refused), `in_flight`, `conflict`, `unknown` (answered from the ledger), `ledger_unavailable` (nothing ran) |
-//! | `idem_completions_total` | counter | `tool`, `outcome` | each outcome a won claim recorded: `completed`, `failed`, `unknown`, `given_back`, `superseded` ([`Completion`](crate::Completion)) |
+//! | `idem_completions_total` | counter | `tool`, `outcome` | each outcome a won claim recorded: `completed`, `failed`, `unknown`, `given_back`, `superseded` ([`Completion`](crate::hooks::Completion)) |
 //! | `idem_claim_duration_seconds` | histogram | `tool` | how long a claim took the ledger to answer (a resend included) |
 //! | `idem_complete_duration_seconds` | histogram | `tool` | how long recording an outcome took (its quick retries included) |
 //! | `idem_operations_in_progress` | gauge | `tool` | operations this process runs now (claims won, not yet recorded) |

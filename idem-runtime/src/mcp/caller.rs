@@ -1,6 +1,6 @@
 //! Where an rmcp tool's caller comes from: the request context's authenticated [`Caller`], or,
 //! over stdio only, the caller in scope or the handle's local identity; what a request without
-//! one is told, and the startup check that a stdio server has a local caller — and the shape of
+//! one is told — and the shape of
 //! a validator that turns a bearer token into a caller.
 //!
 //! Guarantees: a request that arrived over HTTP is served for its authenticated caller only,
@@ -61,48 +61,10 @@ pub(crate) fn no_caller(remote: bool) -> Rejection {
     tracing::warn!(
         "refused a call over stdio: this server's idem handle has no local caller, so every idempotent tool call \
          on stdio is refused. Configure one with `Idem::builder(…).local_caller(…)` (and check it at startup with \
-         `idem_runtime::mcp::check_stdio`)"
+         `idem_runtime::mcp::check` and `Transport::Stdio`)"
     );
     Rejection::NoLocalCaller
 }
-
-/// Checks, before serving on stdio, that `idem` has a local caller: a request over stdio carries
-/// no authenticated caller, so without [`Builder::local_caller`](crate::settings::Builder::local_caller) every idempotent tool call
-/// would be refused (as [`Rejection::NoLocalCaller`]). Call it where your `main` chooses stdio,
-/// so the mistake stops the server at startup with what to do; a server that only serves HTTP
-/// behind an auth layer does not need it.
-///
-/// ```
-/// # use idem_runtime::{Caller, Idem, MemoryLedger, mcp};
-/// let idem = Idem::new(MemoryLedger::new());
-/// assert!(mcp::check_stdio(&idem).is_err());
-/// let idem = Idem::builder(MemoryLedger::new()).local_caller(Caller::new("local", "user")).build()?;
-/// assert!(mcp::check_stdio(&idem).is_ok());
-/// # Ok::<(), idem_runtime::settings::BuildError>(())
-/// ```
-///
-/// # Errors
-/// The handle has no local caller.
-pub fn check_stdio(idem: &Idem) -> Result<(), StdioWithoutCaller> {
-    if idem.local_caller().is_some() { Ok(()) } else { Err(StdioWithoutCaller) }
-}
-
-/// A server about to serve on stdio whose idem handle has no local caller (see [`check_stdio`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StdioWithoutCaller;
-
-impl std::fmt::Display for StdioWithoutCaller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(
-            "refusing to serve on stdio: this server's idem handle has no local caller, and a request over stdio \
-             carries no authenticated one, so every idempotent tool call would be refused. Configure the caller \
-             this server acts for: `Idem::builder(ledger).local_caller(Caller::try_new(tenant, subject)?).build()?`",
-        )
-    }
-}
-
-impl std::error::Error for StdioWithoutCaller {}
 
 /// A validator for [`require_bearer`](super::require_bearer): a token in, a caller out (or
 /// `None`: 401). Check the token for real (a JWT's signature and audience, a session lookup):

@@ -79,8 +79,8 @@ impl ToolContext {
         self
     }
 
-    /// What `request` says: its authenticated caller ([`caller_of`]), whether it came over
-    /// HTTP ([`is_remote`]), and whether its client declared the tasks extension (the
+    /// What `request` says: its authenticated caller (the [`Caller`] an HTTP auth middleware put
+    /// into the request's extensions), whether it came over HTTP, and whether its client declared the tasks extension (the
     /// request's client capabilities, as rmcp reads them).
     #[must_use]
     pub fn from_request(request: &Context) -> Self {

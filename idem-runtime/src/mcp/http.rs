@@ -8,7 +8,7 @@ use super::caller::Validator;
 /// else is answered 401.
 ///
 /// `router.layer(axum::middleware::from_fn_with_state(validator, require_bearer))`, where
-/// `validator` is your [`Validator`](super::Validator).
+/// `validator` is your [`Validator`].
 pub async fn require_bearer(
     axum::extract::State(validate): axum::extract::State<Validator>,
     mut request: axum::extract::Request,

@@ -13,10 +13,10 @@ use rmcp::ServerHandler;
 use rmcp::handler::server::tool::IntoCallToolResult;
 
 use super::caller::no_caller;
+use super::check::NotReady;
 use super::context::ToolContext;
 use super::mrtr::Continuation;
 use super::outcome::ToolOutcome;
-use super::status::StatusNotServed;
 use super::task;
 use crate::idem::{Idem, Operation, Reconciled};
 use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Round, Storable};
@@ -168,7 +168,7 @@ pub fn check_status_once<S: ?Sized>(
         return;
     }
     if serves_status(tool) == Some(false) {
-        let error = StatusNotServed { server };
+        let error = NotReady::NoStatusTool { server };
         tracing::error!(%error, "the status tool is not served");
     }
 }
@@ -176,7 +176,7 @@ pub fn check_status_once<S: ?Sized>(
 /// For a `task = true` tool: whether its server advertises the tasks extension, logging an
 /// error the first time a tool site would have answered with a task and its server does not
 /// (its clients get "in flight", never a task, until it does: `ServerCapabilities::builder().enable_tasks()`, and
-/// `tasks/get` forwarded to `idem_runtime::mcp::get_task`).
+/// `tasks/get` forwarded to `idem_runtime::mcp::tasks::get_task`).
 pub fn server_tasks(site: &'static AtomicBool, tool: &str, advertises: Option<bool>) -> Option<bool> {
     if advertises == Some(false) && !site.swap(true, Ordering::Relaxed) {
         tracing::error!(
@@ -184,7 +184,7 @@ pub fn server_tasks(site: &'static AtomicBool, tool: &str, advertises: Option<bo
             "`{tool}` may run as an MCP task (`task = true`), but its server does not advertise the tasks extension: \
              its clients are told \"in flight\" instead. Advertise it in `get_info` \
              (`ServerCapabilities::builder().enable_tools().enable_tasks()`) and forward `tasks/get` to \
-             `idem_runtime::mcp::get_task`"
+             `idem_runtime::mcp::tasks::get_task`"
         );
     }
     advertises

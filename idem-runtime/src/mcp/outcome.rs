@@ -49,7 +49,7 @@ pub enum ToolOutcome<R> {
     Refused(Rejection),
     /// A repeat that found the operation in progress, from a client that declared the tasks
     /// extension, for a `task = true` tool: the operation's task, to poll with `tasks/get`
-    /// (see [`get_task`](super::get_task)).
+    /// (see [`get_task`](super::tasks::get_task)).
     #[non_exhaustive]
     Task {
         /// The task: `taskId` is the operation's ref.

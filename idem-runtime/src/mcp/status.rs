@@ -5,11 +5,10 @@
 //! under `scope = "tenant"`), with the same caller rules as the tools; backend errors are
 //! logged under an incident id, never sent to the agent. A server that answers idempotent tools
 //! without serving the status tool (a plain `#[tool_handler]`) is reported: by
-//! [`check_status_served`] at startup, else in the log at its first idempotent call.
+//! [`check`](super::check) at startup, else in the log at its first idempotent call.
 
 use std::sync::Arc;
 
-use rmcp::ServerHandler;
 use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, Tool, ToolAnnotations};
@@ -31,9 +30,8 @@ struct StatusArgs {
 
 /// The ready, read-only status tool: an operation's state by ref, for the caller's tenant only.
 ///
-/// Add it to your router: `Self::tool_router() + idem_runtime::mcp::status_tool()`, or use
-/// [`checked_router`](super::checked_router). Keep the combined router in a field and serve
-/// that one:
+/// Add it to your router: `Self::tool_router() + idem_runtime::mcp::status_tool()`. Keep the
+/// combined router in a field and serve that one ([`check`](super::check) makes sure):
 /// `#[tool_handler(router = self.tool_router)]` — a plain `#[tool_handler]` serves
 /// `Self::tool_router()`, which lacks the status tool.
 #[must_use]
@@ -58,40 +56,6 @@ pub fn status_tool<S: HasIdem + Send + Sync + 'static>() -> ToolRouter<S> {
         })
     });
     ToolRouter::new().with_route(route)
-}
-
-/// A server that does not serve the status tool its idempotent tools' answers name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StatusNotServed {
-    /// The server's type.
-    pub server: &'static str,
-}
-
-impl std::fmt::Display for StatusNotServed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "`{}` does not serve `{STATUS_TOOL}`, the tool that idem's answers (in flight, outcome unknown) tell \
-             agents to call: a plain `#[tool_handler]` serves `Self::tool_router()` alone. Keep \
-             `idem_runtime::mcp::checked_router(Self::tool_router(), Self::idem_backed_tools())` in a field and \
-             serve that one: `#[tool_handler(router = self.tool_router)]`",
-            self.server
-        )
-    }
-}
-
-impl std::error::Error for StatusNotServed {}
-
-/// Checks at startup that `server` serves the status tool (as `#[tool_handler]` lists it):
-/// call it on the server before serving it.
-///
-/// # Errors
-/// The server does not serve `idem_status`; the error says how to serve it.
-pub fn check_status_served<S: ServerHandler>(server: &S) -> Result<(), StatusNotServed> {
-    match server.get_tool(STATUS_TOOL) {
-        Some(_) => Ok(()),
-        None => Err(StatusNotServed { server: std::any::type_name::<S>() }),
-    }
 }
 
 async fn status_call(idem: &Idem, context: &Context, arguments: Option<JsonObject>) -> CallToolResult {

@@ -86,7 +86,7 @@ pub(crate) fn answers_with_task(
 ///
 /// ```text
 /// async fn get_task(&self, request: GetTaskParams, context: RequestContext<RoleServer>) -> Result<GetTaskResult, ErrorData> {
-///     idem_runtime::mcp::get_task(self.idem(), &request, &context).await
+///     idem_runtime::mcp::tasks::get_task(self.idem(), &request, &context).await
 /// }
 /// ```
 ///

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use idem_runtime::ledger::{BoxFuture, Claim, ClaimRequest, Outcome, PendingQuery, PendingRecord, Resolution, Token};
 use idem_runtime::{
-    Key, Ref, StatusReport, clock::Clock, ledger::Ledger, ledger::LedgerError, ledger::LedgerStats, scope::SubjectTag,
-    scope::TenantTag,
+    Key, Ref, clock::Clock, ledger::Ledger, ledger::LedgerError, ledger::LedgerStats, ledger::StatusReport,
+    scope::SubjectTag, scope::TenantTag,
 };
 
 use super::world::{Fault, Kind, Sim};

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use idem_runtime::ledger::{Claim, ClaimRequest, Outcome, Resolution, Token};
 use idem_runtime::{
-    Key, Operation, Ref, StalePolicy, StatusReport, ledger::LedgerError, ledger::State, scope::TenantTag,
+    Key, Operation, Ref, StalePolicy, ledger::LedgerError, ledger::State, ledger::StatusReport, scope::TenantTag,
 };
 
 use super::ledger::Store;

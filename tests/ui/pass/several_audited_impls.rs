@@ -5,7 +5,7 @@
 use idem_runtime::{
     Caller, ErrorClass, HasIdem, Idem, IdempotentError, MemoryLedger, Rejection, audit_idempotent, idempotent, mcp};
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{tool, tool_router};
+use rmcp::{tool, tool_handler, tool_router};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -85,12 +85,15 @@ impl Shop {
     }
 }
 
+#[tool_handler(router = (Shop::tool_router() + Shop::admin_router() + Shop::reports_router() + mcp::status_tool()))]
+impl rmcp::ServerHandler for Shop {}
+
 fn main() {
-    let router = Shop::tool_router() + Shop::admin_router() + Shop::reports_router();
-    let served = mcp::checked_router(router, &[]).expect("every hinted tool of every impl has a recipe");
-    let mut names: Vec<String> = served.list_all().into_iter().map(|tool| tool.name.to_string()).collect();
+    let router = Shop::tool_router() + Shop::admin_router() + Shop::reports_router() + mcp::status_tool();
+    let shop = Shop { idem: Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap() };
+    mcp::check(&shop, &router, mcp::Transport::Stdio).expect("every hinted tool of every impl has a recipe");
+    let mut names: Vec<String> = router.list_all().into_iter().map(|tool| tool.name.to_string()).collect();
     names.sort();
     assert_eq!(names, ["charge", "idem_status", "list", "nickname", "refund"]);
-    let shop = Shop { idem: Idem::builder(MemoryLedger::new()).local_caller(Caller::new("acme", "alice")).build().unwrap() };
     let _ = shop.place("o-1".to_owned());
 }
