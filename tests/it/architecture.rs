@@ -163,7 +163,11 @@ fn root_export_paths(lib: &str) -> Vec<(String, String)> {
             continue;
         }
         let Some(text) = statement.as_deref().filter(|text| text.contains(';')) else { continue };
-        let text = text.split(';').next().unwrap_or_default().replace(char::is_whitespace, "");
+        // One space between words, none around the punctuation, so `Foo as Bar` keeps its `as`.
+        let text = text.split(';').next().unwrap_or_default().split_whitespace().collect::<Vec<_>>().join(" ");
+        let text = ["::", "{", "}", ","]
+            .iter()
+            .fold(text, |text, mark| text.replace(&format!(" {mark}"), mark).replace(&format!("{mark} "), mark));
         statement = None;
         let text = text.strip_prefix("crate::").or_else(|| text.strip_prefix("self::")).unwrap_or(&text).to_owned();
         let (prefix, items): (String, Vec<String>) = match text.split_once('{') {
@@ -172,9 +176,9 @@ fn root_export_paths(lib: &str) -> Vec<(String, String)> {
             }
             None => (String::new(), vec![text.clone()]),
         };
-        for item in items.iter().filter(|item| !item.is_empty() && !item.ends_with('*') && !item.ends_with("as_")) {
+        for item in items.iter().filter(|item| !item.is_empty() && !item.ends_with('*') && !item.ends_with(" as _")) {
             let (path, alias) =
-                item.split_once("as").map_or((item.as_str(), None), |(path, alias)| (path, Some(alias)));
+                item.split_once(" as ").map_or((item.as_str(), None), |(path, alias)| (path, Some(alias)));
             let full = format!("{prefix}{path}");
             let Some(last) = full.rsplit("::").next() else { continue };
             let name = alias.unwrap_or(last);
