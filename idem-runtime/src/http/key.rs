@@ -94,19 +94,21 @@ fn parse_sf_string(text: &str) -> Result<String, KeyError> {
 }
 
 /// The client's `Idempotency-Key`, decoded (`"ord\"er"` is `ord"er`; a bare `order-42` is
-/// `order-42`), as the handler of a protected request reads it: an axum extractor, also in the
-/// request's extensions. This is the client's own key — what the client quotes back and what a
+/// `order-42`), as the handler of a protected request reads it: in the request's extensions,
+/// and with the `axum` feature an axum extractor. This is the client's own key — what the client quotes back and what a
 /// receipt may show; to forward a key downstream, use the operation's
 /// ([`current_operation`](crate::current_operation), [`ForwardKeyLayer`](super::ForwardKeyLayer)),
 /// which is kept apart per principal.
 ///
 /// ```
+/// # #[cfg(feature = "axum")] {
 /// use idem_runtime::http::IdempotencyKey;
 ///
 /// async fn charge(IdempotencyKey(key): IdempotencyKey) -> String {
 ///     format!("charged under {key}")
 /// }
 /// # let _: axum::routing::MethodRouter = axum::routing::post(charge);
+/// # }
 /// ```
 ///
 /// Extracting it in a handler the layer does not protect is refused with a 500 that says so.
@@ -127,6 +129,7 @@ impl std::fmt::Display for IdempotencyKey {
     }
 }
 
+#[cfg(feature = "axum")]
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdempotencyKey {
     type Rejection = (http::StatusCode, &'static str);
 

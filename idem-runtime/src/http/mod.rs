@@ -5,6 +5,7 @@
 //! and hooks.
 //!
 //! ```no_run
+//! # #[cfg(feature = "axum")]
 //! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
 //! use axum::routing::post;
 //! use idem_runtime::http::{IdempotencyLayer, Route};
@@ -28,6 +29,12 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! On an axum `Router`, enable the `axum` feature (it implies `http`): the layer then protects
+//! the route the router matched (axum's `MatchedPath`), [`IdempotencyLayer::methods`] can key
+//! every route of a method by it, and [`IdempotencyKey`] is an extractor. Without it — a plain
+//! tower or hyper service, no axum in the build — the layer matches the requests' paths against
+//! the templates it was given, as axum's router would.
 //!
 //! What a request gets, step by step:
 //! 1. The layer protects what you declare — routes named with [`IdempotencyLayer::route`],
@@ -425,6 +432,7 @@ impl IdempotencyLayer {
     /// # Panics
     ///
     /// A safe method (GET, HEAD, OPTIONS, TRACE).
+    #[cfg(feature = "axum")]
     #[must_use]
     #[track_caller]
     pub fn methods(mut self, methods: &[Method]) -> Self {

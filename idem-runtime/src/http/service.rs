@@ -206,15 +206,31 @@ struct Matched {
     nothing_happened: std::borrow::Cow<'static, [StatusCode]>,
 }
 
+/// The route an axum router matched for `request` and the prefix of the router the layer sits
+/// in (axum's `MatchedPath` and `NestedPath`, feature `axum`); outside a router, or without the
+/// feature, none.
+fn router_match<B>(request: &Request<B>) -> Option<(&str, Option<&str>)> {
+    #[cfg(feature = "axum")]
+    {
+        let matched = request.extensions().get::<axum::extract::MatchedPath>()?.as_str();
+        let nested = request.extensions().get::<axum::extract::NestedPath>().map(axum::extract::NestedPath::as_str);
+        Some((matched, nested))
+    }
+    #[cfg(not(feature = "axum"))]
+    {
+        let _ = request;
+        None
+    }
+}
+
 /// How `request` is kept; `None` when the layer does not protect it.
 fn route_of<B>(config: &Config, request: &Request<B>) -> Option<Matched> {
     let (method, path) = (request.method(), request.uri().path());
-    let matched = request.extensions().get::<axum::extract::MatchedPath>().map(axum::extract::MatchedPath::as_str);
+    let matched = router_match(request);
     let chosen = match matched {
         // Inside a router: the named route the router matched, and no other (a sibling the layer
         // was not told of, `/payments/export` beside `/payments/{id}`, is not protected).
-        Some(matched) => {
-            let nested = request.extensions().get::<axum::extract::NestedPath>().map(axum::extract::NestedPath::as_str);
+        Some((matched, nested)) => {
             let templates = super::matched_templates(matched, nested);
             config.routes.iter().find(|route| route.is_route(method, &templates))
         }
@@ -233,7 +249,7 @@ fn route_of<B>(config: &Config, request: &Request<B>) -> Option<Matched> {
     }
     let (_, recipe) = config.methods.iter().find(|(protected, _)| protected == method)?;
     // Only a request the router matched to a route: another one gets the router's 404 or 405.
-    let Some(matched) = matched else {
+    let Some((matched, _)) = matched else {
         if !config.outside_router.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
                 %method,
