@@ -70,7 +70,6 @@ pub use settings::{
     DEFAULT_SETTLE_GRACE, DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION,
 };
 pub use stored::ResultSeal;
-#[cfg(feature = "rmcp")]
 pub(crate) use stored::StoredValue;
 pub use sweeper::{Sweeper, SweeperStats};
 

@@ -14,10 +14,10 @@ use crate::recipe::Recipe;
 use crate::rejection::Rejection;
 use crate::secret::SecretError;
 
-use super::Idem;
 use super::facts::ToolFacts;
 use super::keyring::Check;
 use super::time::{clamp, millis};
+use super::{Idem, StoredValue};
 
 /// A status or resolve request that could not be answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,7 +175,7 @@ impl Admin<'_> {
                             reason,
                             expected: facts.expected_shape().unwrap_or_default(),
                         };
-                        facts.check(&ok_value(plain).unwrap_or_default()).map_err(misfit)?;
+                        facts.check(&StoredValue::ok(plain).unwrap_or_default()).map_err(misfit)?;
                     }
                     let sealed =
                         results.seal(plain.clone()).map_err(|error| LedgerError::corrupt(error.to_string()))?;
@@ -185,7 +185,7 @@ impl Admin<'_> {
                             if results
                                 .open(stored.clone(), report.reference)
                                 .ok()
-                                .and_then(|plain| ok_value(&plain))
+                                .and_then(|plain| StoredValue::ok(&plain))
                                 .is_some_and(|value| facts.readable(&value).is_err()) =>
                         {
                             Resolution::Replace { unreadable: stored.clone(), result: sealed }
@@ -336,12 +336,4 @@ pub struct About {
     pub label: Option<Label>,
     /// What the ledger keeps of its tool.
     pub facts: Option<ToolFacts>,
-}
-
-/// The `ok` member of a stored result's JSON (`{"ok": value}`), if it is one.
-fn ok_value(plain: &[u8]) -> Option<serde_json::Value> {
-    match serde_json::from_slice::<serde_json::Value>(plain).ok()? {
-        serde_json::Value::Object(mut members) => members.remove("ok"),
-        _ => None,
-    }
 }

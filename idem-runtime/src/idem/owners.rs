@@ -233,8 +233,7 @@ fn owner_name(owner: Option<&str>, tool: &str) -> String {
     while !owner.is_char_boundary(cut) {
         cut -= 1;
     }
-    let hex: String = digest.iter().take(8).map(|byte| format!("{byte:02x}")).collect();
-    format!("{}…{hex}", &owner[..cut])
+    format!("{}…{}", &owner[..cut], crate::bytes::hex(&digest[..8]))
 }
 
 fn millis(duration: Duration) -> u64 {

@@ -15,6 +15,7 @@
 //! with the same token (the ledger recognises its own), and one whose outcome still cannot be
 //! confirmed counts as used (refusing a confirmation is safe, accepting it twice is not).
 
+use crate::bytes::{hex, unhex};
 use crate::key::Key;
 use crate::ledger::{Claim, ClaimRequest, LedgerError, Outcome, Token};
 use crate::recipe::StalePolicy;
@@ -110,7 +111,7 @@ impl EchoedState {
         else {
             return Self::Foreign;
         };
-        match (hex::<16>(nonce), expires.parse::<u64>(), hex::<32>(mac)) {
+        match (unhex::<16>(nonce), expires.parse::<u64>(), unhex::<32>(mac)) {
             (Some(nonce), Ok(expires), Some(mac)) => {
                 Self::Sealed { nonce, expires, mac, inner: parts.next().map(str::to_owned) }
             }
@@ -134,7 +135,7 @@ impl Idem {
         let nonce = nonce();
         let expires = clamp(self.ledger_now().saturating_add(super::time::millis(ttl)));
         let mac = binding.mac(&nonce, expires, inner);
-        let mut text = format!("{PREFIX}.{}.{expires}.{}", to_hex(&nonce), to_hex(&mac));
+        let mut text = format!("{PREFIX}.{}.{expires}.{}", hex(&nonce), hex(&mac));
         if let Some(inner) = inner {
             text.push('.');
             text.push_str(inner);
@@ -232,14 +233,6 @@ const FOREIGN: &str = "it was not issued by this server for this caller, tool an
 /// 128 random bits from the operating system: no two `requestState`s share one.
 fn nonce() -> [u8; 16] {
     crate::bytes::random()
-}
-
-fn to_hex(bytes: &[u8]) -> String {
-    crate::bytes::hex(bytes)
-}
-
-fn hex<const N: usize>(text: &str) -> Option<[u8; N]> {
-    crate::bytes::unhex(text)
 }
 
 #[cfg(test)]

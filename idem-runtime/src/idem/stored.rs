@@ -22,8 +22,7 @@ enum Stored<T, E> {
 }
 
 /// A stored result read as JSON, whatever the handler's types: what the status tool and an
-/// MCP task show.
-#[cfg(feature = "rmcp")]
+/// MCP task show, and what an operator's verdict is checked against.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum StoredValue {
     /// `{"ok": value}`: the handler's `Ok` value (or an operator's "completed" verdict).
@@ -32,13 +31,20 @@ pub(crate) enum StoredValue {
     Err(serde_json::Value),
 }
 
-#[cfg(feature = "rmcp")]
 impl StoredValue {
     /// Reads an opened stored result; `None` if its bytes are not one.
     pub(crate) fn parse(bytes: &[u8]) -> Option<Self> {
         match serde_json::from_slice::<Stored<serde_json::Value, serde_json::Value>>(bytes).ok()? {
             Stored::Ok(value) => Some(Self::Ok(value)),
             Stored::Err(error) => Some(Self::Err(error)),
+        }
+    }
+
+    /// The handler's `Ok` value of an opened stored result (`{"ok": value}`), if it is one.
+    pub(crate) fn ok(bytes: &[u8]) -> Option<serde_json::Value> {
+        match Self::parse(bytes)? {
+            Self::Ok(value) => Some(value),
+            Self::Err(_) => None,
         }
     }
 }
