@@ -1,4 +1,6 @@
-//! Expand: wrap the handler's body in idem's orchestration, keeping its signature.
+//! Expand: wrap the handler's body in idem's orchestration. A plain handler keeps its
+//! signature; an rmcp tool gains a `ToolContext` first parameter and returns a `ToolOutcome`
+//! ([`into_mcp_tool`], documented for users in the guide's MCP chapter).
 //!
 //! ```text
 //! // Input:
