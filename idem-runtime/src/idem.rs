@@ -54,6 +54,7 @@ mod wait;
 
 pub use admin::{About, Admin, StatusError};
 pub(crate) use arguments::CallArguments;
+pub(crate) use call::Ran;
 pub use call::{Reconciled, Served};
 pub use drain::Drained;
 pub use facts::ToolFacts;

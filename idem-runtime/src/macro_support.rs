@@ -11,9 +11,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::canonical::{self, CanonicalError, Members};
-use crate::idem::{CallArguments, Idem, Operation, Reconciled};
+use crate::idem::{CallArguments, Idem, Operation, Ran, Reconciled};
 use crate::recipe::Recipe;
-use crate::rejection::{ErrorClass, IdempotentError, Rejection, StorableError};
+use crate::rejection::{IdempotentError, Rejection};
 use crate::scope::Caller;
 
 pub use owner::shown;
@@ -223,83 +223,41 @@ where
     CFut: Future<Output = Reconciled<R::Ok, R::Err>>,
 {
     let Some(idem) = idem else { return R::from_result(Err(no_idem())) };
-    let handler = || async { Round::of(handler().await) };
-    let reconcile = |operation| async { Round::reconciled(reconcile(operation).await) };
+    let handler = || async { Unrecorded::of(handler().await) };
     let served = idem.execute(recipe, caller.as_ref(), true, arguments.finish(), reconcile, handler).await;
     match served.map(|served| served.value) {
-        Ok(Ok(value)) => R::from_result(Ok(value)),
-        Ok(Err(Round::Tool(error))) => R::from_result(Err(error)),
+        Ok(Ran::Outcome(result)) => R::from_result(result),
         // Off rmcp there is no continuation to check a sealed state against: the input request
         // goes back as the handler made it (and, like every input request, unrecorded).
-        Ok(Err(Round::Asked(asked))) => asked,
-        Ok(Err(Round::Refused(rejection))) | Err(rejection) => R::from_result(Err(R::Err::from_rejection(rejection))),
+        Ok(Ran::Unrecorded(Unrecorded::Asked(asked))) => asked,
+        Ok(Ran::Unrecorded(Unrecorded::Refused(rejection))) | Err(rejection) => {
+            R::from_result(Err(R::Err::from_rejection(rejection)))
+        }
     }
 }
 
-/// A handler's error as one round of a call sees it: the handler's own error, an input request
-/// (a multi-round-trip request) instead of an outcome, or idem's refusal of a continuation
-/// (its `requestState`) inside the won claim. The last two mean nothing happened: the claim is
-/// released (a continuation claims afresh), and they are never stored. A stored error is the
-/// handler's own, in its own JSON, so records read the same with or without rounds.
-pub enum Round<R, E> {
-    /// The handler's own error, classified by its type.
-    Tool(E),
+/// What a round of a tool ends with when it records nothing (a multi-round-trip request): the
+/// handler's input request, untouched, or idem's refusal of a continuation (its
+/// `requestState`) inside the won claim. Both mean nothing happened: the claim is let go (a
+/// continuation claims afresh), and nothing is stored.
+pub enum Unrecorded<R> {
     /// The handler's input request, untouched.
     Asked(R),
     /// idem refused to run the handler.
     Refused(Rejection),
 }
 
-impl<R, E> Round<R, E> {
-    /// The handler's result as a round: an input request, or the outcome split.
-    pub fn of<M>(mut result: R) -> Result<R::Ok, Self>
+impl<R> Unrecorded<R> {
+    /// The handler's result as the engine takes it: an input request goes back unrecorded, an
+    /// outcome is recorded.
+    pub(crate) fn of<M>(mut result: R) -> Ran<R::Ok, R::Err, Self>
     where
-        R: HandlerResult<M, Err = E>,
+        R: HandlerResult<M>,
     {
         if result.request_state().is_some() {
-            return Err(Self::Asked(result));
+            return Ran::Unrecorded(Self::Asked(result));
         }
-        result.into_result().map_err(Self::Tool)
-    }
-
-    /// A reconcile function's finding, with its error as a round's.
-    pub fn reconciled<T>(reconciled: Reconciled<T, E>) -> Reconciled<T, Self> {
-        match reconciled {
-            Reconciled::Happened(result) => Reconciled::Happened(result.map_err(Self::Tool)),
-            Reconciled::NothingHappened => Reconciled::NothingHappened,
-            Reconciled::StillUnknown => Reconciled::StillUnknown,
-        }
-    }
-}
-
-impl<R, E: StorableError> Serialize for Round<R, E> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Self::Tool(error) => error.store(serializer),
-            // Classified "nothing happened", so never stored.
-            Self::Asked(_) | Self::Refused(_) => {
-                Err(serde::ser::Error::custom("an input request or a refusal is never stored"))
-            }
-        }
-    }
-}
-
-impl<'de, R, E: StorableError> serde::Deserialize<'de> for Round<R, E> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        E::restore(deserializer).map(Self::Tool)
-    }
-}
-
-impl<R, E: IdempotentError> IdempotentError for Round<R, E> {
-    fn classify(&self) -> ErrorClass {
-        match self {
-            Self::Tool(error) => error.classify(),
-            Self::Asked(_) | Self::Refused(_) => ErrorClass::NothingHappened,
-        }
-    }
-
-    fn from_rejection(rejection: Rejection) -> Self {
-        Self::Refused(rejection)
+        Ran::Outcome(result.into_result())
     }
 }
 

@@ -38,6 +38,17 @@ pub struct Served<T> {
     pub reference: Ref,
 }
 
+/// How a run of the handler ended: with an outcome, recorded per its classification, or with
+/// an answer for its caller that records nothing — an MCP tool's input request, a continuation
+/// idem refused inside the won claim — after which the claim is let go as after "nothing
+/// happened". A door without such answers uses `Ran<T, E, Infallible>`.
+pub(crate) enum Ran<T, E, A> {
+    /// The handler's result.
+    Outcome(Result<T, E>),
+    /// Nothing to record: this goes back to the caller as it is.
+    Unrecorded(A),
+}
+
 /// What a reconcile function found when asked about a stale operation.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -53,8 +64,9 @@ pub enum Reconciled<T, E> {
 impl Idem {
     /// The orchestration behind [`Idem::call`] and `#[idempotent]`. Without a `caller`, the one
     /// in scope or the local identity — if `fallback` (never for a request that came over
-    /// HTTP). The handler and a reconcile function run with the caller in scope.
-    pub(crate) async fn execute<T, E, F, Fut, R, RFut>(
+    /// HTTP). The handler and a reconcile function run with the caller in scope; a repeat is
+    /// answered `Ran::Outcome` with the stored result.
+    pub(crate) async fn execute<T, E, A, F, Fut, R, RFut>(
         &self,
         recipe: &Recipe,
         caller: Option<&Caller>,
@@ -62,12 +74,12 @@ impl Idem {
         arguments: Result<CallArguments, Rejection>,
         reconcile: R,
         handler: F,
-    ) -> Result<Served<Result<T, E>>, Rejection>
+    ) -> Result<Served<Ran<T, E, A>>, Rejection>
     where
         T: Serialize + DeserializeOwned,
         E: IdempotentError,
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        Fut: Future<Output = Ran<T, E, A>>,
         R: FnOnce(Operation) -> RFut,
         RFut: Future<Output = Reconciled<T, E>>,
     {

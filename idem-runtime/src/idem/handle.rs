@@ -19,7 +19,7 @@ use super::Operation;
 use super::admin::{Admin, StatusError};
 use super::arguments::CallArguments;
 use super::background::BACKGROUND_JOBS;
-use super::call::{Reconciled, Served};
+use super::call::{Ran, Reconciled, Served};
 use super::drain::{Drain, Drained};
 use super::keyring::Check;
 use super::keyring::Secrets;
@@ -163,9 +163,13 @@ impl Idem {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let arguments = CallArguments::of(recipe, arguments);
+        let handler = || async { Ran::<T, E, std::convert::Infallible>::Outcome(handler().await) };
         match self.execute(recipe, caller, true, arguments, reconcile, handler).await {
-            Ok(Served { value: Ok(value), replayed, reference }) => Ok(Served { value, replayed, reference }),
-            Ok(Served { value: Err(error), .. }) => Err(error),
+            Ok(Served { value: Ran::Outcome(Ok(value)), replayed, reference }) => {
+                Ok(Served { value, replayed, reference })
+            }
+            Ok(Served { value: Ran::Outcome(Err(error)), .. }) => Err(error),
+            Ok(Served { value: Ran::Unrecorded(never), .. }) => match never {},
             Err(rejection) => Err(E::from_rejection(rejection)),
         }
     }

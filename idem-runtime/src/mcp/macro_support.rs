@@ -18,8 +18,8 @@ use super::context::ToolContext;
 use super::mrtr::Continuation;
 use super::outcome::ToolOutcome;
 use super::task;
-use crate::idem::{Idem, Operation, Reconciled};
-use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Round, Storable};
+use crate::idem::{Idem, Operation, Ran, Reconciled};
+use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Storable, Unrecorded};
 use crate::recipe::{CLIENT_KEY_PATH, ClientKey, INPUT_KEY_PREFIX, MAX_CLIENT_KEY_CHARS, Recipe};
 use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
 use crate::scope::Caller;
@@ -84,7 +84,7 @@ where
     let handler = || round.run(handler);
     let reconcile = |operation| async move {
         match reconcile {
-            Some(reconcile) => Round::reconciled(reconcile(operation).await),
+            Some(reconcile) => reconcile(operation).await,
             None => Reconciled::StillUnknown,
         }
     };
@@ -104,10 +104,9 @@ where
         Err(rejection) => return ToolOutcome::Refused(rejection),
     };
     let result = match value {
-        Ok(value) => Ok(value),
-        Err(Round::Tool(error)) => Err(error),
-        Err(Round::Asked(asked)) => return ToolOutcome::InputRequired { result: asked, reference },
-        Err(Round::Refused(rejection)) => return ToolOutcome::Refused(rejection),
+        Ran::Outcome(result) => result,
+        Ran::Unrecorded(Unrecorded::Asked(asked)) => return ToolOutcome::InputRequired { result: asked, reference },
+        Ran::Unrecorded(Unrecorded::Refused(rejection)) => return ToolOutcome::Refused(rejection),
     };
     ToolOutcome::Served { result: R::from_result(result), reference, replayed, replay_note }
 }

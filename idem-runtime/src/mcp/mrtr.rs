@@ -21,8 +21,9 @@ use rmcp::model::{
 use serde::Deserialize;
 
 use super::context::ToolContext;
+use crate::idem::Ran;
 use crate::idem::{EchoedState, Idem, current_operation};
-use crate::macro_support::{HandlerResult, Round};
+use crate::macro_support::{HandlerResult, Unrecorded};
 use crate::rejection::Rejection;
 
 /// One round of a tool that may ask for input before it acts: its result, or an input request.
@@ -167,19 +168,21 @@ impl<'a> Continuation<'a> {
     }
 
     /// One round of the tool under the claim: checked, run, and an input request sealed.
-    pub(crate) async fn run<R, M, Fut>(self, handler: impl FnOnce() -> Fut) -> Result<R::Ok, Round<R, R::Err>>
+    pub(crate) async fn run<R, M, Fut>(self, handler: impl FnOnce() -> Fut) -> Ran<R::Ok, R::Err, Unrecorded<R>>
     where
         R: HandlerResult<M>,
         Fut: Future<Output = R>,
     {
-        self.check().await.map_err(Round::Refused)?;
+        if let Err(rejection) = self.check().await {
+            return Ran::Unrecorded(Unrecorded::Refused(rejection));
+        }
         let mut result = handler().await;
         if let Some(state) = result.request_state() {
             if let Some(operation) = current_operation() {
                 *state = Some(self.idem.seal_state(operation.binding(), state.as_deref(), self.ttl));
             }
-            return Err(Round::Asked(result));
+            return Ran::Unrecorded(Unrecorded::Asked(result));
         }
-        result.into_result().map_err(Round::Tool)
+        Ran::Outcome(result.into_result())
     }
 }

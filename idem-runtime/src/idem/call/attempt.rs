@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Reconciled, Served, unavailable};
+use super::{Ran, Reconciled, Served, unavailable};
 use crate::idem::Idem;
 use crate::idem::arguments::Derive;
 use crate::idem::ending::{Ending, Sent};
@@ -276,17 +276,17 @@ impl<'a> Attempt<'a> {
     ///
     /// # Errors
     /// The reconcile function could not tell: the operation is recorded (and answered) as unknown.
-    pub(super) async fn perform<T, E, F, Fut, R, RFut>(
+    pub(super) async fn perform<T, E, A, F, Fut, R, RFut>(
         &self,
         won: Won,
         operation: Operation,
         watch: &Watch<'_>,
         reconcile: R,
         handler: F,
-    ) -> Result<Result<T, E>, Rejection>
+    ) -> Result<Ran<T, E, A>, Rejection>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        Fut: Future<Output = Ran<T, E, A>>,
         R: FnOnce(Operation) -> RFut,
         RFut: Future<Output = Reconciled<T, E>>,
     {
@@ -300,7 +300,7 @@ impl<'a> Attempt<'a> {
                 let asked = acting_for(watch.caller().clone(), reconcile(operation.clone()));
                 match self.idem.drive(&self.request, &self.lease, &self.recorded, asked).await {
                     Err(panic) => self.unwind(panic, watch).await,
-                    Ok(Reconciled::Happened(result)) => result,
+                    Ok(Reconciled::Happened(result)) => Ran::Outcome(result),
                     Ok(Reconciled::NothingHappened) => self.run(operation, watch, handler).await,
                     Ok(Reconciled::StillUnknown) => {
                         self.end(Ending::Record(Outcome::Unknown)).await;
@@ -324,10 +324,10 @@ impl<'a> Attempt<'a> {
     /// Runs the handler as `operation` of the watched caller (in scope for everything it calls)
     /// under `Idem::drive`, which renews the lease meanwhile. A panic records the outcome as
     /// unknown (the effect may have happened) and then continues unwinding.
-    async fn run<T, E, F, Fut>(&self, operation: Operation, watch: &Watch<'_>, handler: F) -> Result<T, E>
+    async fn run<T, E, A, F, Fut>(&self, operation: Operation, watch: &Watch<'_>, handler: F) -> Ran<T, E, A>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        Fut: Future<Output = Ran<T, E, A>>,
     {
         let handler = running_as(operation, watch.caller().clone(), handler());
         match self.idem.drive(&self.request, &self.lease, &self.recorded, handler).await {
@@ -344,21 +344,23 @@ impl<'a> Attempt<'a> {
         std::panic::resume_unwind(panic)
     }
 
-    /// Stores the handler's result per its classification and hands it back with what was
-    /// recorded ([`Completion::Superseded`]: refused, the claim had been taken over meanwhile).
-    pub(super) async fn record<T, E>(&self, result: Result<T, E>, won: Won) -> (Result<T, E>, Completion)
+    /// Stores the handler's result per its classification (an unrecorded answer as "nothing
+    /// happened") and hands it back with what was recorded ([`Completion::Superseded`]:
+    /// refused, the claim had been taken over meanwhile).
+    pub(super) async fn record<T, E, A>(&self, ran: Ran<T, E, A>, won: Won) -> (Ran<T, E, A>, Completion)
     where
         T: Serialize,
         E: IdempotentError,
     {
         let reference = self.reference();
-        let outcome = match &result {
-            Ok(value) => self.idem.results().completion::<T, E>(reference, Ok(value)),
-            Err(error) => match error.classify() {
+        let outcome = match &ran {
+            Ran::Outcome(Ok(value)) => self.idem.results().completion::<T, E>(reference, Ok(value)),
+            Ran::Outcome(Err(error)) => match error.classify() {
                 ErrorClass::NothingHappened => Outcome::Failed,
                 ErrorClass::Final => self.idem.results().completion::<T, E>(reference, Err(error)),
                 ErrorClass::Unknown => Outcome::Unknown,
             },
+            Ran::Unrecorded(_) => Outcome::Failed,
         };
         // "Nothing happened" from a run that took over (or reconciled and ran) speaks for this run
         // only: the holder it replaced may have acted — or may still, if it is alive but late.
@@ -372,7 +374,7 @@ impl<'a> Attempt<'a> {
             Outcome::Unknown => (Completion::Unknown, Ending::Record(outcome)),
         };
         let fenced = self.end(ending).await;
-        (result, if fenced { Completion::Superseded } else { completion })
+        (ran, if fenced { Completion::Superseded } else { completion })
     }
 
     /// Sends the call's ending to the ledger. A failure here is logged, never hidden behind the
@@ -419,12 +421,12 @@ impl<'a> Attempt<'a> {
     /// A repeat's answer from a stored result, logged and counted as what it was: a replay, or
     /// an ERROR when the handler cannot read the result back (an operator's verdict of another
     /// shape, a result sealed under another key) — refused, and nothing runs.
-    pub(super) fn replayed<T: DeserializeOwned, E: IdempotentError>(
+    pub(super) fn replayed<T: DeserializeOwned, E: IdempotentError, A>(
         &self,
         stored: Vec<u8>,
         watch: &Watch<'_>,
         what: &'static str,
-    ) -> Result<Served<Result<T, E>>, Rejection> {
+    ) -> Result<Served<Ran<T, E, A>>, Rejection> {
         let (tool, reference) = (self.tool, self.reference());
         self.replay(stored)
             .inspect(|_| {
@@ -438,12 +440,12 @@ impl<'a> Attempt<'a> {
     }
 
     /// The answer from a stored result: the first run's, marked as a replay.
-    pub(super) fn replay<T: DeserializeOwned, E: IdempotentError>(
+    pub(super) fn replay<T: DeserializeOwned, E: IdempotentError, A>(
         &self,
         stored: Vec<u8>,
-    ) -> Result<Served<Result<T, E>>, Rejection> {
+    ) -> Result<Served<Ran<T, E, A>>, Rejection> {
         let reference = self.reference();
         let value = self.idem.results().decode::<T, E>(stored, reference)?;
-        Ok(Served { value, replayed: true, reference })
+        Ok(Served { value: Ran::Outcome(value), replayed: true, reference })
     }
 }
