@@ -6,6 +6,7 @@
 //! on a duplicate, the record is read apart.
 
 use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
+use super::statements::{expired, lease_lapsed, resolvable, sweepable};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (`key`, tenant, state, token, attempt, created_at, window_end,
@@ -51,12 +52,20 @@ pub(super) static STATEMENTS: Statements = Statements {
     lookup: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
              WHERE `key` = ?",
     find: Visible {
-        tenant: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
+        tenant: concat!(
+            "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                  WHERE `key` >= ? AND `key` <= ? AND tenant = ? \
-                 AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY `key` LIMIT 1",
-        subject: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
+                 AND NOT ",
+            expired!("?"),
+            " ORDER BY `key` LIMIT 1"
+        ),
+        subject: concat!(
+            "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                   WHERE `key` >= ? AND `key` <= ? AND tenant = ? AND subject IN (?, ?) \
-                  AND NOT (expires_at <= ? AND state IN (2, 3)) ORDER BY `key` LIMIT 1",
+                  AND NOT ",
+            expired!("?"),
+            " ORDER BY `key` LIMIT 1"
+        ),
     },
     find_superseded: Visible {
         tenant: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_superseded \
@@ -68,11 +77,17 @@ pub(super) static STATEMENTS: Statements = Statements {
                          FROM idem_superseded WHERE `key` >= ? AND `key` <= ? AND tenant = ? \
                          AND window_end = ? LIMIT 1",
     resolve: Tables {
-        records: "UPDATE idem_records SET state = ?, result = ?, expires_at = ? \
-                  WHERE `key` = ? AND window_end = ? AND tenant = ? AND (state = 4 OR (state = 1 AND lease_until <= ?))",
-        superseded: "UPDATE idem_superseded SET state = ?, result = ?, expires_at = ? \
+        records: concat!(
+            "UPDATE idem_records SET state = ?, result = ?, expires_at = ? \
+                  WHERE `key` = ? AND window_end = ? AND tenant = ? AND ",
+            resolvable!("?")
+        ),
+        superseded: concat!(
+            "UPDATE idem_superseded SET state = ?, result = ?, expires_at = ? \
                      WHERE `key` = ? AND window_end = ? AND tenant = ? \
-                     AND (state = 4 OR (state = 1 AND lease_until <= ?))",
+                     AND ",
+            resolvable!("?")
+        ),
     },
     replace: Tables {
         records: "UPDATE idem_records SET result = ?, expires_at = GREATEST(expires_at, ?) \
@@ -81,20 +96,40 @@ pub(super) static STATEMENTS: Statements = Statements {
                   WHERE `key` = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?",
     },
     sweep: Tables {
-        records: "DELETE FROM idem_records \
-                  WHERE window_end <= ? AND expires_at <= ? AND (state <> 1 OR lease_until <= ?) \
-                  ORDER BY window_end LIMIT ?",
-        superseded: "DELETE FROM idem_superseded \
-                     WHERE ? > 0 AND expires_at <= ? AND (state <> 1 OR lease_until <= ?) \
-                     ORDER BY expires_at LIMIT ?",
+        records: concat!(
+            "DELETE FROM idem_records \
+                  WHERE window_end <= ? AND ",
+            sweepable!("?", "?"),
+            " \
+                  ORDER BY window_end LIMIT ?"
+        ),
+        superseded: concat!(
+            "DELETE FROM idem_superseded \
+                     WHERE ? > 0 AND ",
+            sweepable!("?", "?"),
+            " \
+                     ORDER BY expires_at LIMIT ?"
+        ),
     },
     stats: Tables {
-        records: "SELECT state, COUNT(*), MIN(created_at), \
-                  COUNT(CASE WHEN expires_at <= ? AND (state <> 1 OR lease_until <= ?) THEN 1 END), \
-                  COUNT(CASE WHEN state = 1 AND lease_until <= ? THEN 1 END) FROM idem_records GROUP BY state",
-        superseded: "SELECT state, COUNT(*), MIN(created_at), \
-                  COUNT(CASE WHEN expires_at <= ? AND (state <> 1 OR lease_until <= ?) THEN 1 END), \
-                  COUNT(CASE WHEN state = 1 AND lease_until <= ? THEN 1 END) FROM idem_superseded GROUP BY state",
+        records: concat!(
+            "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN ",
+            sweepable!("?", "?"),
+            " THEN 1 END), \
+                  COUNT(CASE WHEN ",
+            lease_lapsed!("?"),
+            " THEN 1 END) FROM idem_records GROUP BY state"
+        ),
+        superseded: concat!(
+            "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN ",
+            sweepable!("?", "?"),
+            " THEN 1 END), \
+                  COUNT(CASE WHEN ",
+            lease_lapsed!("?"),
+            " THEN 1 END) FROM idem_superseded GROUP BY state"
+        ),
     },
     size: "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) FROM information_schema.tables \
                  WHERE table_schema = DATABASE() AND table_name IN ('idem_records', 'idem_superseded')",

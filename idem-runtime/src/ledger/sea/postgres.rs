@@ -7,6 +7,7 @@
 //! PostgreSQL can fail with a duplicate type name.
 
 use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
+use super::statements::{expired, lease_lapsed, resolvable, sweepable};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "WITH claimed AS (
@@ -63,12 +64,20 @@ pub(super) static STATEMENTS: Statements = Statements {
     lookup: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
              WHERE key = $1",
     find: Visible {
-        tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
+        tenant: concat!(
+            "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                  WHERE key >= $1 AND key <= $2 AND tenant = $3 \
-                 AND NOT (expires_at <= $4 AND state IN (2, 3)) ORDER BY key LIMIT 1",
-        subject: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
+                 AND NOT ",
+            expired!("$4"),
+            " ORDER BY key LIMIT 1"
+        ),
+        subject: concat!(
+            "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
                   WHERE key >= $1 AND key <= $2 AND tenant = $3 AND subject IN ($4, $5) \
-                  AND NOT (expires_at <= $6 AND state IN (2, 3)) ORDER BY key LIMIT 1",
+                  AND NOT ",
+            expired!("$6"),
+            " ORDER BY key LIMIT 1"
+        ),
     },
     find_superseded: Visible {
         tenant: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_superseded \
@@ -81,12 +90,18 @@ pub(super) static STATEMENTS: Statements = Statements {
                          FROM idem_superseded WHERE key >= $1 AND key <= $2 AND tenant = $3 \
                          AND window_end = $4 LIMIT 1",
     resolve: Tables {
-        records: "UPDATE idem_records SET state = $1, result = $2, expires_at = $3 \
+        records: concat!(
+            "UPDATE idem_records SET state = $1, result = $2, expires_at = $3 \
                   WHERE key = $4 AND window_end = $5 AND tenant = $6 \
-                  AND (state = 4 OR (state = 1 AND lease_until <= $7))",
-        superseded: "UPDATE idem_superseded SET state = $1, result = $2, expires_at = $3 \
+                  AND ",
+            resolvable!("$7")
+        ),
+        superseded: concat!(
+            "UPDATE idem_superseded SET state = $1, result = $2, expires_at = $3 \
                      WHERE key = $4 AND window_end = $5 AND tenant = $6 \
-                     AND (state = 4 OR (state = 1 AND lease_until <= $7))",
+                     AND ",
+            resolvable!("$7")
+        ),
     },
     replace: Tables {
         records: "UPDATE idem_records SET result = $1, expires_at = GREATEST(expires_at, $2) \
@@ -99,22 +114,44 @@ pub(super) static STATEMENTS: Statements = Statements {
     // instead of queueing behind one another's row locks, and a skipped row waits for the next
     // sweep. The outer condition still rechecks each row on its newest version.
     sweep: Tables {
-        records: "DELETE FROM idem_records WHERE key IN (SELECT key FROM idem_records \
-                  WHERE window_end <= $1 AND expires_at <= $2 AND (state <> 1 OR lease_until <= $3) \
+        records: concat!(
+            "DELETE FROM idem_records WHERE key IN (SELECT key FROM idem_records \
+                  WHERE window_end <= $1 AND ",
+            sweepable!("$2", "$3"),
+            " \
                   ORDER BY window_end LIMIT $4 FOR UPDATE SKIP LOCKED) \
-                  AND window_end <= $5 AND expires_at <= $6 AND (state <> 1 OR lease_until <= $7)",
-        superseded: "DELETE FROM idem_superseded WHERE (key, window_end) IN (SELECT key, window_end \
-                     FROM idem_superseded WHERE $1 > 0 AND expires_at <= $2 AND (state <> 1 OR lease_until <= $3) \
+                  AND window_end <= $5 AND ",
+            sweepable!("$6", "$7")
+        ),
+        superseded: concat!(
+            "DELETE FROM idem_superseded WHERE (key, window_end) IN (SELECT key, window_end \
+                     FROM idem_superseded WHERE $1 > 0 AND ",
+            sweepable!("$2", "$3"),
+            " \
                      ORDER BY expires_at LIMIT $4 FOR UPDATE SKIP LOCKED) \
-                     AND $5 > 0 AND expires_at <= $6 AND (state <> 1 OR lease_until <= $7)",
+                     AND $5 > 0 AND ",
+            sweepable!("$6", "$7")
+        ),
     },
     stats: Tables {
-        records: "SELECT state, COUNT(*), MIN(created_at), \
-                  COUNT(CASE WHEN expires_at <= $1 AND (state <> 1 OR lease_until <= $2) THEN 1 END), \
-                  COUNT(CASE WHEN state = 1 AND lease_until <= $3 THEN 1 END) FROM idem_records GROUP BY state",
-        superseded: "SELECT state, COUNT(*), MIN(created_at), \
-                  COUNT(CASE WHEN expires_at <= $1 AND (state <> 1 OR lease_until <= $2) THEN 1 END), \
-                  COUNT(CASE WHEN state = 1 AND lease_until <= $3 THEN 1 END) FROM idem_superseded GROUP BY state",
+        records: concat!(
+            "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN ",
+            sweepable!("$1", "$2"),
+            " THEN 1 END), \
+                  COUNT(CASE WHEN ",
+            lease_lapsed!("$3"),
+            " THEN 1 END) FROM idem_records GROUP BY state"
+        ),
+        superseded: concat!(
+            "SELECT state, COUNT(*), MIN(created_at), \
+                  COUNT(CASE WHEN ",
+            sweepable!("$1", "$2"),
+            " THEN 1 END), \
+                  COUNT(CASE WHEN ",
+            lease_lapsed!("$3"),
+            " THEN 1 END) FROM idem_superseded GROUP BY state"
+        ),
     },
     size: "SELECT CAST(pg_total_relation_size('idem_records') + pg_total_relation_size('idem_superseded') \
                  AS BIGINT)",

@@ -6,6 +6,44 @@
 //! Parameters: PostgreSQL numbers them (`$1`), MySQL and SQLite take them in order (`?`); every
 //! backend's statement takes the same values in the same order, as each field says.
 
+// The record predicates `judge.rs` defines — `RecordView::expired`, `lease_expired`,
+// `resolvable`, `sweepable` — in SQL over a row's columns, written once here for the three
+// dialects and both tables (states: 1 in progress, 2 completed, 3 failed, 4 unknown, as
+// `State::code` stores them). Each takes its time parameters as the dialect writes them (`"?"`,
+// `"$4"`), so a statement stays one compile-time string. `tests::the_predicates_are_judges_on_every_backend`
+// holds each to `RecordView` on SQLite, PostgreSQL and MySQL.
+
+/// Settled and kept no longer (`RecordView::expired`).
+macro_rules! expired {
+    ($now:literal) => {
+        concat!("(expires_at <= ", $now, " AND state IN (2, 3))")
+    };
+}
+
+/// In progress under a lease run out (`RecordView::lease_expired`).
+macro_rules! lease_lapsed {
+    ($now:literal) => {
+        concat!("(state = 1 AND lease_until <= ", $now, ")")
+    };
+}
+
+/// What an operator may resolve (`RecordView::resolvable`).
+macro_rules! resolvable {
+    ($now:literal) => {
+        concat!("(state = 4 OR ", $crate::ledger::sea::statements::lease_lapsed!($now), ")")
+    };
+}
+
+/// What the sweep may delete (`RecordView::sweepable`): the time for the expiry, then for the
+/// lease (one value, two parameters).
+macro_rules! sweepable {
+    ($expiry:literal, $lease:literal) => {
+        concat!("(expires_at <= ", $expiry, " AND (state <> 1 OR lease_until <= ", $lease, "))")
+    };
+}
+
+pub(crate) use {expired, lease_lapsed, resolvable, sweepable};
+
 /// Every statement a SQL ledger sends once its tables exist, on one backend.
 #[derive(Debug)]
 pub struct Statements {
@@ -164,6 +202,8 @@ mod tests {
     use sea_orm::DbBackend;
 
     use super::Statements;
+    use crate::ledger::judge::RecordView;
+    use crate::ledger::{State, Token, Won};
 
     /// The statements every backend words alike but for its parameters and quoting, by name.
     fn alike(backend: DbBackend) -> Vec<(&'static str, &'static str)> {
@@ -224,6 +264,129 @@ mod tests {
         ] {
             for ((name, text), (_, sqlite)) in alike(backend).into_iter().zip(&sqlite) {
                 assert_eq!(reword(text), *sqlite, "{backend:?} {name}");
+            }
+        }
+    }
+
+    /// Each predicate as `backend` evaluates it over one row given as parameters: the time (for
+    /// `sweepable` twice), then state, expiry and lease, in the order the backend binds them.
+    fn predicates(backend: DbBackend) -> Vec<(&'static str, &'static str, u8, Judged)> {
+        let expired = |view: &RecordView<'_>, now| view.expired(now);
+        let lapsed = |view: &RecordView<'_>, now| view.lease_expired(now);
+        let resolvable = |view: &RecordView<'_>, now| view.resolvable(now);
+        let sweepable = |view: &RecordView<'_>, now| view.sweepable(now);
+        match backend {
+            DbBackend::Postgres => vec![
+                ("expired", expired!("$1"), 1, expired),
+                ("lease_lapsed", lease_lapsed!("$1"), 1, lapsed),
+                ("resolvable", resolvable!("$1"), 1, resolvable),
+                ("sweepable", sweepable!("$1", "$2"), 2, sweepable),
+            ],
+            _ => vec![
+                ("expired", expired!("?"), 1, expired),
+                ("lease_lapsed", lease_lapsed!("?"), 1, lapsed),
+                ("resolvable", resolvable!("?"), 1, resolvable),
+                ("sweepable", sweepable!("?", "?"), 2, sweepable),
+            ],
+        }
+    }
+
+    type Judged = fn(&RecordView<'_>, u64) -> bool;
+
+    /// A connection to `backend`'s test server, or `None` (said) without one; under `CI=true` a
+    /// missing server is a failure.
+    async fn server(backend: DbBackend) -> Option<sea_orm::DatabaseConnection> {
+        let (env, default) = match backend {
+            DbBackend::Postgres => ("IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test"),
+            DbBackend::MySql => ("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+            _ => ("", "sqlite::memory:"),
+        };
+        let url = std::env::var(env).unwrap_or_else(|_| default.to_owned());
+        match sea_orm::Database::connect(&url).await {
+            Ok(connection) => Some(connection),
+            Err(error) if std::env::var("CI").is_ok_and(|ci| ci == "true" || ci == "1") => {
+                panic!("{backend:?} at {env}: {error} (CI=true, so a missing server is a failure)")
+            }
+            Err(error) => {
+                eprintln!("skipped {backend:?}: no server at {env} ({error})");
+                None
+            }
+        }
+    }
+
+    /// The SQL predicates say what `RecordView` says, on every backend: each evaluated by the
+    /// database over every state and an expiry and a lease before, at and after now.
+    #[tokio::test]
+    async fn the_predicates_are_judges_on_every_backend() {
+        use sea_orm::{ConnectionTrait, Statement, Value};
+        let backends = [
+            DbBackend::Sqlite,
+            #[cfg(feature = "postgres")]
+            DbBackend::Postgres,
+            #[cfg(feature = "mysql")]
+            DbBackend::MySql,
+        ];
+        let now: u64 = 10;
+        for backend in backends {
+            let Some(db) = server(backend).await else { continue };
+            for (name, predicate, times, judged) in predicates(backend) {
+                let int = match backend {
+                    DbBackend::MySql => "SIGNED",
+                    DbBackend::Postgres => "BIGINT",
+                    _ => "INTEGER",
+                };
+                let column = |n: u8| match backend {
+                    DbBackend::Postgres => format!("CAST(${} AS {int})", times + n),
+                    _ => format!("CAST(? AS {int})"),
+                };
+                let sql = format!(
+                    "SELECT CAST(CASE WHEN {predicate} THEN 1 ELSE 0 END AS {int}) FROM (SELECT {} AS state, {} AS expires_at, {} AS \
+                     lease_until) r",
+                    column(1),
+                    column(2),
+                    column(3)
+                );
+                for state in [State::InProgress, State::Completed, State::Failed, State::Unknown] {
+                    for expires_at in [now - 5, now, now + 5] {
+                        for lease_until in [now - 5, now, now + 5] {
+                            let mut values: Vec<Value> = vec![Value::BigInt(Some(now as i64)); usize::from(times)];
+                            values.extend([
+                                state.code().into(),
+                                (expires_at as i64).into(),
+                                (lease_until as i64).into(),
+                            ]);
+                            let values: Vec<Value> = values
+                                .into_iter()
+                                .map(|value| match value {
+                                    Value::SmallInt(Some(code)) => Value::BigInt(Some(i64::from(code))),
+                                    other => other,
+                                })
+                                .collect();
+                            let row = db
+                                .query_one_raw(Statement::from_sql_and_values(backend, &sql, values))
+                                .await
+                                .unwrap_or_else(|error| panic!("{backend:?} {name}: {error}\n{sql}"))
+                                .expect("one row");
+                            let said: i64 = row.try_get_by_index(0).expect("an integer");
+                            let view = RecordView {
+                                state,
+                                token: Token::from_raw(1),
+                                attempt: Won::Fresh,
+                                window_end: 0,
+                                expires_at,
+                                lease_until,
+                                fingerprint: &[],
+                                arg_tags: &[],
+                                result: None,
+                            };
+                            assert_eq!(
+                                said == 1,
+                                judged(&view, now),
+                                "{backend:?} {name}: state {state:?}, expires {expires_at}, lease {lease_until}, now {now}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }
