@@ -6,7 +6,7 @@
 //! on a duplicate, the record is read apart.
 
 use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
-use super::statements::{expired, lease_lapsed, resolvable, sweepable};
+use super::statements::{expired, lease_lapsed, resolvable, sweepable, tables};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (`key`, tenant, state, token, attempt, created_at, window_end,
@@ -76,25 +76,19 @@ pub(super) static STATEMENTS: Statements = Statements {
     find_superseded_at: "SELECT `key`, state, created_at, window_end, expires_at, lease_until, result, label \
                          FROM idem_superseded WHERE `key` >= ? AND `key` <= ? AND tenant = ? \
                          AND window_end = ? LIMIT 1",
-    resolve: Tables {
-        records: concat!(
-            "UPDATE idem_records SET state = ?, result = ?, expires_at = ? \
+    resolve: tables!(
+        ["UPDATE "],
+        [
+            " SET state = ?, result = ?, expires_at = ? \
                   WHERE `key` = ? AND window_end = ? AND tenant = ? AND ",
             resolvable!("?")
-        ),
-        superseded: concat!(
-            "UPDATE idem_superseded SET state = ?, result = ?, expires_at = ? \
-                     WHERE `key` = ? AND window_end = ? AND tenant = ? \
-                     AND ",
-            resolvable!("?")
-        ),
-    },
-    replace: Tables {
-        records: "UPDATE idem_records SET result = ?, expires_at = GREATEST(expires_at, ?) \
-                  WHERE `key` = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?",
-        superseded: "UPDATE idem_superseded SET result = ?, expires_at = GREATEST(expires_at, ?) \
-                  WHERE `key` = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?",
-    },
+        ]
+    ),
+    replace: tables!(
+        ["UPDATE "],
+        [" SET result = ?, expires_at = GREATEST(expires_at, ?) \
+                  WHERE `key` = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?"]
+    ),
     sweep: Tables {
         records: concat!(
             "DELETE FROM idem_records \
@@ -111,26 +105,18 @@ pub(super) static STATEMENTS: Statements = Statements {
                      ORDER BY expires_at LIMIT ?"
         ),
     },
-    stats: Tables {
-        records: concat!(
+    stats: tables!(
+        [
             "SELECT state, COUNT(*), MIN(created_at), \
                   COUNT(CASE WHEN ",
             sweepable!("?", "?"),
             " THEN 1 END), \
                   COUNT(CASE WHEN ",
             lease_lapsed!("?"),
-            " THEN 1 END) FROM idem_records GROUP BY state"
-        ),
-        superseded: concat!(
-            "SELECT state, COUNT(*), MIN(created_at), \
-                  COUNT(CASE WHEN ",
-            sweepable!("?", "?"),
-            " THEN 1 END), \
-                  COUNT(CASE WHEN ",
-            lease_lapsed!("?"),
-            " THEN 1 END) FROM idem_superseded GROUP BY state"
-        ),
-    },
+            " THEN 1 END) FROM "
+        ],
+        [" GROUP BY state"]
+    ),
     size: "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) FROM information_schema.tables \
                  WHERE table_schema = DATABASE() AND table_name IN ('idem_records', 'idem_superseded')",
     sweep_rechecks: false,

@@ -7,7 +7,7 @@
 //! PostgreSQL can fail with a duplicate type name.
 
 use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
-use super::statements::{expired, lease_lapsed, resolvable, sweepable};
+use super::statements::{expired, lease_lapsed, resolvable, sweepable, tables};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "WITH claimed AS (
@@ -89,26 +89,20 @@ pub(super) static STATEMENTS: Statements = Statements {
     find_superseded_at: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label \
                          FROM idem_superseded WHERE key >= $1 AND key <= $2 AND tenant = $3 \
                          AND window_end = $4 LIMIT 1",
-    resolve: Tables {
-        records: concat!(
-            "UPDATE idem_records SET state = $1, result = $2, expires_at = $3 \
+    resolve: tables!(
+        ["UPDATE "],
+        [
+            " SET state = $1, result = $2, expires_at = $3 \
                   WHERE key = $4 AND window_end = $5 AND tenant = $6 \
                   AND ",
             resolvable!("$7")
-        ),
-        superseded: concat!(
-            "UPDATE idem_superseded SET state = $1, result = $2, expires_at = $3 \
-                     WHERE key = $4 AND window_end = $5 AND tenant = $6 \
-                     AND ",
-            resolvable!("$7")
-        ),
-    },
-    replace: Tables {
-        records: "UPDATE idem_records SET result = $1, expires_at = GREATEST(expires_at, $2) \
-                  WHERE key = $3 AND window_end = $4 AND tenant = $5 AND state = 2 AND result = $6",
-        superseded: "UPDATE idem_superseded SET result = $1, expires_at = GREATEST(expires_at, $2) \
-                  WHERE key = $3 AND window_end = $4 AND tenant = $5 AND state = 2 AND result = $6",
-    },
+        ]
+    ),
+    replace: tables!(
+        ["UPDATE "],
+        [" SET result = $1, expires_at = GREATEST(expires_at, $2) \
+                  WHERE key = $3 AND window_end = $4 AND tenant = $5 AND state = 2 AND result = $6"]
+    ),
     // The subquery locks the rows it picks and skips those another transaction holds (another
     // replica's sweep, a claim or renewal under way): concurrent sweeps take disjoint batches
     // instead of queueing behind one another's row locks, and a skipped row waits for the next
@@ -133,26 +127,18 @@ pub(super) static STATEMENTS: Statements = Statements {
             sweepable!("$6", "$7")
         ),
     },
-    stats: Tables {
-        records: concat!(
+    stats: tables!(
+        [
             "SELECT state, COUNT(*), MIN(created_at), \
                   COUNT(CASE WHEN ",
             sweepable!("$1", "$2"),
             " THEN 1 END), \
                   COUNT(CASE WHEN ",
             lease_lapsed!("$3"),
-            " THEN 1 END) FROM idem_records GROUP BY state"
-        ),
-        superseded: concat!(
-            "SELECT state, COUNT(*), MIN(created_at), \
-                  COUNT(CASE WHEN ",
-            sweepable!("$1", "$2"),
-            " THEN 1 END), \
-                  COUNT(CASE WHEN ",
-            lease_lapsed!("$3"),
-            " THEN 1 END) FROM idem_superseded GROUP BY state"
-        ),
-    },
+            " THEN 1 END) FROM "
+        ],
+        [" GROUP BY state"]
+    ),
     size: "SELECT CAST(pg_total_relation_size('idem_records') + pg_total_relation_size('idem_superseded') \
                  AS BIGINT)",
     sweep_rechecks: true,

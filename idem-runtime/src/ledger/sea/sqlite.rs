@@ -6,7 +6,7 @@
 //! statement (SQLite 3.35+); when it does not claim, the record in the way is read apart.
 
 use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
-use super::statements::{expired, lease_lapsed, resolvable, sweepable};
+use super::statements::{expired, lease_lapsed, resolvable, sweepable, tables};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end,
@@ -78,25 +78,19 @@ pub(super) static STATEMENTS: Statements = Statements {
     find_superseded_at: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label \
                          FROM idem_superseded WHERE key >= ? AND key <= ? AND tenant = ? \
                          AND window_end = ? LIMIT 1",
-    resolve: Tables {
-        records: concat!(
-            "UPDATE idem_records SET state = ?, result = ?, expires_at = ? \
+    resolve: tables!(
+        ["UPDATE "],
+        [
+            " SET state = ?, result = ?, expires_at = ? \
                   WHERE key = ? AND window_end = ? AND tenant = ? AND ",
             resolvable!("?")
-        ),
-        superseded: concat!(
-            "UPDATE idem_superseded SET state = ?, result = ?, expires_at = ? \
-                     WHERE key = ? AND window_end = ? AND tenant = ? \
-                     AND ",
-            resolvable!("?")
-        ),
-    },
-    replace: Tables {
-        records: "UPDATE idem_records SET result = ?, expires_at = MAX(expires_at, ?) \
-                  WHERE key = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?",
-        superseded: "UPDATE idem_superseded SET result = ?, expires_at = MAX(expires_at, ?) \
-                  WHERE key = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?",
-    },
+        ]
+    ),
+    replace: tables!(
+        ["UPDATE "],
+        [" SET result = ?, expires_at = MAX(expires_at, ?) \
+                  WHERE key = ? AND window_end = ? AND tenant = ? AND state = 2 AND result = ?"]
+    ),
     sweep: Tables {
         records: concat!(
             "DELETE FROM idem_records WHERE key IN (SELECT key FROM idem_records \
@@ -117,26 +111,18 @@ pub(super) static STATEMENTS: Statements = Statements {
             sweepable!("?", "?")
         ),
     },
-    stats: Tables {
-        records: concat!(
+    stats: tables!(
+        [
             "SELECT state, COUNT(*), MIN(created_at), \
                   COUNT(CASE WHEN ",
             sweepable!("?", "?"),
             " THEN 1 END), \
                   COUNT(CASE WHEN ",
             lease_lapsed!("?"),
-            " THEN 1 END) FROM idem_records GROUP BY state"
-        ),
-        superseded: concat!(
-            "SELECT state, COUNT(*), MIN(created_at), \
-                  COUNT(CASE WHEN ",
-            sweepable!("?", "?"),
-            " THEN 1 END), \
-                  COUNT(CASE WHEN ",
-            lease_lapsed!("?"),
-            " THEN 1 END) FROM idem_superseded GROUP BY state"
-        ),
-    },
+            " THEN 1 END) FROM "
+        ],
+        [" GROUP BY state"]
+    ),
     size: "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
     sweep_rechecks: true,
     now: "SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",

@@ -42,7 +42,17 @@ macro_rules! sweepable {
     };
 }
 
-pub(crate) use {expired, lease_lapsed, resolvable, sweepable};
+/// One statement for each table, written once: the pieces before and after the table's name.
+macro_rules! tables {
+    ([$($before:tt)*], [$($after:tt)*]) => {
+        $crate::ledger::sea::statements::Tables {
+            records: concat!($($before)*, "idem_records", $($after)*),
+            superseded: concat!($($before)*, "idem_superseded", $($after)*),
+        }
+    };
+}
+
+pub(crate) use {expired, lease_lapsed, resolvable, sweepable, tables};
 
 /// Every statement a SQL ledger sends once its tables exist, on one backend.
 #[derive(Debug)]
