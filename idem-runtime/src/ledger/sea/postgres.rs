@@ -6,8 +6,8 @@
 //! an advisory lock: replicas starting together would race `CREATE TABLE IF NOT EXISTS`, which
 //! PostgreSQL can fail with a duplicate type name.
 
-use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
-use super::statements::{expired, lease_lapsed, resolvable, sweepable, tables};
+use super::statements::{AddColumn, Migration, Statements, Tables, Visible};
+use super::statements::{completions, expired, lease_lapsed, resolvable, sweepable, tables};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "WITH claimed AS (
@@ -39,28 +39,16 @@ pub(super) static STATEMENTS: Statements = Statements {
             WHERE key = $3 AND token = $4 AND state = 1",
     withdraw: "DELETE FROM idem_records WHERE key = $1 AND token = $2 AND attempt = 0 AND state IN (1, 4)",
     release: "UPDATE idem_records SET lease_until = 0 WHERE key = $1 AND token = $2 AND attempt <> 0 AND state = 1",
-    complete: Tables {
-        records: Complete {
-            completed: "UPDATE idem_records SET state = $1, result = $2, label = $3, \
+    complete: completions!(
+        completed: [" SET state = $1, result = $2, label = $3, \
                         expires_at = CASE WHEN window_end > $4 THEN window_end ELSE $5 END \
-                        WHERE key = $6 AND token = $7 AND state IN (1, 4)",
-            failed: "UPDATE idem_records SET state = $1, result = $2, label = $3, expires_at = window_end \
-                     WHERE key = $4 AND token = $5 AND state IN (1, 4)",
-            unknown: "UPDATE idem_records SET state = $1, result = $2, \
+                        WHERE key = $6 AND token = $7 AND state IN (1, 4)"],
+        failed: [" SET state = $1, result = $2, label = $3, expires_at = window_end \
+                     WHERE key = $4 AND token = $5 AND state IN (1, 4)"],
+        unknown: [" SET state = $1, result = $2, \
                       expires_at = CASE WHEN expires_at > $3 THEN expires_at ELSE $4 END \
-                      WHERE key = $5 AND token = $6 AND state IN (1, 4)",
-        },
-        superseded: Complete {
-            completed: "UPDATE idem_superseded SET state = $1, result = $2, label = $3, \
-                        expires_at = CASE WHEN window_end > $4 THEN window_end ELSE $5 END \
-                        WHERE key = $6 AND token = $7 AND state IN (1, 4)",
-            failed: "UPDATE idem_superseded SET state = $1, result = $2, label = $3, expires_at = window_end \
-                     WHERE key = $4 AND token = $5 AND state IN (1, 4)",
-            unknown: "UPDATE idem_superseded SET state = $1, result = $2, \
-                      expires_at = CASE WHEN expires_at > $3 THEN expires_at ELSE $4 END \
-                      WHERE key = $5 AND token = $6 AND state IN (1, 4)",
-        },
-    },
+                      WHERE key = $5 AND token = $6 AND state IN (1, 4)"]
+    ),
     lookup: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
              WHERE key = $1",
     find: Visible {

@@ -5,8 +5,8 @@
 //! PostgreSQL claim's. `INSERT … ON CONFLICT DO NOTHING RETURNING` claims an absent key in one
 //! statement (SQLite 3.35+); when it does not claim, the record in the way is read apart.
 
-use super::statements::{AddColumn, Complete, Migration, Statements, Tables, Visible};
-use super::statements::{expired, lease_lapsed, resolvable, sweepable, tables};
+use super::statements::{AddColumn, Migration, Statements, Tables, Visible};
+use super::statements::{completions, expired, lease_lapsed, resolvable, sweepable, tables};
 
 pub(super) static STATEMENTS: Statements = Statements {
     claim: "INSERT INTO idem_records (key, tenant, state, token, attempt, created_at, window_end,
@@ -29,28 +29,16 @@ pub(super) static STATEMENTS: Statements = Statements {
             WHERE key = ? AND token = ? AND state = 1",
     withdraw: "DELETE FROM idem_records WHERE key = ? AND token = ? AND attempt = 0 AND state IN (1, 4)",
     release: "UPDATE idem_records SET lease_until = 0 WHERE key = ? AND token = ? AND attempt <> 0 AND state = 1",
-    complete: Tables {
-        records: Complete {
-            completed: "UPDATE idem_records SET state = ?, result = ?, label = ?, \
+    complete: completions!(
+        completed: [" SET state = ?, result = ?, label = ?, \
                         expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
-                        WHERE key = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_records SET state = ?, result = ?, label = ?, expires_at = window_end \
-                     WHERE key = ? AND token = ? AND state IN (1, 4)",
-            unknown: "UPDATE idem_records SET state = ?, result = ?, \
+                        WHERE key = ? AND token = ? AND state IN (1, 4)"],
+        failed: [" SET state = ?, result = ?, label = ?, expires_at = window_end \
+                     WHERE key = ? AND token = ? AND state IN (1, 4)"],
+        unknown: [" SET state = ?, result = ?, \
                       expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
-                      WHERE key = ? AND token = ? AND state IN (1, 4)",
-        },
-        superseded: Complete {
-            completed: "UPDATE idem_superseded SET state = ?, result = ?, label = ?, \
-                        expires_at = CASE WHEN window_end > ? THEN window_end ELSE ? END \
-                        WHERE key = ? AND token = ? AND state IN (1, 4)",
-            failed: "UPDATE idem_superseded SET state = ?, result = ?, label = ?, expires_at = window_end \
-                     WHERE key = ? AND token = ? AND state IN (1, 4)",
-            unknown: "UPDATE idem_superseded SET state = ?, result = ?, \
-                      expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END \
-                      WHERE key = ? AND token = ? AND state IN (1, 4)",
-        },
-    },
+                      WHERE key = ? AND token = ? AND state IN (1, 4)"]
+    ),
     lookup: "SELECT key, state, created_at, window_end, expires_at, lease_until, result, label FROM idem_records \
              WHERE key = ?",
     find: Visible {

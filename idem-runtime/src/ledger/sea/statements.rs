@@ -1,7 +1,9 @@
 //! The shape of a backend's statement set: every statement a SQL ledger sends, named for what
 //! it does. The text itself lives in one file per backend (`sqlite.rs`, `postgres.rs`,
-//! `mysql.rs`); the ledger's logic is shared and only picks a statement here, so no statement is
-//! rewritten at run time, and a benchmark can send exactly the ledger's own.
+//! `mysql.rs`), built at compile time from what is written once here: the record predicates
+//! `judge.rs` defines, and one text for both tables (`tables!`, `completions!`). The ledger's
+//! logic is shared and only picks a statement here, so no statement is rewritten at run time,
+//! and a benchmark can send exactly the ledger's own.
 //!
 //! Parameters: PostgreSQL numbers them (`$1`), MySQL and SQLite take them in order (`?`); every
 //! backend's statement takes the same values in the same order, as each field says.
@@ -52,7 +54,26 @@ macro_rules! tables {
     };
 }
 
-pub(crate) use {expired, lease_lapsed, resolvable, sweepable, tables};
+/// The completions of a held claim on each table ([`Complete`]), each written once: the text
+/// after `UPDATE <table>`.
+macro_rules! completions {
+    (completed: [$($completed:tt)*], failed: [$($failed:tt)*], unknown: [$($unknown:tt)*]) => {
+        $crate::ledger::sea::statements::Tables {
+            records: $crate::ledger::sea::statements::Complete {
+                completed: concat!("UPDATE idem_records", $($completed)*),
+                failed: concat!("UPDATE idem_records", $($failed)*),
+                unknown: concat!("UPDATE idem_records", $($unknown)*),
+            },
+            superseded: $crate::ledger::sea::statements::Complete {
+                completed: concat!("UPDATE idem_superseded", $($completed)*),
+                failed: concat!("UPDATE idem_superseded", $($failed)*),
+                unknown: concat!("UPDATE idem_superseded", $($unknown)*),
+            },
+        }
+    };
+}
+
+pub(crate) use {completions, expired, lease_lapsed, resolvable, sweepable, tables};
 
 /// Every statement a SQL ledger sends once its tables exist, on one backend.
 #[derive(Debug)]
