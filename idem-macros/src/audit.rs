@@ -135,7 +135,7 @@ fn last_segment(path: &syn::Path) -> Option<&str> {
 
 /// `Self::idem_backed_tools()`: the tools of the default router's impl whose hint a recipe or an
 /// inherent reason backs. Generated for the impl of the default router only, so several audited
-/// impls of one type do not collide; the startup audit does not need it (each tool's `_meta`
+/// impls of one type do not collide; the startup check (`mcp::check`) does not need it (each tool's `_meta`
 /// carries its backing), it lists the backed tools for tests and logs.
 fn backed_tools(item: &ItemImpl, backed: &[String]) -> TokenStream {
     let self_ty = &item.self_ty;

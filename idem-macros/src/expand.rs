@@ -282,7 +282,7 @@ fn rewrite_tool_attr(cx: &mut Ctxt, recipe: &Recipe, item: &mut Handler) -> (Str
     // impl's tools in whatever router holds them.
     let krate = &recipe.krate;
     let (function, backing) = if recipe.inherent.is_some() {
-        (quote!(#krate::__private::backed_meta), quote!(#krate::__private::Backing::Inherent))
+        (quote!(#krate::mcp::wire::backed_meta), quote!(#krate::mcp::wire::Backing::Inherent))
     } else {
         let recipe = recipe_expr(recipe, &name);
         (quote!(#krate::mcp::wire::recipe_meta), quote!(&#recipe))

@@ -64,7 +64,7 @@ pub use operation::{Operation, current_caller, current_operation, run_as};
 pub use pending::{CursorError, PendingCursor, PendingFilter, PendingOperation, PendingPage};
 #[cfg(feature = "rmcp")]
 pub(crate) use request_state::EchoedState;
-#[cfg(feature = "http")]
+#[cfg(feature = "http-tower")]
 pub(crate) use settings::DEFAULT_NAMESPACE;
 pub use settings::{
     BuildError, Builder, DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION,

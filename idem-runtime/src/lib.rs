@@ -85,7 +85,7 @@
 mod bytes;
 pub mod canonical;
 pub mod clock;
-#[cfg(feature = "http")]
+#[cfg(feature = "http-tower")]
 pub mod http;
 mod idem;
 pub mod key;
@@ -291,8 +291,6 @@ pub use idem_macros::audit_idempotent;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::macro_support::*;
-    #[cfg(feature = "rmcp")]
-    pub use crate::mcp::check::{Backing, backed_meta};
     #[cfg(feature = "rmcp")]
     pub use crate::mcp::macro_support::*;
     #[cfg(feature = "rmcp")]

@@ -27,7 +27,7 @@ struct Ticket {
     id: usize,
 }
 
-/// A server as the README builds it: the checked router (with `idem_status`) in a field, served.
+/// A server as the README builds it: its router plus `idem_status` in a field, served.
 struct Desk {
     idem: Idem,
     opened: AtomicUsize,

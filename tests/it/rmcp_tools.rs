@@ -249,7 +249,7 @@ impl Desk {
     }
 }
 
-/// No `#[idempotent]` here, so nothing obliges an audit: the startup audit is what catches it.
+/// No `#[idempotent]` here, so nothing obliges an audit: the startup check (`mcp::check`) catches it.
 #[tool_router(router = legacy_router)]
 impl Desk {
     #[tool(description = "Resend an invoice", annotations(idempotent_hint = true))]

@@ -47,11 +47,16 @@ impl Config {
                 .map(|route| route.recipe)
                 .chain(self.methods.iter().map(|(_, recipe)| *recipe))
                 .collect();
+            // `.methods(..)` exists with axum only (feature `http`).
+            let or_methods = if cfg!(feature = "http") {
+                ", or protect every route's requests of a method with `.methods(&[Method::POST])`"
+            } else {
+                ""
+            };
             assert!(
                 !recipes.is_empty(),
                 "this IdempotencyLayer protects nothing: name its routes with \
-                 `.route(Method::POST, \"/payments\", Route::new())`, or protect every route's requests of a method \
-                 with `.methods(&[Method::POST])`"
+                 `.route(Method::POST, \"/payments\", Route::new())`{or_methods}"
             );
             let ledger = self.idem.ledger();
             for recipe in &recipes {

@@ -95,13 +95,13 @@ fn parse_sf_string(text: &str) -> Result<String, KeyError> {
 
 /// The client's `Idempotency-Key`, decoded (`"ord\"er"` is `ord"er`; a bare `order-42` is
 /// `order-42`), as the handler of a protected request reads it: in the request's extensions,
-/// and with the `axum` feature an axum extractor. This is the client's own key — what the client quotes back and what a
+/// and with the `http` feature (not `http-tower` alone) an axum extractor. This is the client's own key — what the client quotes back and what a
 /// receipt may show; to forward a key downstream, use the operation's
 /// ([`current_operation`](crate::current_operation), [`ForwardKeyLayer`](super::ForwardKeyLayer)),
 /// which is kept apart per principal.
 ///
 /// ```
-/// # #[cfg(feature = "axum")] {
+/// # #[cfg(feature = "http")] {
 /// use idem_runtime::http::IdempotencyKey;
 ///
 /// async fn charge(IdempotencyKey(key): IdempotencyKey) -> String {
@@ -129,7 +129,7 @@ impl std::fmt::Display for IdempotencyKey {
     }
 }
 
-#[cfg(feature = "axum")]
+#[cfg(feature = "http")]
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdempotencyKey {
     type Rejection = (http::StatusCode, &'static str);
 

@@ -5,7 +5,7 @@
 //! and hooks.
 //!
 //! ```no_run
-//! # #[cfg(feature = "axum")]
+//! # #[cfg(feature = "http")]
 //! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
 //! use axum::routing::post;
 //! use idem_runtime::http::{IdempotencyLayer, Route};
@@ -30,11 +30,12 @@
 //! # }
 //! ```
 //!
-//! On an axum `Router`, enable the `axum` feature (it implies `http`): the layer then protects
-//! the route the router matched (axum's `MatchedPath`), [`IdempotencyLayer::methods`] can key
-//! every route of a method by it, and [`IdempotencyKey`] is an extractor. Without it — a plain
-//! tower or hyper service, no axum in the build — the layer matches the requests' paths against
-//! the templates it was given, as axum's router would.
+//! With the `http` feature the layer knows axum: on a `Router` it protects the route the router
+//! matched (axum's `MatchedPath`), [`IdempotencyLayer::methods`] can key every route of a method
+//! by it, and [`IdempotencyKey`] is an extractor. The `http-tower` feature builds the layer alone,
+//! for a plain tower or hyper service with no axum in the build: it matches the requests' paths
+//! against the templates it was given, as axum's router would (never put that build on an axum
+//! `Router` inside `nest`: it would see the path without the prefix).
 //!
 //! What a request gets, step by step:
 //! 1. The layer protects what you declare — routes named with [`IdempotencyLayer::route`],
@@ -432,7 +433,7 @@ impl IdempotencyLayer {
     /// # Panics
     ///
     /// A safe method (GET, HEAD, OPTIONS, TRACE).
-    #[cfg(feature = "axum")]
+    #[cfg(feature = "http")]
     #[must_use]
     #[track_caller]
     pub fn methods(mut self, methods: &[Method]) -> Self {

@@ -210,13 +210,13 @@ struct Matched {
 /// in (axum's `MatchedPath` and `NestedPath`, feature `axum`); outside a router, or without the
 /// feature, none.
 fn router_match<B>(request: &Request<B>) -> Option<(&str, Option<&str>)> {
-    #[cfg(feature = "axum")]
+    #[cfg(feature = "http")]
     {
         let matched = request.extensions().get::<axum::extract::MatchedPath>()?.as_str();
         let nested = request.extensions().get::<axum::extract::NestedPath>().map(axum::extract::NestedPath::as_str);
         Some((matched, nested))
     }
-    #[cfg(not(feature = "axum"))]
+    #[cfg(not(feature = "http"))]
     {
         let _ = request;
         None

@@ -163,7 +163,11 @@ impl Idem {
         RFut: Future<Output = Reconciled<T, E>>,
     {
         let arguments = CallArguments::of(recipe, arguments);
-        let handler = || async { Ran::<T, E, std::convert::Infallible>::Outcome(handler().await) };
+        // The handler is called where the engine runs it, as before: only its future is wrapped.
+        let handler = || {
+            let running = handler();
+            async move { Ran::<T, E, std::convert::Infallible>::Outcome(running.await) }
+        };
         match self.execute(recipe, caller, true, arguments, reconcile, handler).await {
             Ok(Served { value: Ran::Outcome(Ok(value)), replayed, reference }) => {
                 Ok(Served { value, replayed, reference })

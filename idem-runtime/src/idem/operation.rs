@@ -23,17 +23,17 @@ tokio::task_local! {
     static OPERATION: Operation;
     static CALLER: Caller;
     /// What this run of the handler sent through `ForwardKeyLayer` (see [`note_sent`]).
-    #[cfg(feature = "http")]
+    #[cfg(feature = "http-tower")]
     static SENT: Sent;
 }
 
 /// The (origin, key) pairs one run of a handler sent, newest last: at most [`Sent::MAX`], so a
 /// handler that sends many requests keeps a bounded record, dropped when the run ends.
-#[cfg(feature = "http")]
+#[cfg(feature = "http-tower")]
 #[derive(Debug, Default)]
 struct Sent(std::sync::Mutex<std::collections::VecDeque<(String, String)>>);
 
-#[cfg(feature = "http")]
+#[cfg(feature = "http-tower")]
 impl Sent {
     /// How many pairs one run remembers (the oldest is forgotten first).
     const MAX: usize = 64;
@@ -203,7 +203,7 @@ impl Operation {
     /// Notes that the handler running in this task sent `key` to `origin`: whether it had already
     /// sent that key there in this run (`None` outside a handler). The record is this run's alone
     /// and bounded ([`Sent::MAX`] pairs, the oldest forgotten first).
-    #[cfg(feature = "http")]
+    #[cfg(feature = "http-tower")]
     pub(crate) fn note_sent(origin: &str, key: &str) -> Option<bool> {
         SENT.try_with(|sent| {
             let mut sent = sent.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -266,7 +266,7 @@ pub(super) fn running_as<F: Future>(
     caller: Caller,
     future: F,
 ) -> impl Future<Output = F::Output> {
-    #[cfg(feature = "http")]
+    #[cfg(feature = "http-tower")]
     let future = SENT.scope(Sent::default(), future);
     CALLER.scope(caller, OPERATION.scope(operation, future))
 }

@@ -10,13 +10,15 @@
 use std::sync::Arc;
 
 use rmcp::RoleServer;
+use rmcp::service::RequestContext;
 
 use crate::idem::Idem;
 use crate::rejection::Rejection;
 use crate::scope::Caller;
 
-/// The request context an idempotent rmcp tool reads its caller from.
-pub type Context = rmcp::service::RequestContext<RoleServer>;
+/// The request context an idempotent rmcp tool reads its caller from (rmcp's; the public
+/// signatures spell it out).
+pub(crate) type Context = RequestContext<RoleServer>;
 
 /// The authenticated caller of a request: the [`Caller`] an HTTP auth middleware inserted into
 /// the request's extensions (or directly into the context's).
@@ -42,7 +44,7 @@ pub fn is_remote(context: &Context) -> bool {
 /// caller in scope or the handle's local identity. Over HTTP without one: none. For tools
 /// without a recipe that must answer per caller (a listing scoped to the caller's tenant).
 #[must_use]
-pub fn request_caller(idem: &Idem, context: &Context) -> Option<Caller> {
+pub fn request_caller(idem: &Idem, context: &RequestContext<RoleServer>) -> Option<Caller> {
     caller_of(context).or_else(|| {
         if is_remote(context) {
             return None;

@@ -57,7 +57,9 @@ impl std::fmt::Display for NotReady {
                 f,
                 "refusing to serve tool(s) {} that advertise idempotentHint: true without an idem recipe: hosts \
                  would retry them blindly. Add `#[idempotent(key = \"...\")]` (or `inherent = \"...\"`) to each, \
-                 or drop the hint",
+                 or drop the hint; a tool added by hand says what backs it in its definition's `_meta` \
+                 (`idem_runtime::mcp::wire::recipe_meta` with the recipe `Idem::call` protects it with, or \
+                 `backed_meta(.., Backing::Inherent)`)",
                 tools.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
             ),
             Self::NoStatusTool { server } => write!(
@@ -82,7 +84,7 @@ impl std::error::Error for NotReady {}
 /// Checks an rmcp server before it serves, in one call: every tool `router` lists with
 /// `idempotentHint: true` is backed by a recipe (an `#[idempotent]` tool, from whichever audited
 /// impl or named router it came, or a tool added by hand whose definition carries
-/// [`recipe_meta`](super::wire::recipe_meta)); the server serves the status tool (as its `#[tool_handler]` lists it); and
+/// [`recipe_meta`](super::wire::recipe_meta), or [`backed_meta`] with [`Backing::Inherent`]); the server serves the status tool (as its `#[tool_handler]` lists it); and
 /// over [`Transport::Stdio`] its handle has a local caller. `router` is the one the server
 /// serves, usually the field its `#[tool_handler(router = self.tool_router)]` names.
 ///

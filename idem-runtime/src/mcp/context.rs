@@ -16,7 +16,7 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::InputResponses;
 use serde_json::Value;
 
-use super::caller::{Context, caller_of, is_remote};
+use super::caller::{caller_of, is_remote};
 use crate::idem::EchoedState;
 use crate::recipe::CLIENT_KEY_META;
 use crate::scope::Caller;
@@ -83,7 +83,7 @@ impl ToolContext {
     /// into the request's extensions), whether it came over HTTP, and whether its client declared the tasks extension (the
     /// request's client capabilities, as rmcp reads them).
     #[must_use]
-    pub fn from_request(request: &Context) -> Self {
+    pub fn from_request(request: &rmcp::service::RequestContext<rmcp::RoleServer>) -> Self {
         let tasks = request.client_capabilities().is_some_and(|capabilities| capabilities.supports_tasks());
         let client_key = request.meta.0.get(CLIENT_KEY_META).cloned();
         Self { caller: caller_of(request), remote: is_remote(request), tasks, client_key, ..Self::default() }

@@ -64,9 +64,12 @@ pub use outcome::ToolOutcome;
 pub use status::status_tool;
 
 /// What idem puts on the wire of an MCP server, for clients, hand-written tools and tests: the
-/// `_meta` keys of an outcome and a recipe, the status tool's name, the answer a refusal is and
-/// the note a replay ends with.
+/// `_meta` keys of an outcome and a recipe (and what marks a tool added by hand as backed:
+/// [`recipe_meta`](wire::recipe_meta), or [`backed_meta`](wire::backed_meta) with
+/// [`Backing::Inherent`](wire::Backing::Inherent)), the status tool's name, the answer a refusal
+/// is and the note a replay ends with.
 pub mod wire {
+    pub use super::check::{Backing, backed_meta};
     pub use super::meta::{OUTCOME_META_KEY, RECIPE_META_KEY, recipe_json, recipe_meta};
     pub use super::outcome::{refusal, replay_note};
     pub use crate::rejection::STATUS_TOOL;

@@ -10,11 +10,12 @@
 //! stored JSON alone (the reason a `task = true` tool returns `rmcp::Json<T>` or `String` and
 //! errs with [`ToolError`]: those render the same from their JSON as from their type).
 
-use rmcp::ErrorData;
 use rmcp::model::{
     CallToolResult, CancelTaskParams, ContentBlock, CreateTaskResult, DetailedTask, ErrorCode, GetTaskParams,
     GetTaskResult, IntoContents, JsonObject, Task, TaskPayload, TaskStatus,
 };
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
 use serde_json::{Value, json};
 
 use super::caller::{Context, is_remote, no_caller, request_caller};
@@ -104,7 +105,11 @@ pub(crate) fn answers_with_task(
 /// `invalid_params` ("task not found") for an id that is not a task of this caller: unknown,
 /// expired, malformed, or another subject's or tenant's. `internal_error` when the ledger
 /// cannot be read (the detail is logged under an incident id, never sent).
-pub async fn get_task(idem: &Idem, request: &GetTaskParams, context: &Context) -> Result<GetTaskResult, ErrorData> {
+pub async fn get_task(
+    idem: &Idem,
+    request: &GetTaskParams,
+    context: &RequestContext<RoleServer>,
+) -> Result<GetTaskResult, ErrorData> {
     let report = find(idem, &request.task_id, context).await?;
     Ok(GetTaskResult::new(task_of(idem, &report)))
 }
@@ -115,7 +120,11 @@ pub async fn get_task(idem: &Idem, request: &GetTaskParams, context: &Context) -
 ///
 /// # Errors
 /// "Task not found" as [`get_task`]; otherwise [`CANNOT_CANCEL`] with the task's state in words.
-pub async fn cancel_task(idem: &Idem, request: &CancelTaskParams, context: &Context) -> Result<(), ErrorData> {
+pub async fn cancel_task(
+    idem: &Idem,
+    request: &CancelTaskParams,
+    context: &RequestContext<RoleServer>,
+) -> Result<(), ErrorData> {
     let report = find(idem, &request.task_id, context).await?;
     let reference = report.reference;
     let state = match report.state {

@@ -1,5 +1,5 @@
 //! One server type, several audited `#[tool_router]` impls (named routers added together), plus
-//! an audited impl of plain methods: they compile side by side, and the startup audit sees the
+//! an audited impl of plain methods: they compile side by side, and the startup check (`mcp::check`) sees the
 //! recipes of all of them.
 
 use idem_runtime::{
