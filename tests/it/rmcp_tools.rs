@@ -278,6 +278,33 @@ fn the_startup_audit_sees_the_recipes_of_every_audited_impl() {
     assert_eq!(refused, NotReady::Unbacked { tools: vec!["resend".to_owned()] });
 }
 
+/// A tool added by hand, hinted idempotent: `mcp::check` refuses it until its definition says
+/// what backs it (`wire::backed_meta` with `Backing::Inherent`, or `wire::recipe_meta`).
+fn hand_added(meta: Option<rmcp::model::MetaObject>) -> rmcp::handler::server::router::tool::ToolRouter<Desk> {
+    use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
+    use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, Tool, ToolAnnotations};
+    let mut tool = Tool::new("touch", "Sets a flag; a repeat sets it again", std::sync::Arc::new(Default::default()))
+        .with_annotations(ToolAnnotations::new().idempotent(true));
+    tool.meta = meta;
+    let route = ToolRoute::new_dyn(tool, |_| {
+        Box::pin(async { Ok(CallToolResponse::Complete(CallToolResult::success(vec![ContentBlock::text("set")]))) })
+    });
+    ToolRouter::new().with_route(route)
+}
+
+#[test]
+fn a_tool_added_by_hand_passes_the_check_once_its_definition_says_what_backs_it() {
+    use idem_runtime::mcp::wire::{Backing, backed_meta};
+    use idem_runtime::mcp::{self, NotReady, Transport};
+    let desk = Desk { idem: Idem::new(MemoryLedger::new()) };
+    let served = |meta| Desk::tool_router() + Desk::admin_router() + mcp::status_tool() + hand_added(meta);
+    let refused = mcp::check(&desk, &served(None), Transport::Http).unwrap_err();
+    assert_eq!(refused, NotReady::Unbacked { tools: vec!["touch".to_owned()] });
+    assert!(refused.to_string().contains("mcp::wire::recipe_meta"), "says what a hand-added tool does: {refused}");
+    mcp::check(&desk, &served(Some(backed_meta(None, Backing::Inherent))), Transport::Http)
+        .expect("an inherent tool added by hand is backed");
+}
+
 #[test]
 fn a_tool_lists_the_recipe_that_backs_its_hint() {
     let tools = Shop::tool_router().list_all();
