@@ -28,6 +28,7 @@ mod claim;
 mod error;
 mod judge;
 mod label;
+mod layer;
 pub mod memory;
 mod open;
 mod records;
@@ -52,6 +53,7 @@ pub use self::error::{ErrorSource, LedgerError};
 pub(crate) use self::judge::{RecordView, Verdict, held, lease_lapsed, settled_expiry, superseded, won_stale};
 pub use self::label::Label;
 pub(crate) use self::label::{open as open_label, seal as seal_label};
+pub use self::layer::{Layer, Verb};
 pub use self::open::{connect, from_env, is_redis_url};
 pub use self::report::{LedgerStats, PendingQuery, PendingRecord, StatusReport, ToolOwner};
 pub(crate) use self::timeout::Timeout;
@@ -261,118 +263,5 @@ pub trait Ledger: Send + Sync + 'static {
     /// No secret can be had without configuration.
     fn default_secret(&self) -> Result<Secret, SecretError> {
         Err(SecretError::Required { ledger: "this ledger (it names no default secret)".to_owned() })
-    }
-}
-
-impl<L: Ledger + ?Sized> Ledger for std::sync::Arc<L> {
-    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, LedgerError>> {
-        (**self).claim(request)
-    }
-    fn renew<'a>(&'a self, key: &'a Key, token: Token, lease_until: u64) -> BoxFuture<'a, Result<(), LedgerError>> {
-        (**self).renew(key, token, lease_until)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: Token,
-        outcome: Outcome,
-        keep_until: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        (**self).complete(key, token, outcome, keep_until)
-    }
-    fn release<'a>(&'a self, key: &'a Key, token: Token) -> BoxFuture<'a, Result<(), LedgerError>> {
-        (**self).release(key, token)
-    }
-    fn lookup<'a>(&'a self, key: &'a Key, now: u64) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        (**self).lookup(key, now)
-    }
-    fn status<'a>(
-        &'a self,
-        tenant: TenantTag,
-        subject: SubjectTag,
-        reference: Ref,
-        now: u64,
-    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        (**self).status(tenant, subject, reference, now)
-    }
-    fn resolve<'a>(
-        &'a self,
-        tenant: TenantTag,
-        address: Address,
-        resolution: Resolution,
-        now: u64,
-        keep_until: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        (**self).resolve(tenant, address, resolution, now, keep_until)
-    }
-    fn inspect<'a>(
-        &'a self,
-        tenant: TenantTag,
-        reference: Ref,
-        window_end: Option<u64>,
-        now: u64,
-    ) -> BoxFuture<'a, Result<Option<StatusReport>, LedgerError>> {
-        (**self).inspect(tenant, reference, window_end, now)
-    }
-    fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {
-        (**self).stats(now)
-    }
-    fn pending<'a>(
-        &'a self,
-        query: &'a PendingQuery,
-        now: u64,
-    ) -> BoxFuture<'a, Result<Vec<PendingRecord>, LedgerError>> {
-        (**self).pending(query, now)
-    }
-    fn keeps_labels(&self) -> bool {
-        (**self).keeps_labels()
-    }
-    fn local(&self) -> bool {
-        (**self).local()
-    }
-    fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
-        (**self).sweep(now, limit)
-    }
-    fn now(&self) -> BoxFuture<'_, Result<Option<u64>, LedgerError>> {
-        (**self).now()
-    }
-    fn secret_check<'a>(
-        &'a self,
-        version: u32,
-        check: Option<&'a [u8; 32]>,
-    ) -> BoxFuture<'a, Result<Option<[u8; 32]>, LedgerError>> {
-        (**self).secret_check(version, check)
-    }
-    fn secret_versions<'a>(&'a self, live: Option<(u32, u64)>) -> BoxFuture<'a, Result<Vec<(u32, u64)>, LedgerError>> {
-        (**self).secret_versions(live)
-    }
-    fn tool_owners<'a>(
-        &'a self,
-        namespace: &'a str,
-        tool: &'a str,
-        owner: &'a str,
-        now: u64,
-        since: u64,
-    ) -> BoxFuture<'a, Result<Vec<String>, LedgerError>> {
-        (**self).tool_owners(namespace, tool, owner, now, since)
-    }
-    fn keep_tool_facts<'a>(
-        &'a self,
-        namespace: &'a str,
-        tool: &'a str,
-        facts: &'a str,
-        now: u64,
-    ) -> BoxFuture<'a, Result<(), LedgerError>> {
-        (**self).keep_tool_facts(namespace, tool, facts, now)
-    }
-    fn tool_facts<'a>(
-        &'a self,
-        namespace: &'a str,
-        tool: &'a str,
-    ) -> BoxFuture<'a, Result<Option<String>, LedgerError>> {
-        (**self).tool_facts(namespace, tool)
-    }
-    fn default_secret(&self) -> Result<Secret, SecretError> {
-        (**self).default_secret()
     }
 }
