@@ -41,11 +41,11 @@ impl Config {
     /// When one of these fails, saying what to change.
     pub(super) fn check(&self) {
         self.checked.get_or_init(|| {
-            let recipes: Vec<&'static Recipe> = self
+            let recipes: Vec<&Recipe> = self
                 .routes
                 .iter()
-                .map(|route| route.recipe)
-                .chain(self.methods.iter().map(|(_, recipe)| *recipe))
+                .map(|route| &*route.recipe)
+                .chain(self.methods.iter().map(|(_, recipe)| &**recipe))
                 .collect();
             // `.methods(..)` exists with axum only (feature `http`).
             let or_methods = if cfg!(feature = "http") {

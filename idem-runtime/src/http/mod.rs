@@ -211,10 +211,10 @@ impl Route {
         self
     }
 
-    /// This route's recipe for `tool` in `namespace` (leaked once, at configuration).
+    /// This route's recipe for `tool` in `namespace`, owned by the layer.
     #[track_caller]
-    fn recipe(&self, tool: String, namespace: Option<&'static str>) -> &'static Recipe {
-        let tool: &'static str = Box::leak(tool.into_boxed_str());
+    fn recipe(&self, tool: String, namespace: Option<&'static str>) -> Arc<Recipe> {
+        let tool = intern(tool);
         let mut recipe = Recipe::new(tool, &["route", "key"]).stale(self.stale).result_schema(shape::stored_response);
         if let Some(namespace) = namespace {
             recipe = recipe.namespace(namespace);
@@ -225,8 +225,24 @@ impl Route {
         if let Some(wait) = self.wait {
             recipe = recipe.wait(wait);
         }
-        Box::leak(Box::new(recipe))
+        Arc::new(recipe)
     }
+}
+
+/// `text` as a `&'static str`, kept once per process however many layers name it: a recipe's
+/// tool and namespace are `&'static str` (the macro's are literals), and a layer's come from its
+/// configuration — a route's `POST /payments`, a service's namespace. Memory grows with the
+/// distinct names, never with the layers built.
+fn intern(text: String) -> &'static str {
+    static KEPT: std::sync::Mutex<std::collections::BTreeSet<&'static str>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = kept.get(text.as_str()) {
+        return known;
+    }
+    let kept_once: &'static str = Box::leak(text.into_boxed_str());
+    kept.insert(kept_once);
+    kept_once
 }
 
 /// A configured route: its method, its path template and how it is kept.
@@ -236,7 +252,7 @@ struct Protected {
     /// The template as axum's router reads it (see `template.rs`).
     pieces: Vec<template::Piece>,
     template: String,
-    recipe: &'static Recipe,
+    recipe: Arc<Recipe>,
     nothing_happened: Cow<'static, [StatusCode]>,
 }
 
@@ -273,7 +289,7 @@ pub(crate) struct Config {
     principal: Arc<Principal>,
     routes: Vec<Protected>,
     /// The methods protected on every route no configured route names, with their recipes.
-    methods: Vec<(Method, &'static Recipe)>,
+    methods: Vec<(Method, Arc<Recipe>)>,
     default_route: Route,
     /// The namespace the layer's operations are keyed in, if set ([`IdempotencyLayer::namespace`]).
     namespace: Option<&'static str>,
@@ -364,14 +380,14 @@ impl IdempotencyLayer {
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         let namespace: String = namespace.into();
         assert!(!namespace.trim().is_empty(), "IdempotencyLayer::namespace: give the service's name, not an empty one");
-        let namespace: &'static str = Box::leak(namespace.into_boxed_str());
+        let namespace = intern(namespace);
         let config = self.config();
         config.namespace = Some(namespace);
         for route in &mut config.routes {
-            route.recipe = Box::leak(Box::new(route.recipe.namespace(namespace)));
+            route.recipe = Arc::new(route.recipe.namespace(namespace));
         }
         for (_, recipe) in &mut config.methods {
-            *recipe = Box::leak(Box::new(recipe.namespace(namespace)));
+            *recipe = Arc::new(recipe.namespace(namespace));
         }
         self
     }
@@ -499,5 +515,28 @@ impl<S> tower_layer::Layer<S> for IdempotencyLayer {
     fn layer(&self, inner: S) -> Self::Service {
         self.config.check();
         Idempotent::new(inner, Arc::clone(&self.config))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Layers built again and again (a router per test, per tenant) keep each route's and
+    /// namespace's name once: their recipes are the layer's own, and nothing else is kept.
+    #[test]
+    fn a_layer_built_again_keeps_its_names_once() {
+        let build = || {
+            IdempotencyLayer::new(Idem::new(crate::MemoryLedger::new()), |_: &http::request::Parts| None)
+                .namespace(String::from("orders"))
+                .route(Method::POST, "/payments", Route::new())
+        };
+        let (first, again) = (build(), build());
+        let (first, again) = (&first.config.routes[0].recipe, &again.config.routes[0].recipe);
+        assert!(!Arc::ptr_eq(first, again), "each layer owns its recipe");
+        assert_eq!(first.tool(), "POST /payments");
+        assert!(std::ptr::eq(first.tool(), again.tool()), "the route's name is kept once");
+        let (first, again) = (first.namespace_name().unwrap(), again.namespace_name().unwrap());
+        assert!(std::ptr::eq(first, again), "the namespace is kept once");
     }
 }

@@ -201,7 +201,7 @@ where
 /// How a protected request is kept: its recipe, its route's name, and the statuses that mean
 /// nothing happened.
 struct Matched {
-    recipe: &'static Recipe,
+    recipe: Arc<Recipe>,
     route: String,
     nothing_happened: std::borrow::Cow<'static, [StatusCode]>,
 }
@@ -244,7 +244,8 @@ fn route_of<B>(config: &Config, request: &Request<B>) -> Option<Matched> {
             .map(|(_, route)| route),
     };
     if let Some(route) = chosen {
-        let (recipe, route, nothing_happened) = (route.recipe, route.template.clone(), route.nothing_happened.clone());
+        let (recipe, route, nothing_happened) =
+            (Arc::clone(&route.recipe), route.template.clone(), route.nothing_happened.clone());
         return Some(Matched { recipe, route, nothing_happened });
     }
     let (_, recipe) = config.methods.iter().find(|(protected, _)| protected == method)?;
@@ -261,7 +262,8 @@ fn route_of<B>(config: &Config, request: &Request<B>) -> Option<Matched> {
         }
         return None;
     };
-    Some(Matched { recipe, route: matched.to_owned(), nothing_happened: config.default_route.nothing_happened.clone() })
+    let (recipe, nothing_happened) = (Arc::clone(recipe), config.default_route.nothing_happened.clone());
+    Some(Matched { recipe, route: matched.to_owned(), nothing_happened })
 }
 
 /// One protected request, from its key, principal and body to one engine call, and back.
@@ -397,7 +399,7 @@ where
             Unstored::MaybeHappened
         })
     };
-    let answer = config.idem.call(recipe, Some(&caller), &arguments, run).await;
+    let answer = config.idem.call(&recipe, Some(&caller), &arguments, run).await;
     let kept = answered.lock().unwrap_or_else(PoisonError::into_inner).take();
     match (answer, kept) {
         // The first run: the service's own response, every header.
