@@ -47,12 +47,13 @@ mod pending;
 #[cfg_attr(not(feature = "rmcp"), expect(dead_code, reason = "only rmcp tools ask for input"))]
 mod request_state;
 mod settings;
+mod status_error;
 mod stored;
 mod sweeper;
 mod time;
 mod wait;
 
-pub use admin::{About, Admin, StatusError};
+pub use admin::{About, Admin};
 pub(crate) use arguments::CallArguments;
 pub(crate) use call::Ran;
 pub use call::{Reconciled, Served};
@@ -70,6 +71,7 @@ pub use settings::{
     BuildError, Builder, DEFAULT_LEASE, DEFAULT_LEDGER_TIMEOUT, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETENTION,
     DEFAULT_SETTLE_GRACE, DEFAULT_UNSETTLED_RETENTION, DEFAULT_VERDICT_RETENTION,
 };
+pub use status_error::StatusError;
 pub use stored::ResultSeal;
 pub(crate) use stored::StoredValue;
 pub use sweeper::{Sweeper, SweeperStats};

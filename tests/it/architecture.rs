@@ -407,3 +407,80 @@ fn no_source_file_passes_600_lines() {
     }
     assert!(long.is_empty(), "split these along their seams (at most 600 lines a file): {long:#?}");
 }
+
+/// Issue 43, item 3: who serves which operation is kept by the ledger's catalogue, which the
+/// handles over the ledger share — never by a process static (the three registries it replaced
+/// were two statics and a handle's map). A static with a lock is allowed only for what is one
+/// per process by nature, each named here with why.
+#[test]
+fn no_process_static_keeps_who_serves_what() {
+    let allowed = [
+        // Route names and namespaces interned: text kept once per process, not who serves it.
+        "http/mod.rs: KEPT",
+        // `Idem::install`: the handle `#[idempotent]` free functions run under, one per process.
+        "idem/handle.rs: INSTALLED",
+        // A server type checked once for its status tool, to log an error once per type.
+        "mcp/macro_support.rs: CHECKED",
+    ];
+    let root = workspace().join("idem-runtime").join("src");
+    let mut found = Vec::new();
+    for file in sources(&root) {
+        let text = std::fs::read_to_string(root.join(&file)).expect("read a source file");
+        for line in text.lines().map(str::trim_start) {
+            let Some(rest) = line.strip_prefix("static ").or_else(|| line.strip_prefix("pub(crate) static ")) else {
+                continue;
+            };
+            let Some((name, ty)) = rest.split_once(':') else { continue };
+            if ty.contains("Mutex") || ty.contains("RwLock") {
+                found.push(format!("{file}: {name}"));
+            }
+        }
+    }
+    assert_eq!(found, allowed, "a process-wide static with a lock: keep per-ledger state in its Catalogue");
+}
+
+/// The public methods of `Impl` blocks of `ty` in each runtime file (`pub fn` or `pub async fn`
+/// at the block's first level), by file.
+fn public_methods(ty: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let root = workspace().join("idem-runtime").join("src");
+    let mut found = std::collections::BTreeMap::new();
+    for file in sources(&root) {
+        let text = std::fs::read_to_string(root.join(&file)).expect("read a source file");
+        let mut inside = false;
+        for line in text.lines() {
+            let opens = (line.starts_with("impl ") || line.starts_with("impl<")) && line.ends_with('{');
+            if opens {
+                let named = line.trim_end_matches('{').trim();
+                let target = named.rsplit(" for ").next().unwrap_or(named);
+                let target = target.split_whitespace().last().unwrap_or_default();
+                inside = target == ty || target.starts_with(&format!("{ty}<"));
+                if inside && !named.contains(" for ") {
+                    found.entry(file.clone()).or_insert_with(Vec::new);
+                }
+                continue;
+            }
+            if line == "}" {
+                inside = false;
+            }
+            let method = line.strip_prefix("    pub fn ").or_else(|| line.strip_prefix("    pub async fn "));
+            if inside && let Some(method) = method {
+                let name: String = method.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                found.entry(file.clone()).or_insert_with(Vec::new).push(name);
+            }
+        }
+    }
+    found
+}
+
+/// Issue 43, item 2: a small front. `Idem`'s public methods — what a door or a handler needs —
+/// are in one file and few; `Admin`, the operator's verbs, is one room.
+#[test]
+fn the_handle_has_a_small_front_and_admin_one_room() {
+    let idem = public_methods("Idem");
+    let public: Vec<(&String, &Vec<String>)> = idem.iter().filter(|(_, methods)| !methods.is_empty()).collect();
+    assert_eq!(public.len(), 1, "Idem's public methods live in idem/handle.rs alone: {public:?}");
+    assert_eq!(public[0].0, "idem/handle.rs");
+    assert!(public[0].1.len() <= 9, "Idem keeps what a door or a handler needs: {:?}", public[0].1);
+    let admin: Vec<String> = public_methods("Admin").into_keys().collect();
+    assert_eq!(admin, ["idem/admin.rs"], "every method of Admin is in idem/admin.rs");
+}

@@ -58,6 +58,35 @@ async fn two_handles_over_one_ledger_never_share_an_operation() {
     }
 }
 
+/// Issue 43, item 3: who serves an operation is the ledger's catalogue, which every handle over
+/// the ledger shares — also handles given two clones of one ledger (a `SeaOrmLedger` cloned
+/// into two services). Before, this process's record of owners was a static keyed by the
+/// ledger's address: a clone was another ledger, the second handler was refused only once the
+/// database named the first, and the first kept running beside it ("order 43 #2").
+#[tokio::test]
+async fn handles_over_clones_of_one_ledger_share_its_catalogue() {
+    let dir = std::env::temp_dir().join(format!("idem-owners-clones-{:016x}", Token::random().get()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let url = format!("sqlite://{}?mode=rwc", dir.join("ledger.sqlite3").display());
+    let ledger = idem_runtime::ledger::sea::SeaOrmLedger::connect(&url).await.expect("open a SQLite file");
+    let namespace = fresh_namespace();
+    let handle = |ledger: idem_runtime::ledger::sea::SeaOrmLedger| {
+        idem_tests::builder(ledger)
+            .namespace(namespace.clone())
+            .local_caller(Caller::new("owners", "test"))
+            .build()
+            .unwrap()
+    };
+    let orders = Orders { idem: handle(ledger.clone()), ran: AtomicUsize::new(0) };
+    let invoices = Invoices { idem: handle(ledger), ran: AtomicUsize::new(0) };
+    assert_eq!(orders.create("42".into()).await, Ok("order 42 #1".to_owned()));
+    refused(&invoices.create("42".into()).await);
+    assert_eq!(invoices.ran.load(Ordering::SeqCst), 0, "the invoice handler never ran");
+    let answer = orders.create("43".into()).await;
+    assert_eq!(orders.ran.load(Ordering::SeqCst), 1, "the order handler ran beside the invoice one: {answer:?}");
+    refused(&answer);
+}
+
 /// Handles on `ledger` in a namespace of their own, calling as one local caller.
 fn handles(ledger: &std::sync::Arc<dyn idem_runtime::ledger::Ledger>) -> impl Fn() -> idem_runtime::Idem {
     let namespace = fresh_namespace();

@@ -1,100 +1,33 @@
 //! The operator's verbs as one family on [`Admin`] ([`Idem::admin`]): `inspect`, `resolve` (a
 //! verdict on an operation whose outcome is unknown), `stats`, `sweep`; the startup checks
-//! (`check_secret`, `register`) and the raw access (`ledger`, `namespace`, the clocks);
-//! `pending` (`pending.rs`),
-//! `spawn_sweeper` (`sweeper.rs`) and `key_of` (`arguments.rs`) live beside their concern.
+//! (`check_secret`, `register`), the raw access (`ledger`, `namespace`, the clocks), `key_of`,
+//! `pending` and `spawn_sweeper` — every method of `Admin` is here; the types and the work
+//! behind the last two are in `pending.rs` and `sweeper.rs`.
 //! Inspection and verdicts look under every secret still honoured, so a rotation hides nothing;
 //! verdicts and the sweep act on time, so only on a settled clock.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::key::{Address, AddressError, Ref, RefError, TenantTag};
-use crate::ledger::{Label, Ledger, LedgerError, LedgerStats, Resolution, State, StatusReport, open_label};
+use serde::Serialize;
+
+use crate::key::{Address, Key, Ref, TenantTag};
+use crate::ledger::{
+    Label, Ledger, LedgerError, LedgerStats, PendingQuery, Resolution, State, StatusReport, lease_lapsed, open_label,
+};
 use crate::recipe::Recipe;
 use crate::rejection::Rejection;
+use crate::scope::Caller;
 use crate::secret::SecretError;
 
+use super::arguments::{CallArguments, scope_of};
 use super::facts::ToolFacts;
-use super::keyring::Check;
+use super::keyring::{Check, no_secret};
+use super::pending::{PendingCursor, PendingFilter, PendingOperation, PendingPage};
+use super::status_error::StatusError;
+use super::sweeper::{self, Sweeper};
 use super::time::{clamp, millis};
 use super::{Idem, StoredValue};
-
-/// A status or resolve request that could not be answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StatusError {
-    /// The ref is malformed.
-    Ref(RefError),
-    /// The operation's address is malformed (or a ref alone where a verdict needs the address).
-    Address(AddressError),
-    /// The ledger failed or refused.
-    Ledger(LedgerError),
-    /// The handle has no usable secret.
-    Secret(SecretError),
-    /// A "completed" verdict the operation's tool could not read back: nothing was stored.
-    Misfit {
-        /// The tool.
-        tool: String,
-        /// Where and how the verdict does not fit.
-        reason: String,
-        /// The result's shape on one line ([`ToolFacts::expected_shape`]).
-        expected: String,
-    },
-}
-
-impl std::fmt::Display for StatusError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Ref(error) => error.fmt(f),
-            Self::Address(error) => error.fmt(f),
-            Self::Ledger(error) => error.fmt(f),
-            Self::Secret(error) => error.fmt(f),
-            Self::Misfit { tool, reason, expected } => write!(
-                f,
-                "the verdict does not fit {tool}'s result, so no repeat could read it: {reason}. It expects \
-                 {expected}. Nothing was stored: give the result as the tool returns it (`idem show` prints \
-                 the shape)"
-            ),
-        }
-    }
-}
-
-/// Transparent, as its message is: the wrapped error's own cause.
-impl std::error::Error for StatusError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Ref(error) => error.source(),
-            Self::Address(error) => error.source(),
-            Self::Ledger(error) => error.source(),
-            Self::Secret(error) => error.source(),
-            Self::Misfit { .. } => None,
-        }
-    }
-}
-
-impl From<RefError> for StatusError {
-    fn from(error: RefError) -> Self {
-        Self::Ref(error)
-    }
-}
-
-impl From<AddressError> for StatusError {
-    fn from(error: AddressError) -> Self {
-        Self::Address(error)
-    }
-}
-
-impl From<LedgerError> for StatusError {
-    fn from(error: LedgerError) -> Self {
-        Self::Ledger(error)
-    }
-}
-
-impl From<SecretError> for StatusError {
-    fn from(error: SecretError) -> Self {
-        Self::Secret(error)
-    }
-}
 
 /// The operator's verbs: look at an operation, settle one whose outcome is unknown, count,
 /// list what is unsettled, sweep — what the `idem` command runs — and a server's startup checks
@@ -288,16 +221,18 @@ impl<'a> Admin<'a> {
         self.idem.keyring(Check::Keep).await.map(|_| ())
     }
 
-    /// Registers `recipe` with this handle, refusing a different recipe (declared elsewhere)
-    /// with the same tool name in the same namespace: the two would share keys. Once two are
-    /// seen, both are refused from then on, whichever came first — as on two handles of one
-    /// ledger. Every call registers its recipe before anything else; call this at startup to
-    /// find a clash before the first call does.
+    /// Declares `recipe`'s handler in the catalogue of this handle's ledger, refusing a
+    /// different handler (another owner, or a recipe declared elsewhere) with the same tool name
+    /// in the same namespace: the two would share keys. Once two are seen, both are refused from
+    /// then on, whichever came first — on every handle over the ledger. Every call declares its
+    /// handler before anything else; call this at startup to find a clash before the first call
+    /// does.
     ///
     /// # Errors
     /// [`Rejection::DuplicateTool`], naming both places.
     pub fn register(self, recipe: &Recipe) -> Result<(), Rejection> {
-        self.idem.register(recipe)
+        let refusal = |clash| super::owners::refusal(self.idem.namespace(recipe), recipe.tool(), clash);
+        self.idem.declare(recipe, None, None).map(drop).map_err(refusal)
     }
 
     /// The namespace `recipe`'s keys are derived in: the handle's
@@ -325,6 +260,131 @@ impl<'a> Admin<'a> {
     #[must_use]
     pub fn ledger_now(self) -> u64 {
         self.idem.ledger_now()
+    }
+}
+
+impl Admin<'_> {
+    /// The key a call of `recipe` by `caller` with `arguments` (as given to [`Idem::call`](super::Idem::call)) has
+    /// under the handle's current secret: what the handler would see as
+    /// [`Operation::ledger_key`](super::Operation::ledger_key), and whose [`Key::reference`] the
+    /// caller would be given. For operators and tests; a secret-less derivation does not exist.
+    ///
+    /// # Errors
+    /// As [`Idem::call`](super::Idem::call) refuses: no secret, invalid arguments, a missing `within` argument.
+    pub fn key_of(
+        self,
+        recipe: &Recipe,
+        caller: &Caller,
+        arguments: &(impl Serialize + ?Sized),
+    ) -> Result<Key, Rejection> {
+        let keyring = self.idem.configured_keyring().map_err(|error| no_secret(&error))?;
+        let arguments = CallArguments::of(recipe, arguments)?;
+        let scope = scope_of(recipe, caller, &arguments)?;
+        arguments.key(&keyring.current, self.idem.namespace(recipe), &scope, recipe.tool())
+    }
+
+    /// The unsettled operations an operator should look at — unknown, or in progress (alive,
+    /// or under a lapsed lease) — current and superseded, not yet past their retention, oldest
+    /// first: what `idem pending` prints. Each names its tool, tenant and subject when its
+    /// record keeps a label (durable ledgers do, from this version on).
+    ///
+    /// For operators only, like [`Admin::inspect`]: it crosses tenants.
+    ///
+    /// A tenant filter looks under the current secret and the newest previous one.
+    ///
+    /// # Errors
+    /// No usable secret (with a tenant filter), or the ledger's failure.
+    pub async fn pending(self, filter: &PendingFilter) -> Result<PendingPage, StatusError> {
+        let keyring = self.idem.keyring(Check::Compare).await?;
+        let (now, _) = self.idem.ledger_time().await?;
+        let mut query = PendingQuery::new(filter.limit);
+        query.state = filter.state;
+        if let Some(tenant) = &filter.tenant {
+            query.tenants = keyring.all().take(2).map(|secret| TenantTag::of(secret, tenant)).collect();
+        }
+        if let Some(age) = filter.older_than {
+            query.claimed_by = now.saturating_sub(millis(age));
+        }
+        query.after = filter.after.map(|cursor| (cursor.created_at, cursor.reference));
+        let records = self.idem.inner.ledger.pending(&query, now).await?;
+        let next = (records.len() >= filter.limit)
+            .then(|| {
+                records.last().map(|last| PendingCursor { created_at: last.created_at, reference: last.reference })
+            })
+            .flatten();
+        let operations = records
+            .into_iter()
+            .map(|record| PendingOperation {
+                key: record.key,
+                reference: record.reference,
+                state: record.state,
+                created_at: record.created_at,
+                window_end: record.window_end,
+                expires_at: record.expires_at,
+                lease_until: record.lease_until,
+                lease_expired: lease_lapsed(record.state, record.lease_until, now),
+                superseded: record.superseded,
+                label: record.label.as_deref().and_then(|sealed| open_label(keyring.all(), sealed)),
+            })
+            .collect();
+        Ok(PendingPage { operations, next, now })
+    }
+
+    /// Starts a background task that deletes expired records every `every` (jittered by up to a
+    /// quarter either way, and the first sweep at a random point of the first period, so
+    /// replicas started together do not sweep in lockstep), `batch` records per ledger statement
+    /// (a `batch` of 0 counts as 1), yielding between batches, until a batch comes back short.
+    /// A sweep that deleted something logs it at `info`; a ledger error is logged at `warn` and
+    /// the next sweep waits twice as long (up to eight periods), back to `every` after a sweep
+    /// that succeeds.
+    ///
+    /// It runs until the returned guard is dropped or [`Sweeper::stop`]ped. It holds this
+    /// handle weakly: once every clone of the handle is gone, it stops too (at its next batch),
+    /// so it never keeps a ledger's connections open by itself.
+    ///
+    /// Safe on every replica: each record is deleted by one sweep statement only, a live lease
+    /// is never deleted, and on PostgreSQL a sweep skips rows another one has locked rather than
+    /// queueing behind it. One sweeper per process is enough.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use idem_runtime::{Idem, MemoryLedger};
+    ///
+    /// let idem = Idem::new(MemoryLedger::new());
+    /// // Every five minutes, a thousand records per statement.
+    /// let sweeper = idem.admin().spawn_sweeper(Duration::from_secs(300), 1000);
+    /// // ... serve ...
+    /// let stats = sweeper.stop().await;
+    /// assert_eq!(stats.errors, 0);
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// If `every` is zero (the sweeper would never pause), or if called outside a Tokio runtime.
+    pub fn spawn_sweeper(self, every: Duration, batch: usize) -> Sweeper {
+        self.spawn_sweeping(every, batch, false)
+    }
+
+    /// [`Admin::spawn_sweeper`], and after each sweep the ledger gauges (`idem_ledger_unknown_operations`,
+    /// `idem_ledger_oldest_unknown_seconds`, `idem_ledger_lapsed_leases`,
+    /// `idem_ledger_sweep_backlog`: see [`metrics`](crate::metrics)) set from one
+    /// [`Admin::stats`] — what an operator alerts on without a cron job running `idem stats`.
+    /// The count scans the ledger's tables once per sweep: run it on one replica (the gauges
+    /// describe the whole ledger), at a period the database can afford. A count that fails is
+    /// logged at `warn` and leaves the gauges as they were.
+    ///
+    /// # Panics
+    /// As [`Admin::spawn_sweeper`].
+    #[cfg(feature = "metrics")]
+    pub fn spawn_sweeper_with_gauges(self, every: Duration, batch: usize) -> Sweeper {
+        self.spawn_sweeping(every, batch, true)
+    }
+
+    fn spawn_sweeping(self, every: Duration, batch: usize, gauges: bool) -> Sweeper {
+        let handle = self.idem.downgrade();
+        sweeper::spawn(move || handle.upgrade(), every, batch, gauges)
     }
 }
 

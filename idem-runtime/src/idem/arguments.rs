@@ -12,9 +12,6 @@ use crate::rejection::Rejection;
 use crate::scope::{Caller, Scope};
 use crate::secret::Secret;
 
-use super::Admin;
-use super::keyring::no_secret;
-
 /// A call's arguments, split the way a recipe needs them, in canonical form: written once,
 /// hashed under each secret (the current one, and previous ones after a rotation).
 #[derive(Debug, Default)]
@@ -188,25 +185,4 @@ pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArgumen
         }
         (None, _) => Scope::caller(caller),
     })
-}
-
-impl Admin<'_> {
-    /// The key a call of `recipe` by `caller` with `arguments` (as given to [`Idem::call`](super::Idem::call)) has
-    /// under the handle's current secret: what the handler would see as
-    /// [`Operation::ledger_key`](super::Operation::ledger_key), and whose [`Key::reference`] the
-    /// caller would be given. For operators and tests; a secret-less derivation does not exist.
-    ///
-    /// # Errors
-    /// As [`Idem::call`](super::Idem::call) refuses: no secret, invalid arguments, a missing `within` argument.
-    pub fn key_of(
-        self,
-        recipe: &Recipe,
-        caller: &Caller,
-        arguments: &(impl Serialize + ?Sized),
-    ) -> Result<Key, Rejection> {
-        let keyring = self.idem.configured_keyring().map_err(|error| no_secret(&error))?;
-        let arguments = CallArguments::of(recipe, arguments)?;
-        let scope = scope_of(recipe, caller, &arguments)?;
-        arguments.key(&keyring.current, self.idem.namespace(recipe), &scope, recipe.tool())
-    }
 }

@@ -87,8 +87,12 @@ impl Idem {
         let _underway = self.inner.drain.enter()?;
         // Arguments → key.
         let tool = recipe.tool();
-        self.register(recipe)?;
         let arguments = arguments?;
+        let namespace = self.namespace(recipe);
+        // Its handler, declared in the ledger's catalogue: a second one of the tool is refused.
+        let declared = self
+            .declare(recipe, arguments.owner.as_deref(), None)
+            .map_err(|clash| owners::refusal(namespace, tool, clash))?;
         let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
         // The ledger keeps this secret version's operations live as long as this call's may be.
         self.keep_secret_live(&keyring, recipe.window_duration()).await?;
@@ -96,11 +100,11 @@ impl Idem {
         let watch = Watch::new(self, recipe, &caller);
         let inner = &self.inner;
         Ownership {
-            ledger: &inner.untimed,
+            catalogue: self.catalogue(),
             timed: &*inner.ledger,
-            namespace: self.namespace(recipe),
+            namespace,
             recipe,
-            owner: arguments.owner.as_deref(),
+            declared,
             // The handler's own (`#[idempotent]`), else the recipe's (the HTTP layer's routes).
             result_schema: arguments.result_schema.or(recipe.result_schema_fn()),
             now: self.ledger_now(),

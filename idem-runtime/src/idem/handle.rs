@@ -1,7 +1,7 @@
 //! The handle: a thin, cloneable front over the ledger (wrapped once in its timeout), the
 //! settings it was built with, and the runtime state each call shares — each piece in a room of
-//! its own: the keyring, ledger time, coalescing, waiters, background work and the registry of
-//! recipes that keeps two tools from sharing keys by accident.
+//! its own: the keyring, ledger time, coalescing, waiters and background work. Who serves which
+//! operation is the ledger's catalogue, which every handle over the ledger shares.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,20 +10,22 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::key::{Ref, SubjectTag, TenantTag};
-use crate::ledger::{Ledger, StatusReport, Timeout};
+use crate::ledger::{Catalogue, Clash, Handler, Ledger, StatusReport, Timeout};
 use crate::recipe::Recipe;
-use crate::rejection::{IdempotentError, Rejection};
+use crate::rejection::IdempotentError;
 use crate::scope::Caller;
 
 use super::Operation;
-use super::admin::{Admin, StatusError};
+use super::admin::Admin;
 use super::arguments::CallArguments;
 use super::background::BACKGROUND_JOBS;
 use super::call::{Ran, Reconciled, Served};
 use super::drain::{Drain, Drained};
 use super::keyring::Check;
 use super::keyring::Secrets;
+use super::owners::{Declared, owner_name};
 use super::settings::{Builder, DEFAULT_NAMESPACE, Settings};
+use super::status_error::StatusError;
 use super::stored::Results;
 use super::time::LedgerTime;
 use super::wait::Waiting;
@@ -35,6 +37,16 @@ static INSTALLED: std::sync::RwLock<Option<Idem>> = std::sync::RwLock::new(None)
 #[derive(Clone)]
 pub struct Idem {
     pub(super) inner: Arc<Inner>,
+}
+
+/// A handle held weakly (the sweeper's), so that it keeps no ledger connection open by itself.
+pub(super) struct WeakIdem(std::sync::Weak<Inner>);
+
+impl WeakIdem {
+    /// The handle, while one of its clones lives.
+    pub(super) fn upgrade(&self) -> Option<Idem> {
+        self.0.upgrade().map(|inner| Idem { inner })
+    }
 }
 
 /// What every clone of a handle shares: the ledger, the settings, and the runtime state.
@@ -55,14 +67,12 @@ pub(super) struct Inner {
     pub(super) waiting: Arc<Waiting>,
     /// The claims this process is sending or holding, for coalescing identical calls.
     pub(super) claims: Arc<super::coalesce::Claims>,
-    /// The recipes seen per tool name: (namespace, where declared).
-    pub(super) registry: std::sync::Mutex<Registry>,
+    /// Who serves which operation, for a ledger that keeps no catalogue of its own
+    /// ([`Ledger::catalogue`]).
+    pub(super) catalogue: Catalogue,
     /// Whether it still takes calls, and how many are under way.
     pub(super) drain: Drain,
 }
-
-/// The recipes a handle has seen, per tool name: their namespace and where each is declared.
-type Registry = std::collections::HashMap<&'static str, Vec<(String, &'static std::panic::Location<'static>)>>;
 
 impl std::fmt::Debug for Idem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -106,7 +116,7 @@ impl Idem {
                 background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_JOBS)),
                 waiting: Arc::default(),
                 claims: Arc::default(),
-                registry: std::sync::Mutex::default(),
+                catalogue: Catalogue::default(),
                 drain: Drain::default(),
             }),
         }
@@ -220,7 +230,7 @@ impl Idem {
     }
 
     /// Stops the handle gracefully, for a shutdown (on SIGTERM, before the process exits): new
-    /// calls are refused from now on ([`Rejection::ShuttingDown`], safe to retry elsewhere), and
+    /// calls are refused from now on ([`Rejection::ShuttingDown`](crate::Rejection::ShuttingDown), safe to retry elsewhere), and
     /// this waits up to `deadline` for the calls under way to end and record their outcomes —
     /// keep serving meanwhile, so their answers reach their callers — including calls already
     /// answered whose outcome is still being recorded in the background (the ledger did not
@@ -230,6 +240,11 @@ impl Idem {
     /// the handle is drained.
     pub async fn drain(&self, deadline: std::time::Duration) -> Drained {
         self.inner.drain.run(deadline).await
+    }
+
+    /// This handle, held weakly.
+    pub(super) fn downgrade(&self) -> WeakIdem {
+        WeakIdem(Arc::downgrade(&self.inner))
     }
 
     /// The stored-result format under this handle's seal and size limit.
@@ -245,35 +260,35 @@ impl Idem {
         self.inner.settings.namespace.as_deref().or(recipe.namespace_name()).unwrap_or(DEFAULT_NAMESPACE)
     }
 
-    /// Registers `recipe` with this handle: every call does, before anything else; see
-    /// [`Admin::register`].
-    pub(crate) fn register(&self, recipe: &Recipe) -> Result<(), Rejection> {
-        let namespace = self.namespace(recipe);
-        let site = recipe.site();
-        let mut registry = self.inner.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let seen = registry.entry(recipe.tool()).or_default();
-        let mut here = seen.iter().filter(|(known, _)| known == namespace);
-        if here.clone().next().is_none() {
-            // Every outcome's series exists from the tool's first call, at zero.
+    /// Declares the handler of `recipe` (named `owner` by `#[idempotent]`, else by the recipe)
+    /// in the ledger's catalogue, and, for a route, the `layer` that protects it (two on one
+    /// handle are refused; on two, they are one service served twice): every call
+    /// does, before anything else, and a layer when it is built; see [`Admin::register`].
+    pub(crate) fn declare(
+        &self,
+        recipe: &Recipe,
+        owner: Option<&str>,
+        layer: Option<&Arc<()>>,
+    ) -> Result<Declared, Clash> {
+        // A layer is told apart from another on its handle: its clone of the handle keeps this
+        // address its own while the layer lives.
+        let layer = layer.map(|layer| (layer, Arc::as_ptr(&self.inner) as usize));
+        let tool = recipe.tool();
+        let owner = owner_name(owner.or(recipe.owner_path()), tool);
+        let catalogue = self.catalogue();
+        let handler = Handler { owner: &owner, site: recipe.site(), layer };
+        // Every outcome's series exists from the tool's first call, at zero.
+        let new = || {
             #[cfg(feature = "metrics")]
-            super::metrics::first_call(recipe.tool());
-        }
-        if !here.any(|(_, known)| *known == site) {
-            seen.push((namespace.to_owned(), site));
-        }
-        let others: Vec<String> =
-            seen.iter().filter(|(known, at)| known == namespace && *at != site).map(|(_, at)| at.to_string()).collect();
-        if others.is_empty() {
-            return Ok(());
-        }
-        let rejection = Rejection::DuplicateTool {
-            namespace: namespace.to_owned(),
-            tool: recipe.tool().to_owned(),
-            first: others.join("`, `"),
-            second: site.to_string(),
+            super::metrics::first_call(tool);
         };
-        tracing::error!(%rejection, "duplicate tool; handler not run");
-        Err(rejection)
+        let declaration = catalogue.declare(self.namespace(recipe), tool, handler, new)?;
+        Ok(Declared { owner, declaration })
+    }
+
+    /// The catalogue [`Idem::declare`] declares in.
+    pub(super) fn catalogue(&self) -> &Catalogue {
+        self.inner.untimed.catalogue().unwrap_or(&self.inner.catalogue)
     }
 
     /// The configured local identity, if any (what an rmcp tool without a caller runs as).

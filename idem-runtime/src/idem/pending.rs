@@ -1,28 +1,24 @@
 //! The operator's list of operations to look at: unsettled ones — unknown, or in progress
 //! (under a live lease, or a lapsed one whose holder is presumed dead) — oldest first, a page at
 //! a time, with whose they are and which tool made them, opened from their sealed labels. What
-//! `idem pending` prints.
+//! `idem pending` prints ([`Admin::pending`](super::Admin::pending) asks the ledger; this room
+//! holds what it is asked with and answers).
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::key::{Address, Key, Ref, TenantTag};
-use crate::ledger::{Label, PendingQuery, State, lease_lapsed, open_label};
+use crate::key::{Address, Key, Ref};
+use crate::ledger::{Label, State};
 
-use super::Admin;
-use super::admin::StatusError;
-use super::keyring::Check;
-use super::time::millis;
-
-/// Which unsettled operations [`Admin::pending`] lists.
+/// Which unsettled operations [`Admin::pending`](super::Admin::pending) lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingFilter {
-    state: Option<State>,
-    tenant: Option<String>,
-    older_than: Option<Duration>,
-    after: Option<PendingCursor>,
-    limit: usize,
+    pub(super) state: Option<State>,
+    pub(super) tenant: Option<String>,
+    pub(super) older_than: Option<Duration>,
+    pub(super) after: Option<PendingCursor>,
+    pub(super) limit: usize,
 }
 
 impl PendingFilter {
@@ -62,12 +58,12 @@ impl PendingFilter {
     }
 }
 
-/// Where a page of [`Admin::pending`] ended: `<created_at ms>-<ref>`, to pass back with
+/// Where a page of [`Admin::pending`](super::Admin::pending) ended: `<created_at ms>-<ref>`, to pass back with
 /// [`PendingFilter::after`] (or `idem pending --after`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PendingCursor {
-    created_at: u64,
-    reference: Ref,
+    pub(super) created_at: u64,
+    pub(super) reference: Ref,
 }
 
 impl fmt::Display for PendingCursor {
@@ -105,7 +101,7 @@ impl FromStr for PendingCursor {
     }
 }
 
-/// One operation [`Admin::pending`] lists.
+/// One operation [`Admin::pending`](super::Admin::pending) lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PendingOperation {
@@ -147,7 +143,7 @@ impl PendingOperation {
     }
 }
 
-/// A page of [`Admin::pending`].
+/// A page of [`Admin::pending`](super::Admin::pending).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PendingPage {
@@ -157,53 +153,4 @@ pub struct PendingPage {
     pub next: Option<PendingCursor>,
     /// The ledger's clock when it was read: what ages are measured from.
     pub now: u64,
-}
-
-impl Admin<'_> {
-    /// The unsettled operations an operator should look at — unknown, or in progress (alive,
-    /// or under a lapsed lease) — current and superseded, not yet past their retention, oldest
-    /// first: what `idem pending` prints. Each names its tool, tenant and subject when its
-    /// record keeps a label (durable ledgers do, from this version on).
-    ///
-    /// For operators only, like [`Admin::inspect`]: it crosses tenants.
-    ///
-    /// A tenant filter looks under the current secret and the newest previous one.
-    ///
-    /// # Errors
-    /// No usable secret (with a tenant filter), or the ledger's failure.
-    pub async fn pending(self, filter: &PendingFilter) -> Result<PendingPage, StatusError> {
-        let keyring = self.idem.keyring(Check::Compare).await?;
-        let (now, _) = self.idem.ledger_time().await?;
-        let mut query = PendingQuery::new(filter.limit);
-        query.state = filter.state;
-        if let Some(tenant) = &filter.tenant {
-            query.tenants = keyring.all().take(2).map(|secret| TenantTag::of(secret, tenant)).collect();
-        }
-        if let Some(age) = filter.older_than {
-            query.claimed_by = now.saturating_sub(millis(age));
-        }
-        query.after = filter.after.map(|cursor| (cursor.created_at, cursor.reference));
-        let records = self.idem.inner.ledger.pending(&query, now).await?;
-        let next = (records.len() >= filter.limit)
-            .then(|| {
-                records.last().map(|last| PendingCursor { created_at: last.created_at, reference: last.reference })
-            })
-            .flatten();
-        let operations = records
-            .into_iter()
-            .map(|record| PendingOperation {
-                key: record.key,
-                reference: record.reference,
-                state: record.state,
-                created_at: record.created_at,
-                window_end: record.window_end,
-                expires_at: record.expires_at,
-                lease_until: record.lease_until,
-                lease_expired: lease_lapsed(record.state, record.lease_until, now),
-                superseded: record.superseded,
-                label: record.label.as_deref().and_then(|sealed| open_label(keyring.all(), sealed)),
-            })
-            .collect();
-        Ok(PendingPage { operations, next, now })
-    }
 }

@@ -1,4 +1,4 @@
-//! The background sweeper ([`Admin::spawn_sweeper`]): [`Admin::sweep`] on a jittered schedule,
+//! The background sweeper ([`Admin::spawn_sweeper`](super::Admin::spawn_sweeper)): [`Admin::sweep`](super::Admin::sweep) on a jittered schedule,
 //! in bounded batches with a yield between them, that keeps going after a ledger error (logged,
 //! with a growing pause) and stops when its [`Sweeper`] guard is dropped or stopped, or when
 //! every clone of its handle is gone (it holds the handle weakly).
@@ -7,22 +7,21 @@
 //! counts add up to the records deleted, never more), and on PostgreSQL a sweep skips the rows
 //! another sweep (or a claim) has locked instead of waiting for them (`FOR UPDATE SKIP LOCKED`).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use crate::ledger::LedgerError;
 
-use super::handle::Inner;
-use super::{Admin, Idem};
+use super::Idem;
 
 /// After this many failed sweeps in a row, the pause stops growing: at most this power of two
 /// times the period.
 const MAX_BACKOFF_DOUBLINGS: u32 = 3;
 
-/// A background sweeper, from [`Admin::spawn_sweeper`]. It runs until this guard is dropped or
+/// A background sweeper, from [`Admin::spawn_sweeper`](super::Admin::spawn_sweeper). It runs until this guard is dropped or
 /// [`stop`](Sweeper::stop)ped, or until every clone of the handle it was spawned from is gone.
 ///
 /// Dropping the guard asks the sweeper to stop and returns at once: a batch already sent to the
@@ -98,81 +97,26 @@ impl Drop for Sweeper {
     }
 }
 
-impl Admin<'_> {
-    /// Starts a background task that deletes expired records every `every` (jittered by up to a
-    /// quarter either way, and the first sweep at a random point of the first period, so
-    /// replicas started together do not sweep in lockstep), `batch` records per ledger statement
-    /// (a `batch` of 0 counts as 1), yielding between batches, until a batch comes back short.
-    /// A sweep that deleted something logs it at `info`; a ledger error is logged at `warn` and
-    /// the next sweep waits twice as long (up to eight periods), back to `every` after a sweep
-    /// that succeeds.
-    ///
-    /// It runs until the returned guard is dropped or [`Sweeper::stop`]ped. It holds this
-    /// handle weakly: once every clone of the handle is gone, it stops too (at its next batch),
-    /// so it never keeps a ledger's connections open by itself.
-    ///
-    /// Safe on every replica: each record is deleted by one sweep statement only, a live lease
-    /// is never deleted, and on PostgreSQL a sweep skips rows another one has locked rather than
-    /// queueing behind it. One sweeper per process is enough.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// use std::time::Duration;
-    /// use idem_runtime::{Idem, MemoryLedger};
-    ///
-    /// let idem = Idem::new(MemoryLedger::new());
-    /// // Every five minutes, a thousand records per statement.
-    /// let sweeper = idem.admin().spawn_sweeper(Duration::from_secs(300), 1000);
-    /// // ... serve ...
-    /// let stats = sweeper.stop().await;
-    /// assert_eq!(stats.errors, 0);
-    /// # }
-    /// ```
-    ///
-    /// # Panics
-    /// If `every` is zero (the sweeper would never pause), or if called outside a Tokio runtime.
-    pub fn spawn_sweeper(self, every: Duration, batch: usize) -> Sweeper {
-        self.spawn(every, batch, false)
-    }
-
-    /// [`Admin::spawn_sweeper`], and after each sweep the ledger gauges (`idem_ledger_unknown_operations`,
-    /// `idem_ledger_oldest_unknown_seconds`, `idem_ledger_lapsed_leases`,
-    /// `idem_ledger_sweep_backlog`: see [`metrics`](crate::metrics)) set from one
-    /// [`Admin::stats`] — what an operator alerts on without a cron job running `idem stats`.
-    /// The count scans the ledger's tables once per sweep: run it on one replica (the gauges
-    /// describe the whole ledger), at a period the database can afford. A count that fails is
-    /// logged at `warn` and leaves the gauges as they were.
-    ///
-    /// # Panics
-    /// As [`Admin::spawn_sweeper`].
-    #[cfg(feature = "metrics")]
-    pub fn spawn_sweeper_with_gauges(self, every: Duration, batch: usize) -> Sweeper {
-        self.spawn(every, batch, true)
-    }
-
-    fn spawn(self, every: Duration, batch: usize, gauges: bool) -> Sweeper {
-        assert!(
-            !every.is_zero(),
-            "a sweeper needs a period: give `spawn_sweeper` a non-zero `every`, such as 5 minutes"
-        );
-        let (stop, stopped) = oneshot::channel();
-        let counters = Arc::new(Counters::default());
-        let run = Run {
-            handle: Arc::downgrade(&self.idem.inner),
-            every,
-            batch: batch.max(1),
-            counters: Arc::clone(&counters),
-            gauges,
-        };
-        let task = tokio::spawn(run.run(stopped));
-        Sweeper { stop: Some(stop), task: Some(task), counters }
-    }
+/// Starts a sweeper over the handle `upgrade` gives while one of its clones lives
+/// ([`Admin::spawn_sweeper`](super::Admin::spawn_sweeper)).
+pub(super) fn spawn(
+    upgrade: impl Fn() -> Option<Idem> + Send + Sync + 'static,
+    every: Duration,
+    batch: usize,
+    gauges: bool,
+) -> Sweeper {
+    assert!(!every.is_zero(), "a sweeper needs a period: give `spawn_sweeper` a non-zero `every`, such as 5 minutes");
+    let (stop, stopped) = oneshot::channel();
+    let counters = Arc::new(Counters::default());
+    let run = Run { handle: Box::new(upgrade), every, batch: batch.max(1), counters: Arc::clone(&counters), gauges };
+    let task = tokio::spawn(run.run(stopped));
+    Sweeper { stop: Some(stop), task: Some(task), counters }
 }
 
 /// A sweeper's task.
 struct Run {
-    handle: Weak<Inner>,
+    /// The handle, while one of its clones lives.
+    handle: Box<dyn Fn() -> Option<Idem> + Send + Sync>,
     every: Duration,
     batch: usize,
     counters: Arc<Counters>,
@@ -222,7 +166,7 @@ impl Run {
                     if swept > 0 {
                         tracing::info!(swept, "swept expired records, then stopped");
                     }
-                    if self.handle.strong_count() == 0 {
+                    if (self.handle)().is_none() {
                         tracing::info!("the sweeper's handle is gone; the sweeper stops");
                     }
                     return;
@@ -236,8 +180,7 @@ impl Run {
 
     /// Sets the ledger gauges from one count of the ledger.
     async fn count(&self) {
-        let Some(inner) = self.handle.upgrade() else { return };
-        let idem = Idem { inner };
+        let Some(idem) = (self.handle)() else { return };
         match idem.admin().stats().await {
             #[cfg(feature = "metrics")]
             Ok(stats) => super::metrics::ledger(&stats, idem.ledger_now()),
@@ -257,8 +200,7 @@ impl Run {
                 return Pass::Stopped(swept);
             }
             // Hold the handle only for one batch.
-            let Some(inner) = self.handle.upgrade() else { return Pass::Stopped(swept) };
-            let idem = Idem { inner };
+            let Some(idem) = (self.handle)() else { return Pass::Stopped(swept) };
             match idem.admin().sweep_batch(self.batch).await {
                 Ok(deleted) => {
                     swept += deleted;

@@ -51,7 +51,7 @@ pub enum Verb {
 
 /// A ledger that wraps another and passes every call through [`Layer::pass`]: it is a
 /// [`Ledger`] (every method forwarded to [`Layer::inner`] through `pass`; the answers that are
-/// not calls — [`Ledger::keeps_labels`], [`Ledger::local`], [`Ledger::default_secret`] — straight
+/// not calls — [`Ledger::keeps_labels`], [`Ledger::local`], [`Ledger::catalogue`], [`Ledger::default_secret`] — straight
 /// from the ledger beneath).
 pub trait Layer: Send + Sync + 'static {
     /// The ledger beneath.
@@ -158,6 +158,9 @@ impl<W: Layer> Ledger for W {
     }
     fn local(&self) -> bool {
         self.inner().local()
+    }
+    fn catalogue(&self) -> Option<&super::Catalogue> {
+        self.inner().catalogue()
     }
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         self.pass(Verb::Sweep, move || self.inner().sweep(now, limit))

@@ -40,6 +40,8 @@ pub struct MemoryLedger {
     records: Mutex<Records>,
     extras: Mutex<Extras>,
     clock: Option<Arc<dyn Clock>>,
+    /// Who serves what over this ledger in this process.
+    catalogue: super::Catalogue,
 }
 
 impl std::fmt::Debug for MemoryLedger {
@@ -162,6 +164,10 @@ impl Ledger for MemoryLedger {
     /// against its tool's result shape, which only the label names.
     fn keeps_labels(&self) -> bool {
         true
+    }
+
+    fn catalogue(&self) -> Option<&super::Catalogue> {
+        Some(&self.catalogue)
     }
 
     fn stats(&self, now: u64) -> BoxFuture<'_, Result<LedgerStats, LedgerError>> {

@@ -24,6 +24,7 @@
 //! `window_end`), so a takeover stays a takeover. [`Ledger::release`] undoes a claim whose answer
 //! never came, and only what that claim did.
 
+mod catalogue;
 mod claim;
 mod error;
 mod judge;
@@ -48,6 +49,8 @@ use std::pin::Pin;
 use crate::key::{Address, Key, Ref, SubjectTag, TenantTag};
 use crate::secret::{Secret, SecretError};
 
+pub use self::catalogue::Catalogue;
+pub(crate) use self::catalogue::{Clash, Declaration, Handler, RECHECK};
 pub use self::claim::{Claim, ClaimRequest, Outcome, Resolution, State, Token, Won};
 pub use self::error::{ErrorSource, LedgerError};
 pub(crate) use self::judge::{RecordView, Verdict, held, lease_lapsed, settled_expiry, superseded, won_stale};
@@ -182,6 +185,15 @@ pub trait Ledger: Send + Sync + 'static {
     /// each would cost a statement (and, on SQLite, a turn at the writer's lock).
     fn local(&self) -> bool {
         false
+    }
+
+    /// The [`Catalogue`] of who serves which operation over this ledger in this process, which
+    /// every handle over the ledger shares: a second handler of one operation on another handle
+    /// is refused at once. The ledgers of this crate keep one (clones of a ledger share it); the
+    /// default keeps none, and each handle then keeps its own and learns of another handle's
+    /// handlers from [`Ledger::tool_owners`], as another process does.
+    fn catalogue(&self) -> Option<&Catalogue> {
+        None
     }
 
     /// Deletes at most `limit` records whose retention ended by `now` — settled records past

@@ -56,6 +56,8 @@ pub struct RedisLedger {
     wait: Option<(u32, Duration)>,
     place: Arc<str>,
     cluster: bool,
+    /// Who serves what over this ledger in this process (its clones share it).
+    catalogue: Arc<crate::ledger::Catalogue>,
 }
 
 /// What [`RedisLedger`] needs to open the connections its waiting writes share, and them.
@@ -94,6 +96,7 @@ impl RedisLedger {
             wait: target.wait.map(|replicas| (replicas, timeout)),
             place: target.place.into(),
             cluster: target.cluster,
+            catalogue: Arc::default(),
         };
         let described = ledger.check().await?;
         tracing::info!("{described}");

@@ -206,6 +206,10 @@ impl Ledger for RedisLedger {
         true
     }
 
+    fn catalogue(&self) -> Option<&crate::ledger::Catalogue> {
+        Some(&self.catalogue)
+    }
+
     fn sweep(&self, now: u64, limit: usize) -> BoxFuture<'_, Result<usize, LedgerError>> {
         Box::pin(async move {
             let mut swept = 0;

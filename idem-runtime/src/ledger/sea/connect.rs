@@ -135,7 +135,7 @@ impl SeaOrmLedger {
         let location = Location::of_url(&url, origin);
         let db = Database::connect(options).await.map_err(|error| location.refused(failed(error), Some(&url)))?;
         let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
-        let ledger = Self { db, clock: None, own_secret, location: Arc::new(location) };
+        let ledger = Self { db, clock: None, own_secret, location: Arc::new(location), catalogue: Arc::default() };
         ledger.migrate().await.map_err(|error| ledger.location.refused(error, Some(&url)))?;
         tracing::info!("{}", ledger.describe());
         Ok(ledger)
@@ -155,7 +155,7 @@ impl SeaOrmLedger {
         let options = Self::connect_options(&url);
         let db = Database::connect(options).await.map_err(|error| location.refused(failed(error), Some(&url)))?;
         let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
-        Ok(Self { db, clock: None, own_secret, location: Arc::new(location) })
+        Ok(Self { db, clock: None, own_secret, location: Arc::new(location), catalogue: Arc::default() })
     }
 
     /// Whether this database holds an idem ledger (its tables exist), without creating anything.
@@ -187,7 +187,7 @@ impl SeaOrmLedger {
     pub fn from_connection(db: DatabaseConnection) -> Self {
         let backend = db.get_database_backend();
         let own_secret = OwnSecret::of(backend, None);
-        Self { db, clock: None, own_secret, location: Arc::new(Location::opened(backend)) }
+        Self { db, clock: None, own_secret, location: Arc::new(Location::opened(backend)), catalogue: Arc::default() }
     }
 
     /// The connection options [`SeaOrmLedger::connect`] uses for `url` (a URL, or a plain

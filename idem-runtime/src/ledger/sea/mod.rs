@@ -55,6 +55,8 @@ pub struct SeaOrmLedger {
     own_secret: OwnSecret,
     /// Where it is and who chose it, for the startup line and errors (never a password).
     location: Arc<Location>,
+    /// Who serves what over this ledger in this process (its clones share it).
+    catalogue: Arc<super::Catalogue>,
 }
 
 impl std::fmt::Debug for SeaOrmLedger {
@@ -382,6 +384,10 @@ impl Ledger for SeaOrmLedger {
 
     fn keeps_labels(&self) -> bool {
         true
+    }
+
+    fn catalogue(&self) -> Option<&super::Catalogue> {
+        Some(&self.catalogue)
     }
 
     fn resolve<'a>(
