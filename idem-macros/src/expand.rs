@@ -422,7 +422,7 @@ fn wrap_body(
             Some(reconcile) => quote!(::core::option::Option::Some(#reconcile)),
             None => quote!(#private::no_reconcile()),
         };
-        let run = respan(quote!(#private::run_mcp), span);
+        let run = respan(quote!(#private::call_tool), span);
         let note = recipe.replay_note.0;
         let server_tasks = if recipe.task.0 && has_self {
             // Asked only when a repeat of a task tool is about to get a task: whether its server
@@ -442,10 +442,10 @@ fn wrap_body(
         let call = quote!(#private::ToolCall { context: &#context, caller: #caller_expr, replay_note: #note, server_tasks: #server_tasks });
         quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #call, #idem_args, #reconcile, #handler).await)
     } else if let Some(reconcile) = reconcile {
-        let run = respan(quote!(#private::run_reconciling), span);
+        let run = respan(quote!(#private::call_reconciling), span);
         quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #caller_expr, #idem_args, #reconcile, #handler).await)
     } else {
-        let run = respan(quote!(#private::run), span);
+        let run = respan(quote!(#private::call), span);
         quote_spanned!(span=> #run(#handle.as_ref(), &__IDEM_RECIPE, #caller_expr, #idem_args, #handler).await)
     };
     // A task's result is rebuilt from its stored JSON by `tasks/get`: only types that render

@@ -55,7 +55,7 @@ mod wait;
 
 pub use admin::{About, Admin};
 pub(crate) use arguments::CallArguments;
-pub(crate) use call::Ran;
+pub(crate) use call::{Call, Ran};
 pub use call::{Reconciled, Served};
 pub use drain::Drained;
 pub use facts::ToolFacts;

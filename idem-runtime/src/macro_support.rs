@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::canonical::{self, CanonicalError, Members};
-use crate::idem::{CallArguments, Idem, Operation, Ran, Reconciled};
+use crate::idem::{Call, CallArguments, Idem, Operation, Ran, Reconciled};
 use crate::recipe::Recipe;
 use crate::rejection::{IdempotentError, Rejection};
 use crate::scope::Caller;
@@ -185,8 +185,8 @@ fn no_idem<E: IdempotentError>() -> E {
     ))
 }
 
-/// Runs a handler under `recipe`.
-pub async fn run<R, M, F, Fut>(
+/// Calls a handler under `recipe`: the door of `#[idempotent]` on a plain handler.
+pub async fn call<R, M, F, Fut>(
     idem: Option<&Idem>,
     recipe: &Recipe,
     caller: Option<Caller>,
@@ -201,11 +201,11 @@ where
     Fut: Future<Output = R>,
 {
     let never = |_| async { Reconciled::StillUnknown };
-    run_reconciling(idem, recipe, caller, arguments, never, handler).await
+    call_reconciling(idem, recipe, caller, arguments, never, handler).await
 }
 
-/// Runs a handler under a `reconcile` recipe.
-pub async fn run_reconciling<R, M, F, Fut, C, CFut>(
+/// Calls a handler under a `reconcile` recipe.
+pub async fn call_reconciling<R, M, F, Fut, C, CFut>(
     idem: Option<&Idem>,
     recipe: &Recipe,
     caller: Option<Caller>,
@@ -224,7 +224,9 @@ where
 {
     let Some(idem) = idem else { return R::from_result(Err(no_idem())) };
     let handler = || async { Unrecorded::of(handler().await) };
-    let served = idem.execute(recipe, caller.as_ref(), true, arguments.finish(), reconcile, handler).await;
+    let arguments = arguments.finish();
+    let served =
+        idem.execute(Call { recipe, caller: caller.as_ref(), fallback: true, arguments, reconcile, handler }).await;
     match served.map(|served| served.value) {
         Ok(Ran::Outcome(result)) => R::from_result(result),
         // Off rmcp there is no continuation to check a sealed state against: the input request

@@ -127,6 +127,15 @@ pub(crate) const INPUT_KEY_PREFIX: &str = "$input.";
 pub const DEFAULT_STATE_TTL: Duration = Duration::from_secs(10 * 60);
 
 impl Recipe {
+    /// This recipe for `tool`, declared at `site`: a door that keeps a recipe's settings before
+    /// it knows the operation's name (an HTTP route's, named when its layer names the route).
+    #[cfg(feature = "http-tower")]
+    pub(crate) const fn named(mut self, tool: &'static str, site: &'static Location<'static>) -> Self {
+        self.tool = tool;
+        self.site = site;
+        self
+    }
+
     /// A recipe for `tool` keyed by the argument paths `key` (`"customer.id"` reaches into an
     /// object). Defaults: no window (the ledger's retention), caller scope, `hold` on stale leases.
     ///

@@ -566,17 +566,23 @@ async fn an_idle_handle_measures_its_clock_before_judging_a_dead_holder() {
         .unwrap();
     let args = json!({ "order_id": unique("idle") });
     // The holder dies mid-call: its task is gone, its lease is never renewed.
+    let (started, running) = tokio::sync::oneshot::channel();
     let holder = {
         let (idem, args) = (idem.clone(), args.clone());
         tokio::spawn(async move {
-            idem.call(&PLACE, Some(&alice()), &args, || async {
+            idem.call(&PLACE, Some(&alice()), &args, || async move {
+                let _ = started.send(());
                 std::future::pending::<()>().await;
                 Ok::<_, Error>(())
             })
             .await
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    // Killed once its handler runs (its claim won), not after a guess at how long that takes.
+    tokio::time::timeout(std::time::Duration::from_secs(30), running)
+        .await
+        .expect("the holder's handler did not start within 30 s")
+        .expect("the holder ended before its handler started");
     holder.abort();
     // A quiet spell of five leases: nothing refreshes the handle's clock measurement.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;

@@ -154,9 +154,9 @@ pub type Principal = dyn Fn(&http::request::Parts) -> Option<Caller> + Send + Sy
 /// nothing happened.
 #[derive(Clone, Debug)]
 pub struct Route {
-    window: Option<Duration>,
-    stale: StalePolicy,
-    wait: Option<Duration>,
+    /// Window, stale policy and waiting, set through [`Recipe`]'s own builder; the tool, the
+    /// namespace and where it is declared are the layer's to give when it names the route.
+    recipe: Recipe,
     nothing_happened: Cow<'static, [StatusCode]>,
 }
 
@@ -172,9 +172,7 @@ impl Route {
     #[must_use]
     pub const fn new() -> Self {
         Self {
-            window: None,
-            stale: StalePolicy::Hold,
-            wait: None,
+            recipe: Recipe::new("", &["route", "key"]).result_schema(shape::stored_response),
             nothing_happened: Cow::Borrowed(&NOTHING_HAPPENED_BY_DEFAULT),
         }
     }
@@ -182,14 +180,14 @@ impl Route {
     /// How long a key names one operation (a retry after it starts a new one).
     #[must_use]
     pub const fn window(mut self, window: Duration) -> Self {
-        self.window = Some(window);
+        self.recipe = self.recipe.window(window);
         self
     }
 
     /// What a repeat does when the request's holder died mid-request (see [`StalePolicy`]).
     #[must_use]
     pub const fn stale(mut self, stale: StalePolicy) -> Self {
-        self.stale = stale;
+        self.recipe = self.recipe.stale(stale);
         self
     }
 
@@ -197,7 +195,7 @@ impl Route {
     /// being answered 409 at once.
     #[must_use]
     pub const fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
+        self.recipe = self.recipe.wait(wait);
         self
     }
 
@@ -214,16 +212,9 @@ impl Route {
     /// This route's recipe for `tool` in `namespace`, owned by the layer.
     #[track_caller]
     fn recipe(&self, tool: String, namespace: Option<&'static str>) -> Arc<Recipe> {
-        let tool = intern(tool);
-        let mut recipe = Recipe::new(tool, &["route", "key"]).stale(self.stale).result_schema(shape::stored_response);
+        let mut recipe = self.recipe.named(intern(tool), std::panic::Location::caller());
         if let Some(namespace) = namespace {
             recipe = recipe.namespace(namespace);
-        }
-        if let Some(window) = self.window {
-            recipe = recipe.window(window);
-        }
-        if let Some(wait) = self.wait {
-            recipe = recipe.wait(wait);
         }
         Arc::new(recipe)
     }

@@ -15,14 +15,14 @@ use crate::key::Ref;
 use crate::ledger::{Claim, LedgerError, Won};
 use crate::recipe::Recipe;
 use crate::rejection::{IdempotentError, Rejection};
-use crate::scope::Caller;
+use crate::scope::{Caller, Scope};
 
 use self::attempt::Attempt;
 use super::Idem;
 use super::arguments::{CallArguments, Derive, scope_of};
-use super::coalesce::Begin;
+use super::coalesce::{Begin, Held};
 use super::hooks::{Completion, Seen, Watch};
-use super::keyring::{Check, no_secret};
+use super::keyring::{Check, Keyring, no_secret};
 use super::operation::{Operation, caller_of};
 use super::owners::{self, Ownership};
 use super::wait::Waited;
@@ -49,6 +49,32 @@ pub(crate) enum Ran<T, E, A> {
     Unrecorded(A),
 }
 
+/// One call, as a door hands it to the engine ([`Idem::execute`]): the recipe, who calls, the
+/// arguments, and the handler — with, for a `reconcile` recipe, what to ask the downstream
+/// when a dead holder's claim is found. What the door answers is its own: the engine's answer
+/// is `Served<Ran<..>>` or a [`Rejection`] for every door.
+pub(crate) struct Call<'a, R, F> {
+    pub(crate) recipe: &'a Recipe,
+    /// The caller the door names, if any.
+    pub(crate) caller: Option<&'a Caller>,
+    /// Whether a call without one may run as the caller in scope or the local identity (never
+    /// a request that came over HTTP).
+    pub(crate) fallback: bool,
+    /// The arguments as the recipe sees them, or why they cannot be keyed.
+    pub(crate) arguments: Result<CallArguments, Rejection>,
+    pub(crate) reconcile: R,
+    pub(crate) handler: F,
+}
+
+/// What a claim came to: won, for this call to run, or answered from the ledger.
+#[expect(clippy::large_enum_variant, reason = "made once per call and moved once: a box would allocate on every call")]
+enum Claimed<'a, T, E, A> {
+    /// Won (with the coalesced calls' claim held until the outcome is recorded).
+    Won { attempt: Attempt<'a>, won: Won, window_end: u64, held: Option<Held> },
+    /// A replay.
+    Answered(Served<Ran<T, E, A>>),
+}
+
 /// What a reconcile function found when asked about a stale operation.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -62,18 +88,14 @@ pub enum Reconciled<T, E> {
 }
 
 impl Idem {
-    /// The orchestration behind [`Idem::call`] and `#[idempotent]`. Without a `caller`, the one
-    /// in scope or the local identity — if `fallback` (never for a request that came over
-    /// HTTP). The handler and a reconcile function run with the caller in scope; a repeat is
-    /// answered `Ran::Outcome` with the stored result.
+    /// The one engine every door hands its [`Call`] to ([`Idem::call`], `#[idempotent]`, the
+    /// MCP tools, the HTTP layer), read as the list of a call's steps. Without a caller, the
+    /// one in scope or the local identity — if the call allows the fallback. The handler and a
+    /// reconcile function run with the caller in scope; a repeat is answered `Ran::Outcome`
+    /// with the stored result.
     pub(crate) async fn execute<T, E, A, F, Fut, R, RFut>(
         &self,
-        recipe: &Recipe,
-        caller: Option<&Caller>,
-        fallback: bool,
-        arguments: Result<CallArguments, Rejection>,
-        reconcile: R,
-        handler: F,
+        call: Call<'_, R, F>,
     ) -> Result<Served<Ran<T, E, A>>, Rejection>
     where
         T: Serialize + DeserializeOwned,
@@ -83,6 +105,7 @@ impl Idem {
         R: FnOnce(Operation) -> RFut,
         RFut: Future<Output = Reconciled<T, E>>,
     {
+        let Call { recipe, caller, fallback, arguments, reconcile, handler } = call;
         // Counted until the outcome is recorded; refused once the handle drains.
         let _underway = self.inner.drain.enter()?;
         // Arguments → key.
@@ -98,32 +121,67 @@ impl Idem {
         self.keep_secret_live(&keyring, recipe.window_duration()).await?;
         let caller = caller_of(self, caller, fallback)?;
         let watch = Watch::new(self, recipe, &caller);
-        let inner = &self.inner;
-        Ownership {
-            catalogue: self.catalogue(),
-            timed: &*inner.ledger,
-            namespace,
-            recipe,
-            declared,
-            // The handler's own (`#[idempotent]`), else the recipe's (the HTTP layer's routes).
-            result_schema: arguments.result_schema.or(recipe.result_schema_fn()),
-            now: self.ledger_now(),
-            horizon: owners::horizon(
-                recipe.window_duration(),
-                inner.settings.retention,
-                inner.settings.grace,
-                inner.settings.lease,
-            ),
-            patience: inner.settings.ledger_timeout.saturating_mul(2),
-        }
-        .check()
-        .await
-        .inspect_err(|rejection| {
+        // The ledger's record of owners, asked at the handler's first call and every minute.
+        let result_schema = arguments.result_schema.or(recipe.result_schema_fn());
+        Ownership::of(self, recipe, namespace, declared, result_schema).check().await.inspect_err(|rejection| {
             if matches!(rejection, Rejection::LedgerUnavailable { .. }) {
                 watch.unavailable();
             }
         })?;
         let scope = scope_of(recipe, &caller, &arguments)?;
+        // Key → claim.
+        let (attempt, won, window_end, held) =
+            match self.claim_until_won(recipe, &keyring, &arguments, &scope, &watch).await? {
+                Claimed::Won { attempt, won, window_end, held } => (attempt, won, window_end, held),
+                Claimed::Answered(served) => return Ok(served),
+            };
+        let reference = attempt.reference();
+        // Held here until the outcome is recorded: its end wakes this process's waiters. Only a
+        // recipe with `wait` has waiters (one key is one recipe), so no other call pays the lock.
+        let _holding = recipe.wait_duration().is_some().then(|| self.inner.waiting.hold(attempt.request.key));
+        // Claim → handler.
+        let operation = attempt.operation(won, window_end);
+        if operation.lease_lost() {
+            // The answer came after the lease it granted ran out: another replica may hold the
+            // operation by now. Give the claim back (fenced by our token) and run nothing.
+            tracing::error!(tool, %reference, "the claim was answered after its lease ended; handler not run");
+            self.release_lost_claim(&attempt.request);
+            watch.unavailable();
+            return Err(Rejection::ledger_unavailable(format!("ref {reference}: the ledger answered too late")));
+        }
+        watch.saw(reference, Seen::Won(won));
+        let _running = watch.running();
+        let result = attempt.run(won, operation, &watch, reconcile, handler).await?;
+        // Handler → record → answer.
+        let (value, completion) = attempt.record(result, won).await;
+        // Recorded: identical calls from now on are answered by the ledger (a replay).
+        drop(held);
+        watch.completed(reference, completion);
+        if completion == Completion::Superseded
+            && let Some(stored) = attempt.stored_result(window_end).await
+        {
+            // Superseded: the answer is the new holder's, the one every repeat gets too.
+            return attempt.replay(stored);
+        }
+        Ok(Served { value, replayed: false, reference })
+    }
+
+    /// Key → claim: derives the call's key and claims it, until it is won or answered from the
+    /// ledger — a replay, or, with `wait`, a replay after the operation in flight settled. In
+    /// flight, unknown and conflict are refusals.
+    async fn claim_until_won<'a, T, E, A>(
+        &'a self,
+        recipe: &Recipe,
+        keyring: &Keyring,
+        arguments: &'a CallArguments,
+        scope: &Scope,
+        watch: &Watch<'_>,
+    ) -> Result<Claimed<'a, T, E, A>, Rejection>
+    where
+        T: DeserializeOwned,
+        E: IdempotentError,
+    {
+        let tool = recipe.tool();
         // With `wait`, a repeat that finds the operation in flight waits for it to settle, and
         // claims again if it ended without effect.
         let deadline = recipe.wait_duration().map(|wait| tokio::time::Instant::now() + wait);
@@ -135,13 +193,13 @@ impl Idem {
         // by the ledger timeout.
         let statements = 2 + 3 * u32::try_from(keyring.previous.len()).unwrap_or(u32::MAX / 4);
         let patience = self.inner.settings.ledger_timeout.saturating_mul(statements);
-        let (attempt, won, window_end) = loop {
+        loop {
             let (now, clock_trusted) = self.ledger_time().await.map_err(|error| {
                 tracing::error!(tool, %error, "the ledger's clock could not be read; handler not run");
                 watch.unavailable();
                 unavailable(&error)
             })?;
-            let at = Derive { recipe, scope: &scope, arguments: &arguments, now, clock_trusted };
+            let at = Derive { recipe, scope, arguments, now, clock_trusted };
             // Key → claim.
             let mut attempt = Attempt::prepare(self, &keyring.current, &at)?;
             // Identical calls in this process share one claim (see `coalesce.rs`).
@@ -177,7 +235,7 @@ impl Idem {
             if sent
                 && (holds || matches!(claim, Claim::InFlight { .. }))
                 && let Some(earlier) =
-                    attempt.earlier_operation(&keyring, &at, holds).await.inspect_err(|r| watch.refused(r))?
+                    attempt.earlier_operation(keyring, &at, holds).await.inspect_err(|r| watch.refused(r))?
             {
                 (attempt, claim) = earlier;
             }
@@ -193,11 +251,11 @@ impl Idem {
             match claim {
                 Claim::Won { attempt: won, window_end } => {
                     if !keyring.previous.is_empty() {
-                        attempt.bind_earlier_secrets(&keyring, &at)?;
+                        attempt.bind_earlier_secrets(keyring, &at)?;
                     }
-                    break (attempt, won, window_end);
+                    return Ok(Claimed::Won { attempt, won, window_end, held });
                 }
-                Claim::Replay { result } => return attempt.replayed(result, &watch, "replay"),
+                Claim::Replay { result } => return attempt.replayed(result, watch, "replay").map(Claimed::Answered),
                 Claim::InFlight { lease_until } => {
                     // How long the holder's lease still runs, on the clock the claim was judged by.
                     let lease_left = |now: u64| {
@@ -214,7 +272,9 @@ impl Idem {
                     attempt.complete_request(&at);
                     match self.wait_for(&attempt.request, deadline).await {
                         Waited::Replay(result) => {
-                            return attempt.replayed(result.to_vec(), &watch, "replay after a wait");
+                            return attempt
+                                .replayed(result.to_vec(), watch, "replay after a wait")
+                                .map(Claimed::Answered);
                         }
                         Waited::Unknown => {
                             tracing::warn!(tool, %reference, "outcome unknown after a wait");
@@ -244,36 +304,7 @@ impl Idem {
                     return Err(Rejection::Conflict { reference, differing, missing });
                 }
             }
-        };
-        let reference = attempt.reference();
-        // Held here until the outcome is recorded: its end wakes this process's waiters. Only a
-        // recipe with `wait` has waiters (one key is one recipe), so no other call pays the lock.
-        let _holding = recipe.wait_duration().is_some().then(|| self.inner.waiting.hold(attempt.request.key));
-        // Claim → handler.
-        let operation = attempt.operation(won, window_end);
-        if operation.lease_lost() {
-            // The answer came after the lease it granted ran out: another replica may hold the
-            // operation by now. Give the claim back (fenced by our token) and run nothing.
-            tracing::error!(tool, %reference, "the claim was answered after its lease ended; handler not run");
-            self.release_lost_claim(&attempt.request);
-            watch.unavailable();
-            return Err(Rejection::ledger_unavailable(format!("ref {reference}: the ledger answered too late")));
         }
-        watch.saw(reference, Seen::Won(won));
-        let _running = watch.running();
-        let result = attempt.perform(won, operation, &watch, reconcile, handler).await?;
-        // Handler → record → answer.
-        let (value, completion) = attempt.record(result, won).await;
-        // Recorded: identical calls from now on are answered by the ledger (a replay).
-        drop(held);
-        watch.completed(reference, completion);
-        if completion == Completion::Superseded
-            && let Some(stored) = attempt.stored_result(window_end).await
-        {
-            // Superseded: the answer is the new holder's, the one every repeat gets too.
-            return attempt.replay(stored);
-        }
-        Ok(Served { value, replayed: false, reference })
     }
 }
 

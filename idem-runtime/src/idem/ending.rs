@@ -6,6 +6,7 @@
 use crate::ledger::{ClaimRequest, LedgerError, Outcome};
 
 use super::Idem;
+use super::hooks::Completion;
 
 /// What the ledger is told when a call that won its claim is done.
 #[derive(Clone, Debug)]
@@ -20,24 +21,31 @@ pub(super) enum Ending {
     GiveBack,
 }
 
-/// What became of a sent [`Ending`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Sent {
-    /// The ledger took it (or the handler had already recorded its result in its own
-    /// transaction, which fenced this claim itself).
-    Taken,
-    /// The claim had been taken over while the handler ran: its result is not recorded.
-    Superseded,
-}
-
 impl Ending {
-    /// Sends this ending for the claim of `request` on `idem`'s ledger, once. `recorded`: the handler recorded its
+    /// The [`Completion`] this ending records once the ledger takes it.
+    pub(super) fn completion(&self) -> Completion {
+        match self {
+            Ending::Record(Outcome::Completed(_)) => Completion::Completed,
+            Ending::Record(Outcome::Failed) => Completion::Failed,
+            Ending::Record(Outcome::Unknown) => Completion::Unknown,
+            Ending::GiveBack => Completion::GivenBack,
+        }
+    }
+
+    /// Sends this ending for the claim of `request` on `idem`'s ledger, once, and says how the
+    /// call ended: as this ending records, or [`Completion::Superseded`] when the claim had been
+    /// taken over while the handler ran (its result is not recorded). `recorded`: the handler recorded its
     /// result in its own transaction ([`Operation::complete_in`](super::Operation::complete_in)),
     /// so a fenced answer is its own doing, not a takeover's.
     ///
     /// # Errors
     /// The ledger's failure (unavailable or ambiguous: worth sending again).
-    pub(super) async fn send(&self, idem: &Idem, request: &ClaimRequest, recorded: bool) -> Result<Sent, LedgerError> {
+    pub(super) async fn send(
+        &self,
+        idem: &Idem,
+        request: &ClaimRequest,
+        recorded: bool,
+    ) -> Result<Completion, LedgerError> {
         let ledger = &idem.inner.ledger;
         let answer = match self {
             Ending::Record(outcome) => {
@@ -47,15 +55,15 @@ impl Ending {
             Ending::GiveBack => ledger.release(&request.key, request.token).await,
         };
         match answer {
-            Ok(()) => Ok(Sent::Taken),
+            Ok(()) => Ok(self.completion()),
             Err(LedgerError::Fenced) if recorded => {
                 tracing::debug!(reference = %request.key.reference(), "recorded in the handler's own transaction");
-                Ok(Sent::Taken)
+                Ok(self.completion())
             }
             Err(LedgerError::Fenced) => {
                 tracing::warn!(reference = %request.key.reference(),
                     "the claim was taken over while the handler ran; its result is not recorded");
-                Ok(Sent::Superseded)
+                Ok(Completion::Superseded)
             }
             Err(error) => Err(error),
         }

@@ -19,7 +19,7 @@ use super::Operation;
 use super::admin::Admin;
 use super::arguments::CallArguments;
 use super::background::BACKGROUND_JOBS;
-use super::call::{Ran, Reconciled, Served};
+use super::call::{Call, Ran, Reconciled, Served};
 use super::drain::{Drain, Drained};
 use super::keyring::Check;
 use super::keyring::Secrets;
@@ -178,7 +178,7 @@ impl Idem {
             let running = handler();
             async move { Ran::<T, E, std::convert::Infallible>::Outcome(running.await) }
         };
-        match self.execute(recipe, caller, true, arguments, reconcile, handler).await {
+        match self.execute(Call { recipe, caller, fallback: true, arguments, reconcile, handler }).await {
             Ok(Served { value: Ran::Outcome(Ok(value)), replayed, reference }) => {
                 Ok(Served { value, replayed, reference })
             }

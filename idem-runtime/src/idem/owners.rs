@@ -27,6 +27,7 @@ use crate::ledger::{Catalogue, Clash, Declaration, Handler, Ledger, RECHECK};
 use crate::recipe::Recipe;
 use crate::rejection::Rejection;
 
+use super::Idem;
 use super::facts::ToolFacts;
 
 /// The longest owner name kept: a longer one is cut and ends in a digest of the whole.
@@ -56,25 +57,49 @@ pub(crate) fn refusal(namespace: &str, tool: &str, clash: Clash) -> Rejection {
 /// the rule lives here and the handle gains no method.
 pub(super) struct Ownership<'a> {
     /// The catalogue of the handle's ledger.
-    pub(super) catalogue: &'a Catalogue,
+    catalogue: &'a Catalogue,
     /// The ledger under the handle's timeout: what is asked.
-    pub(super) timed: &'a dyn Ledger,
-    pub(super) namespace: &'a str,
-    pub(super) recipe: &'a Recipe,
+    timed: &'a dyn Ledger,
+    namespace: &'a str,
+    recipe: &'a Recipe,
     /// The handler, as declared.
-    pub(super) declared: Declared,
+    declared: Declared,
     /// The JSON Schema of the handler's result, if `#[idempotent]` found one: kept with the
     /// tool's facts at its first check.
-    pub(super) result_schema: Option<fn() -> serde_json::Value>,
+    result_schema: Option<fn() -> serde_json::Value>,
     /// The ledger's time as last measured (an owner's horizon is hours: no read of its own).
-    pub(super) now: u64,
+    now: u64,
     /// How long after it was last seen an owner stops counting ([`horizon`]).
-    pub(super) horizon: Duration,
+    horizon: Duration,
     /// How long a call waits for another one asking the ledger before asking itself.
-    pub(super) patience: Duration,
+    patience: Duration,
 }
 
-impl Ownership<'_> {
+impl<'a> Ownership<'a> {
+    /// The check of the handler `declared` for `recipe`'s tool in `namespace`, on `idem`'s
+    /// ledger; `result_schema`: the handler's own (`#[idempotent]`), else the recipe's (the HTTP
+    /// layer's routes).
+    pub(super) fn of(
+        idem: &'a Idem,
+        recipe: &'a Recipe,
+        namespace: &'a str,
+        declared: Declared,
+        result_schema: Option<fn() -> serde_json::Value>,
+    ) -> Self {
+        let settings = &idem.inner.settings;
+        Self {
+            catalogue: idem.catalogue(),
+            timed: &*idem.inner.ledger,
+            namespace,
+            recipe,
+            declared,
+            result_schema,
+            now: idem.ledger_now(),
+            horizon: horizon(recipe.window_duration(), settings.retention, settings.grace, settings.lease),
+            patience: settings.ledger_timeout.saturating_mul(2),
+        }
+    }
+
     /// Makes sure the call's handler is the only one the ledger names serving its tool in its
     /// namespace, unless it did less than [`RECHECK`] ago; refuses it otherwise.
     pub(super) async fn check(self) -> Result<(), Rejection> {
@@ -111,7 +136,7 @@ impl Ownership<'_> {
 /// How long after it was last seen an owner's operations of a tool can still be replayed: the
 /// longest a record of it lives (its window, or the retention if longer), its grace and lease,
 /// plus the time between two checks.
-pub(super) fn horizon(window: Option<Duration>, retention: Duration, grace: Duration, lease: Duration) -> Duration {
+fn horizon(window: Option<Duration>, retention: Duration, grace: Duration, lease: Duration) -> Duration {
     let life = window.map_or(retention, |window| window.max(retention));
     life.saturating_add(grace).saturating_add(lease).saturating_add(RECHECK)
 }

@@ -18,7 +18,7 @@ use super::context::ToolContext;
 use super::mrtr::Continuation;
 use super::outcome::ToolOutcome;
 use super::task;
-use crate::idem::{Idem, Operation, Ran, Reconciled};
+use crate::idem::{Call, Idem, Operation, Ran, Reconciled};
 use crate::macro_support::{Arguments, ExtractorKind, HandlerResult, Probe, RawArgumentsKind, Storable, Unrecorded};
 use crate::recipe::{CLIENT_KEY_PATH, ClientKey, INPUT_KEY_PREFIX, MAX_CLIENT_KEY_CHARS, Recipe};
 use crate::rejection::{IdempotentError, Rejection, STATUS_TOOL};
@@ -41,7 +41,7 @@ pub struct ToolCall<'a> {
 
 /// Runs an rmcp tool's handler under `recipe`, with the caller from the request context (else
 /// the handle's local identity), keeping idem's refusals for the agent-facing result.
-pub async fn run_mcp<R, M, F, Fut, C, CFut>(
+pub async fn call_tool<R, M, F, Fut, C, CFut>(
     idem: Option<&Idem>,
     recipe: &Recipe,
     call: ToolCall<'_>,
@@ -88,7 +88,8 @@ where
             None => Reconciled::StillUnknown,
         }
     };
-    let served = idem.execute(recipe, caller.as_ref(), fallback, arguments.finish(), reconcile, handler).await;
+    let arguments = arguments.finish();
+    let served = idem.execute(Call { recipe, caller: caller.as_ref(), fallback, arguments, reconcile, handler }).await;
     let (value, reference, replayed) = match served {
         Ok(served) => (served.value, served.reference, served.replayed),
         Err(Rejection::NoCaller) => return ToolOutcome::Refused(no_caller(context.is_remote())),
@@ -248,7 +249,7 @@ pub mod server_kinds {
 /// A reconcile function that never finds anything (the type of `no_reconcile`).
 pub type NoReconcile<T, E> = fn(Operation) -> std::future::Ready<Reconciled<T, E>>;
 
-/// The `reconcile` argument of [`run_mcp`] for recipes without one.
+/// The `reconcile` argument of [`call_tool`] for recipes without one.
 #[must_use]
 pub const fn no_reconcile<T, E>() -> Option<NoReconcile<T, E>> {
     None

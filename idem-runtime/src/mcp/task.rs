@@ -46,7 +46,7 @@ pub const OUTCOME_UNKNOWN: i32 = -31_002;
 /// The JSON-RPC error code of a `tasks/cancel` idem refuses: it cannot stop a side effect.
 pub const CANNOT_CANCEL: i32 = -31_003;
 
-/// The task `run_mcp` answers a concurrent repeat with: the in-progress operation's, as
+/// The task `call_tool` answers a concurrent repeat with: the in-progress operation's, as
 /// `tasks/get` would show it now (so `tasks/get` for it resolves before the client has it).
 /// `None`: the ledger no longer shows it to this caller, or cannot be read — the caller is told
 /// "in flight" as before.

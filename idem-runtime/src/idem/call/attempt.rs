@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use super::{Ran, Reconciled, Served, unavailable};
 use crate::idem::Idem;
 use crate::idem::arguments::Derive;
-use crate::idem::ending::{Ending, Sent};
+use crate::idem::ending::Ending;
 use crate::idem::hooks::{Completion, Seen, Timer, Watch};
 use crate::idem::keyring::Keyring;
 use crate::idem::operation::{LeaseState, Operation, acting_for, running_as};
@@ -276,7 +276,7 @@ impl<'a> Attempt<'a> {
     ///
     /// # Errors
     /// The reconcile function could not tell: the operation is recorded (and answered) as unknown.
-    pub(super) async fn perform<T, E, A, F, Fut, R, RFut>(
+    pub(super) async fn run<T, E, A, F, Fut, R, RFut>(
         &self,
         won: Won,
         operation: Operation,
@@ -301,7 +301,7 @@ impl<'a> Attempt<'a> {
                 match self.idem.drive(&self.request, &self.lease, &self.recorded, asked).await {
                     Err(panic) => self.unwind(panic, watch).await,
                     Ok(Reconciled::Happened(result)) => Ran::Outcome(result),
-                    Ok(Reconciled::NothingHappened) => self.run(operation, watch, handler).await,
+                    Ok(Reconciled::NothingHappened) => self.run_handler(operation, watch, handler).await,
                     Ok(Reconciled::StillUnknown) => {
                         self.end(Ending::Record(Outcome::Unknown)).await;
                         watch.completed(reference, Completion::Unknown);
@@ -312,11 +312,11 @@ impl<'a> Attempt<'a> {
             Won::Takeover => {
                 tracing::warn!(tool, %reference, idempotency_key = %key,
                     "stale lease taken over; running again under a new token");
-                self.run(operation, watch, handler).await
+                self.run_handler(operation, watch, handler).await
             }
             Won::Fresh => {
                 tracing::info!(tool, %reference, idempotency_key = %key, "claimed");
-                self.run(operation, watch, handler).await
+                self.run_handler(operation, watch, handler).await
             }
         })
     }
@@ -324,7 +324,7 @@ impl<'a> Attempt<'a> {
     /// Runs the handler as `operation` of the watched caller (in scope for everything it calls)
     /// under `Idem::drive`, which renews the lease meanwhile. A panic records the outcome as
     /// unknown (the effect may have happened) and then continues unwinding.
-    async fn run<T, E, A, F, Fut>(&self, operation: Operation, watch: &Watch<'_>, handler: F) -> Ran<T, E, A>
+    async fn run_handler<T, E, A, F, Fut>(&self, operation: Operation, watch: &Watch<'_>, handler: F) -> Ran<T, E, A>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Ran<T, E, A>>,
@@ -367,45 +367,41 @@ impl<'a> Attempt<'a> {
         // Give the lease back instead, so the operation stays in progress (same window, same
         // forwarded key) and its stale policy decides again.
         let give_back = outcome == Outcome::Failed && won != Won::Fresh;
-        let (completion, ending) = match outcome {
-            _ if give_back => (Completion::GivenBack, Ending::GiveBack),
-            Outcome::Completed(_) => (Completion::Completed, Ending::Record(outcome)),
-            Outcome::Failed => (Completion::Failed, Ending::Record(outcome)),
-            Outcome::Unknown => (Completion::Unknown, Ending::Record(outcome)),
-        };
-        let fenced = self.end(ending).await;
-        (ran, if fenced { Completion::Superseded } else { completion })
+        let ending = if give_back { Ending::GiveBack } else { Ending::Record(outcome) };
+        (ran, self.end(ending).await)
     }
 
     /// Sends the call's ending to the ledger. A failure here is logged, never hidden behind the
     /// caller's result: the effect happened. A few quick retries while the caller waits, then
     /// more in the background until the lease would have run out twice over — a late result is
     /// still recorded under `hold` (its record went unknown, not to someone else), and a
-    /// recorded result is what every repeat needs. Returns whether the claim turned out to be
-    /// superseded (fenced) — its holder's result was not recorded.
-    async fn end(&self, ending: Ending) -> bool {
+    /// recorded result is what every repeat needs. Returns how the call ended: as the ending
+    /// records (also while the background still sends it), or superseded (fenced) — its
+    /// holder's result was not recorded.
+    async fn end(&self, ending: Ending) -> Completion {
         let timer = Timer::start();
         let reference = self.reference();
         let recorded = self.recorded.load(Ordering::SeqCst);
-        let superseded = 'sent: {
+        let completion = ending.completion();
+        let ended = 'sent: {
             for pause in [50, 250, 0] {
                 match ending.send(self.idem, &self.request, recorded).await {
-                    Ok(sent) => break 'sent sent == Sent::Superseded,
+                    Ok(ended) => break 'sent ended,
                     Err(LedgerError::Unavailable { detail, .. } | LedgerError::Ambiguous { detail, .. }) => {
                         tracing::warn!(%reference, %detail, "could not record the outcome yet; retrying");
                         tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
                     }
                     Err(error) => {
                         tracing::error!(%reference, %error, "could not record the outcome");
-                        break 'sent false;
+                        break 'sent completion;
                     }
                 }
             }
             self.idem.keep_recording(&self.request, &self.lease, ending, recorded);
-            false
+            completion
         };
         timer.completed(self.tool);
-        superseded
+        ended
     }
 
     /// The stored result of the operation that ends its window at `window_end`, read by its full
