@@ -13,6 +13,7 @@ mod child_keys;
 mod drain;
 mod example_server;
 mod failover;
+mod golden_keys;
 mod hooks;
 mod http_door;
 mod http_layer;
