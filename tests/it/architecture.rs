@@ -484,3 +484,22 @@ fn the_handle_has_a_small_front_and_admin_one_room() {
     let admin: Vec<String> = public_methods("Admin").into_keys().collect();
     assert_eq!(admin, ["idem/admin.rs"], "every method of Admin is in idem/admin.rs");
 }
+
+/// Issue 43, item 1: one engine. Every door hands its `Call` to `Idem::execute`, and only the
+/// doors do: `Idem::call` (which the HTTP layer calls too), the macro's plain handlers and its
+/// rmcp tools. A new door goes through one of them or is named here.
+#[test]
+fn every_door_hands_its_call_to_one_engine() {
+    let root = workspace().join("idem-runtime").join("src");
+    let mut callers = Vec::new();
+    for file in sources(&root) {
+        let text = std::fs::read_to_string(root.join(&file)).expect("read a source file");
+        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+        if code.lines().any(|line| !line.trim_start().starts_with("//") && line.contains(".execute(Call {")) {
+            callers.push(file);
+        }
+    }
+    assert_eq!(callers, ["idem/handle.rs", "macro_support.rs", "mcp/macro_support.rs"]);
+    let service = std::fs::read_to_string(root.join("http/service.rs")).expect("read the HTTP service");
+    assert!(service.contains("config.idem.call(&recipe"), "the HTTP layer calls Idem::call");
+}
