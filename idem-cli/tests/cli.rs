@@ -443,18 +443,23 @@ async fn redis_session() {
     let env = [("IDEM_DATABASE_URL", url.as_str()), ("IDEM_SECRET", text.as_str())];
     session(&env, &tenant, &done, &unknown, false);
 
-    // Two handlers of one tool: listed, and forgotten.
+    // Two handlers of one tool: listed, and forgotten. Each handler runs in a process of its own
+    // (its own connection): clones of one ledger are one ledger, whose catalogue refuses the
+    // second handler in this process before the ledger records it.
     let call = open_ticket;
-    let build = || Idem::builder(ledger.clone()).secret(secret.clone()).build().unwrap();
-    call(build(), &OLD).await.expect("the first handler runs");
-    call(build(), &MOVED).await.expect_err("a second handler is refused");
+    let build = || async {
+        let ledger = RedisLedger::connect(&url).await.unwrap();
+        Idem::builder(ledger).secret(secret.clone()).build().unwrap()
+    };
+    call(build().await, &OLD).await.expect("the first handler runs");
+    call(build().await, &MOVED).await.expect_err("a second handler is refused");
     let listed = ok_json(&idem(&env, &["tools", "--json"]));
     let tools = listed["tools"].as_array().expect("tools");
     let handlers: Vec<_> = tools.iter().filter(|t| t["tool"] == "open_ticket").map(|t| t["handler"].clone()).collect();
     assert_eq!(handlers, [json!("desk::Tickets::open"), json!("desk::api::Tickets::open")], "{listed}");
     let forgot = ok_json(&idem(&env, &["tools", "forget", "default", "open_ticket", "--json"]));
     assert_eq!(forgot["forgotten"], 2, "{forgot}");
-    assert_eq!(call(build(), &MOVED).await.expect("the moved handler runs").value, json!("T-1"));
+    assert_eq!(call(build().await, &MOVED).await.expect("the moved handler runs").value, json!("T-1"));
 }
 
 /// `idem tools` lists the handler each tool is served by and marks two; `idem tools forget`
