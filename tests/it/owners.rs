@@ -283,3 +283,49 @@ async fn a_plain_free_functions_owner_is_its_module_path_and_name() {
     let owners = ledger.tool_owners(&namespace, "named", "a probe", now, 0).await.expect("the owners");
     assert_eq!(owners, ["a probe".to_owned(), "idem_tests::owners::named".to_owned()], "the owners recorded");
 }
+
+/// Hangs the first statement that keeps a tool's facts.
+struct HangFirstFacts(AtomicUsize);
+
+impl idem_tests::tap::Tap for HangFirstFacts {
+    fn before(&self, call: idem_tests::tap::Call) -> idem_tests::tap::Pass {
+        if call == idem_tests::tap::Call::KeepToolFacts && self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            return idem_tests::tap::Pass::Hang;
+        }
+        idem_tests::tap::Pass::Through
+    }
+}
+
+static FACTS_ONCE: idem_runtime::Recipe = idem_runtime::Recipe::new("facts_once", &["id"]);
+
+/// From the review of issue 43, item 3: a tool's first call, dropped by its caller while it
+/// keeps the tool's facts (its result shape, what an operator's verdict is checked against),
+/// leaves the next call to keep them. Before the fix the catalogue marked the tool checked
+/// first, and no later call of the process kept them: verdicts on the tool went unchecked.
+#[tokio::test]
+async fn a_first_call_dropped_while_keeping_the_tools_facts_leaves_them_to_the_next() {
+    use idem_runtime::ledger::Ledger;
+    let memory: std::sync::Arc<dyn Ledger> = std::sync::Arc::new(idem_runtime::MemoryLedger::new());
+    let tapped = idem_tests::tap::Tapped::new(std::sync::Arc::clone(&memory), HangFirstFacts(AtomicUsize::new(0)));
+    let namespace = fresh_namespace();
+    let idem = idem_tests::builder(tapped)
+        .namespace(namespace.clone())
+        .local_caller(Caller::new("owners", "test"))
+        .build()
+        .unwrap();
+    let call = |id: u32| {
+        let idem = idem.clone();
+        async move {
+            let arguments = serde_json::json!({ "id": id });
+            idem.call(&FACTS_ONCE, None, &arguments, move || async move { Ok::<_, idem_runtime::mcp::ToolError>(id) })
+                .await
+        }
+    };
+    // Dropped well before the ledger timeout would have ended the hung statement.
+    let first = tokio::time::timeout(std::time::Duration::from_millis(300), call(1)).await;
+    assert!(first.is_err(), "the first call went past the hung statement: {first:?}");
+    let second = call(2).await;
+    assert_eq!(second.as_ref().ok().map(|served| served.value), Some(2), "{second:?}");
+    let facts = memory.tool_facts(&namespace, "facts_once").await.expect("the ledger answers");
+    assert!(facts.is_some(), "the tool's facts were never kept");
+}

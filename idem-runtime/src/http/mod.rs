@@ -276,6 +276,10 @@ fn matched_templates(matched: &str, nested: Option<&str>) -> Vec<Vec<template::P
 /// What the layer's services share.
 #[derive(Clone)]
 pub(crate) struct Config {
+    /// This layer: the same in its clones, another in a clone configured further. Dropped
+    /// before the handle: while the catalogue sees this layer alive, its handle's address is
+    /// its own.
+    identity: Arc<()>,
     idem: Idem,
     principal: Arc<Principal>,
     routes: Vec<Protected>,
@@ -291,8 +295,6 @@ pub(crate) struct Config {
     stored_headers: Vec<HeaderName>,
     /// Set once the layer's routes were checked against its handle (the first `layer` call).
     checked: OnceLock<()>,
-    /// This layer: the same in its clones, another in a clone configured further.
-    identity: Arc<()>,
     /// Whether a request of a method given to `methods` came without the router's
     /// `MatchedPath` (the layer outside a router), said once.
     outside_router: Arc<std::sync::atomic::AtomicBool>,

@@ -224,9 +224,10 @@ impl<'a> Admin<'a> {
     /// Declares `recipe`'s handler in the catalogue of this handle's ledger, refusing a
     /// different handler (another owner, or a recipe declared elsewhere) with the same tool name
     /// in the same namespace: the two would share keys. Once two are seen, both are refused from
-    /// then on, whichever came first — on every handle over the ledger. Every call declares its
-    /// handler before anything else; call this at startup to find a clash before the first call
-    /// does.
+    /// then on, whichever came first — on every handle over a ledger that keeps a catalogue (the
+    /// ledgers of this crate do; see [`Ledger::catalogue`]). Every call declares its handler as
+    /// soon as its arguments are read, before its secret, caller or claim; call this at startup
+    /// to find a clash before the first call does.
     ///
     /// # Errors
     /// [`Rejection::DuplicateTool`], naming both places.

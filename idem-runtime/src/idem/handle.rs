@@ -103,6 +103,14 @@ impl Idem {
     }
 
     pub(super) fn from_settings(ledger: Arc<dyn Ledger>, settings: Settings) -> Self {
+        if ledger.catalogue().is_none() {
+            tracing::warn!(
+                "this ledger keeps no catalogue (`Ledger::catalogue` answers None): each handle over it keeps its \
+                 own, so two handlers of one owner name on two handles (two pinned to one `name`, two hand-built \
+                 recipes of one tool) are not told apart. Keep an `idem_runtime::ledger::Catalogue` in the ledger \
+                 and return it from `Ledger::catalogue`"
+            );
+        }
         let time = LedgerTime::default();
         Self {
             inner: Arc::new(Inner {
@@ -263,7 +271,7 @@ impl Idem {
     /// Declares the handler of `recipe` (named `owner` by `#[idempotent]`, else by the recipe)
     /// in the ledger's catalogue, and, for a route, the `layer` that protects it (two on one
     /// handle are refused; on two, they are one service served twice): every call
-    /// does, before anything else, and a layer when it is built; see [`Admin::register`].
+    /// does as soon as its arguments are read, and a layer when it is built; see [`Admin::register`].
     pub(crate) fn declare(
         &self,
         recipe: &Recipe,

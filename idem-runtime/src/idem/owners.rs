@@ -119,8 +119,9 @@ impl<'a> Ownership<'a> {
             tracing::error!(tool, %error, "the ledger could not say who serves this tool; handler not run");
             Rejection::ledger_unavailable(&error)
         })?;
-        let (first, found) = catalogue.recorded(namespace, tool, handler, recorded);
-        if first {
+        // Kept before the answer is recorded, as before the catalogue: a first call dropped while
+        // it keeps them leaves the next call first, to keep them.
+        if catalogue.unasked(namespace, tool) {
             // What the operator is shown of the tool: one statement per process and tool, on the
             // first call's way; its failure refuses nothing (a verdict on a tool without facts is
             // simply not checked).
@@ -129,7 +130,7 @@ impl<'a> Ownership<'a> {
                 tracing::warn!(tool, %error, "could not keep the tool's result shape for its operator");
             }
         }
-        found.map_err(|clash| refusal(namespace, tool, clash))
+        catalogue.recorded(namespace, tool, handler, recorded).map_err(|clash| refusal(namespace, tool, clash))
     }
 }
 

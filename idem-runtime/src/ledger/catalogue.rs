@@ -15,7 +15,7 @@
 //! once on one handle are two handlers even when one function built both (on two handles they
 //! are one service served twice, as two replicas are).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::panic::Location;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -32,7 +32,8 @@ type Site = &'static Location<'static>;
 /// [`Ledger::catalogue`](super::Ledger::catalogue); it holds nothing else of the ledger.
 #[derive(Default)]
 pub struct Catalogue {
-    operations: RwLock<HashMap<(String, String), Entry>>,
+    /// Few (one per operation a process serves): found by comparing names, with no allocation.
+    operations: RwLock<Vec<Entry>>,
 }
 
 impl std::fmt::Debug for Catalogue {
@@ -45,6 +46,8 @@ impl std::fmt::Debug for Catalogue {
 /// What the catalogue knows of one operation in one namespace.
 #[derive(Default)]
 struct Entry {
+    namespace: String,
+    operation: String,
     /// The handlers of this process that declared it.
     declared: Vec<Declared>,
     /// The owners the ledger named last, and when.
@@ -113,6 +116,10 @@ pub(crate) enum Declaration {
 }
 
 impl Entry {
+    fn is(&self, namespace: &str, operation: &str) -> bool {
+        self.namespace == namespace && self.operation == operation
+    }
+
     /// The handlers other than `handler` known for this operation, if any.
     fn clash(&self, handler: Handler<'_>) -> Option<Clash> {
         let owner = handler.owner;
@@ -156,7 +163,7 @@ impl Catalogue {
     ) -> Result<Declaration, Clash> {
         {
             let operations = self.operations.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(entry) = operations.get(&(namespace.to_owned(), operation.to_owned()))
+            if let Some(entry) = operations.iter().find(|entry| entry.is(namespace, operation))
                 && handler.layer.is_none()
                 && entry.declared.iter().any(|known| handler.is(known))
             {
@@ -169,10 +176,16 @@ impl Catalogue {
             }
         }
         let mut operations = self.operations.write().unwrap_or_else(PoisonError::into_inner);
-        let entry = operations.entry((namespace.to_owned(), operation.to_owned())).or_insert_with(|| {
+        let index = operations.iter().position(|entry| entry.is(namespace, operation)).unwrap_or_else(|| {
             new();
-            Entry::default()
+            operations.push(Entry {
+                namespace: namespace.to_owned(),
+                operation: operation.to_owned(),
+                ..Entry::default()
+            });
+            operations.len() - 1
         });
+        let entry = &mut operations[index];
         // A dropped layer protects nothing any more.
         entry.declared.retain(|known| known.layer.as_ref().is_none_or(|(layer, _)| layer.strong_count() > 0));
         let mut known = |layer: Option<(Weak<()>, usize)>| {
@@ -207,25 +220,33 @@ impl Catalogue {
         handler: Handler<'_>,
     ) -> Option<Result<(), Clash>> {
         let operations = self.operations.read().unwrap_or_else(PoisonError::into_inner);
-        let entry = operations.get(&(namespace.to_owned(), operation.to_owned()))?;
+        let entry = operations.iter().find(|entry| entry.is(namespace, operation))?;
         entry.fresh().then(|| entry.clash(handler).map_or(Ok(()), Err))
     }
 
-    /// Keeps the owners the ledger named for the operation, asked just now. Answers whether the
-    /// ledger was asked for the first time in this process, and the clash, if any.
+    /// Whether the ledger has not yet been asked who serves the operation, in this process.
+    pub(crate) fn unasked(&self, namespace: &str, operation: &str) -> bool {
+        let operations = self.operations.read().unwrap_or_else(PoisonError::into_inner);
+        operations.iter().find(|entry| entry.is(namespace, operation)).is_none_or(|entry| entry.checked.is_none())
+    }
+
+    /// Keeps the owners the ledger named for the operation, asked just now, and answers the
+    /// clash, if any.
     pub(crate) fn recorded(
         &self,
         namespace: &str,
         operation: &str,
         handler: Handler<'_>,
         recorded: Vec<String>,
-    ) -> (bool, Result<(), Clash>) {
+    ) -> Result<(), Clash> {
         let mut operations = self.operations.write().unwrap_or_else(PoisonError::into_inner);
-        let entry = operations.entry((namespace.to_owned(), operation.to_owned())).or_default();
-        let first = entry.checked.is_none();
+        let Some(entry) = operations.iter_mut().find(|entry| entry.is(namespace, operation)) else {
+            // Declared before it was asked: always there.
+            return Ok(());
+        };
         entry.recorded = recorded;
         entry.checked = Some(Instant::now());
-        (first, entry.clash(handler).map_or(Ok(()), Err))
+        entry.clash(handler).map_or(Ok(()), Err)
     }
 }
 
