@@ -21,14 +21,35 @@ pub(crate) fn try_random<const N: usize>() -> Option<[u8; N]> {
     getrandom::fill(&mut bytes).ok().map(|()| bytes)
 }
 
+const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// The two lowercase hex digits of `byte`.
+const fn digits(byte: u8) -> [u8; 2] {
+    [DIGITS[(byte >> 4) as usize], DIGITS[(byte & 0x0f) as usize]]
+}
+
 /// `bytes` as lowercase hex.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    let mut text = String::with_capacity(2 * bytes.len());
+    for &byte in bytes {
+        let [high, low] = digits(byte);
+        text.push(char::from(high));
+        text.push(char::from(low));
+    }
+    text
 }
 
 /// Writes `bytes` as lowercase hex.
 pub(crate) fn write_hex(bytes: &[u8], f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    bytes.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    let mut buffer = [0u8; 64];
+    for chunk in bytes.chunks(buffer.len() / 2) {
+        for (pair, &byte) in buffer.chunks_exact_mut(2).zip(chunk) {
+            pair.copy_from_slice(&digits(byte));
+        }
+        // Hex digits are ASCII.
+        f.write_str(std::str::from_utf8(&buffer[..2 * chunk.len()]).map_err(|_| fmt::Error)?)?;
+    }
+    Ok(())
 }
 
 /// The value of one hex digit, either case.
@@ -64,6 +85,22 @@ mod tests {
         assert_eq!(unhex::<4>("007FA5ff"), Some(bytes));
         assert_eq!(unhex::<4>("007fa5f"), None);
         assert_eq!(unhex::<2>("0g00"), None);
+    }
+
+    /// Every byte, and a run longer than the buffer `write_hex` fills, as `{:02x}` writes them.
+    #[test]
+    fn hex_is_what_format_writes() {
+        let bytes: Vec<u8> = (0..=255u8).chain(0..=255).collect();
+        let formatted: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+        assert_eq!(hex(&bytes), formatted);
+        struct Written<'a>(&'a [u8]);
+        impl fmt::Display for Written<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write_hex(self.0, f)
+            }
+        }
+        assert_eq!(Written(&bytes).to_string(), formatted);
+        assert_eq!(Written(&[]).to_string(), "");
     }
 
     #[test]

@@ -65,6 +65,8 @@ struct Remembered {
     names: RwLock<HashMap<Box<str>, [u8; 2]>>,
     /// Tenant names → their tag, and their subjects' tags.
     scopes: RwLock<ScopeTags>,
+    /// Who and what an operation was (see [`Secret::sealed_label`]) → its sealed label.
+    labels: RwLock<HashMap<Box<str>, Arc<[u8]>>>,
 }
 
 #[derive(Default)]
@@ -81,6 +83,9 @@ struct TenantTags {
 
 /// The most tenant and subject tags a secret remembers, in all.
 const SCOPE_TAGS_KEPT: usize = 4096;
+
+/// The most sealed labels a secret remembers: one per tool, namespace and caller.
+const LABELS_KEPT: usize = 4096;
 
 /// The most argument names whose tags a secret remembers. A tool's argument names repeat on
 /// every call, but they come from callers, so what is kept is bounded.
@@ -186,6 +191,23 @@ impl Secret {
             tags.insert(name.into(), tag);
         }
         tag
+    }
+
+    /// The label `seal()` seals under this secret for who and what an operation was, `who` (the
+    /// parts it is sealed of, framed so that no two lists of parts share it: see
+    /// `ledger::label`), sealed once per `who` (up to [`LABELS_KEPT`] of them): sealing is
+    /// deterministic, and the same tool is called by the same caller call after call.
+    pub(crate) fn sealed_label(&self, who: &str, seal: impl FnOnce() -> Vec<u8>) -> Arc<[u8]> {
+        let known = self.remembered.labels.read().unwrap_or_else(PoisonError::into_inner).get(who).cloned();
+        if let Some(sealed) = known {
+            return sealed;
+        }
+        let sealed: Arc<[u8]> = seal().into();
+        let mut labels = self.remembered.labels.write().unwrap_or_else(PoisonError::into_inner);
+        if labels.len() < LABELS_KEPT {
+            labels.insert(who.into(), Arc::clone(&sealed));
+        }
+        sealed
     }
 
     /// The tag `tag()` computes for `tenant` (with `subject`: for that subject of it), computed

@@ -5,7 +5,8 @@
 //! statements. Durable backends that do not answer are skipped and say so.
 //! `IDEM_BENCH_OPS` sets the operations per measurement (default 2000); `IDEM_BENCH_ONLY=waiting`
 //! runs only the measurement of 1,000 repeats waiting on one operation (`wait`), and
-//! `IDEM_BENCH_ONLY=cpu` only the key derivation and the wrapped no-op (no database);
+//! `IDEM_BENCH_ONLY=cpu` only the key derivation and the wrapped no-op (no database; `key` and
+//! `noop` one of them, for a profiler);
 //! `IDEM_BENCH_ONLY=storm` only the storms on the three databases; `IDEM_BENCH_ONLY=http` only the
 //! HTTP layer (its overhead per request against the same axum handler without it, and a storm
 //! of 1,000 identical requests).
@@ -592,8 +593,56 @@ fn cpu(rows: &mut Vec<Row>) {
     );
 }
 
+/// Where the key's time goes, part by part (each the best of fifty rounds, the arguments'
+/// construction taken off): `IDEM_BENCH_ONLY=key-parts`, for whoever makes it faster.
+fn key_parts(rows: &mut Vec<Row>) {
+    use idem_runtime::canonical;
+    use idem_runtime::key::Fingerprint;
+    let scope = idem_runtime::scope::Scope::caller(&caller());
+    let secret = idem_tests::test_secret();
+    let n = 20_000;
+    let build = nanos_per(n, |i| {
+        std::hint::black_box(charge_args(i));
+    });
+    let members = nanos_per(n, |i| {
+        std::hint::black_box(canonical::Members::of_arguments(&charge_args(i)).unwrap());
+    });
+    let selected = nanos_per(n, |i| {
+        let args = charge_args(i);
+        let mut selected = canonical::Members::new();
+        selected.insert("order_id", &args.order_id).unwrap();
+        selected.insert("amount_cents", &args.amount_cents).unwrap();
+        std::hint::black_box(selected);
+    });
+    let all = canonical::Members::of_arguments(&charge_args(1)).unwrap();
+    let mut chosen = canonical::Members::new();
+    chosen.insert("order_id", "order-1").unwrap();
+    chosen.insert("amount_cents", &1251u64).unwrap();
+    let key = nanos_per(n, |_| {
+        std::hint::black_box(Key::derive_members(&secret, "bench", &scope, "charge_card", &chosen).unwrap());
+    });
+    let digest = nanos_per(n, |_| {
+        std::hint::black_box(Fingerprint::digest_of_members(&secret, &all, &[]));
+    });
+    let tags = nanos_per(n, |_| {
+        let mut fingerprint = Fingerprint::digest_of_members(&secret, &all, &[]);
+        fingerprint.tag(&secret);
+        std::hint::black_box(fingerprint);
+    }) - digest;
+    for (what, nanos) in [
+        ("the arguments' canonical members (of_arguments)", members - build),
+        ("the key's two members (two inserts)", selected - build),
+        ("the key's HMAC over its material (derive_members)", key),
+        ("the fingerprint's digest (digest_of_members)", digest),
+        ("the five argument tags (tag)", tags),
+    ] {
+        row(rows, format!("key part: {what}"), format!("{nanos:.0} ns"), String::new(), f64::NAN);
+    }
+}
+
 async fn wrapped_noop(rows: &mut Vec<Row>) {
-    let n = 20_000u64;
+    // 20,000 calls a round by default (ten per `IDEM_BENCH_OPS`).
+    let n = ops() as u64 * 10;
     let args: Vec<_> = (0..n).map(|i| json!({ "order_id": i, "amount": 1250 })).collect();
     let mut wrapped = f64::INFINITY;
     let mut bare = f64::INFINITY;
@@ -870,8 +919,13 @@ async fn main() {
     // `IDEM_BENCH_ONLY=waiting` runs the waiting measurement alone, `cpu` the two without a database.
     let only = std::env::var("IDEM_BENCH_ONLY").ok();
     let all = only.is_none();
-    if all || only.as_deref() == Some("cpu") {
+    if all || matches!(only.as_deref(), Some("cpu" | "key")) {
         cpu(&mut rows);
+    }
+    if only.as_deref() == Some("key-parts") {
+        key_parts(&mut rows);
+    }
+    if all || matches!(only.as_deref(), Some("cpu" | "noop")) {
         wrapped_noop(&mut rows).await;
     }
     if all || only.as_deref() == Some("http") {

@@ -55,7 +55,7 @@ pub use self::claim::{Claim, ClaimRequest, Outcome, Resolution, State, Token, Wo
 pub use self::error::{ErrorSource, LedgerError};
 pub(crate) use self::judge::{RecordView, Verdict, held, lease_lapsed, settled_expiry, superseded, won_stale};
 pub use self::label::Label;
-pub(crate) use self::label::{open as open_label, seal as seal_label};
+pub(crate) use self::label::{open as open_label, seal_remembered as seal_label};
 pub use self::layer::{Layer, Verb};
 pub use self::open::{connect, from_env, is_redis_url};
 pub use self::report::{LedgerStats, PendingQuery, PendingRecord, StatusReport, ToolOwner};

@@ -292,8 +292,9 @@ impl<'a> Attempt<'a> {
     {
         let (tool, reference) = (self.tool, self.reference());
         // Every won claim names the key its handler forwards: what an operator checks the
-        // downstream system for, also after this process dies mid-call.
-        let key = operation.idempotency_key();
+        // downstream system for, also after this process dies mid-call. Derived only for a
+        // log line that is written.
+        let key = Lazy(|| operation.idempotency_key());
         Ok(match won {
             Won::Reconcile => {
                 tracing::warn!(tool, %reference, idempotency_key = %key, "stale lease; reconciling with the downstream");
@@ -443,5 +444,15 @@ impl<'a> Attempt<'a> {
         let reference = self.reference();
         let value = self.idem.results().decode::<T, E>(stored, reference)?;
         Ok(Served { value: Ran::Outcome(value), replayed: true, reference })
+    }
+}
+
+/// A value written to a log line only if the line is written: `Lazy(|| derive())` displays
+/// what `derive` returns, computed when (and each time) it is displayed.
+struct Lazy<F>(F);
+
+impl<F: Fn() -> D, D: std::fmt::Display> std::fmt::Display for Lazy<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (self.0)().fmt(f)
     }
 }
