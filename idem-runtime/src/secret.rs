@@ -66,7 +66,7 @@ struct Remembered {
     /// Tenant names → their tag, and their subjects' tags.
     scopes: RwLock<ScopeTags>,
     /// Who and what an operation was (see [`Secret::sealed_label`]) → its sealed label.
-    labels: RwLock<HashMap<Box<str>, Arc<[u8]>>>,
+    labels: RwLock<HashMap<Box<[u8]>, Arc<[u8]>>>,
 }
 
 #[derive(Default)]
@@ -197,7 +197,7 @@ impl Secret {
     /// parts it is sealed of, framed so that no two lists of parts share it: see
     /// `ledger::label`), sealed once per `who` (up to [`LABELS_KEPT`] of them): sealing is
     /// deterministic, and the same tool is called by the same caller call after call.
-    pub(crate) fn sealed_label(&self, who: &str, seal: impl FnOnce() -> Vec<u8>) -> Arc<[u8]> {
+    pub(crate) fn sealed_label(&self, who: &[u8], seal: impl FnOnce() -> Vec<u8>) -> Arc<[u8]> {
         let known = self.remembered.labels.read().unwrap_or_else(PoisonError::into_inner).get(who).cloned();
         if let Some(sealed) = known {
             return sealed;

@@ -50,16 +50,14 @@ pub(crate) fn seal_remembered(
     tenant: &str,
     subject: Option<&str>,
 ) -> Vec<u8> {
-    // Each part framed by its length, so that no two labels share a name here.
-    let mut who = String::with_capacity(namespace.len() + tool.len() + tenant.len() + 32);
+    // The parts as a JSON array: no two lists of parts share its text.
+    let mut who = Vec::with_capacity(namespace.len() + tool.len() + tenant.len() + 32);
     for part in [Some(namespace), Some(tool), Some(tenant), subject] {
         match part {
-            Some(part) => {
-                use std::fmt::Write as _;
-                let _ = write!(who, "{}:{part}", part.len());
-            }
-            None => who.push('-'),
+            Some(part) => crate::canonical::write_canonical_str(part, &mut who),
+            None => who.extend_from_slice(b"null"),
         }
+        who.push(b',');
     }
     secret.sealed_label(&who, || seal(secret, namespace, tool, tenant, subject)).to_vec()
 }
