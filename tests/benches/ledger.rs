@@ -533,7 +533,8 @@ fn nanos_per(n: u64, mut f: impl FnMut(u64)) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-fn cpu(rows: &mut Vec<Row>) {
+/// Nanoseconds per key of idem's key and fingerprint digest, as [`cpu`] measured them.
+fn cpu(rows: &mut Vec<Row>) -> f64 {
     use idem_runtime::canonical;
     use sha2::{Digest, Sha256};
     let scope = idem_runtime::scope::Scope::caller(&caller());
@@ -591,6 +592,71 @@ fn cpu(rows: &mut Vec<Row>) {
         format!("{sha_only:.0} ns"),
         (derive - build) / sha_only,
     );
+    derive - build
+}
+
+/// The Powertools release the bench installs: a pinned version, so that a run is repeatable.
+const POWERTOOLS: &str = "aws-lambda-powertools==3.37.0";
+
+/// Key derivation in AWS Lambda Powertools' idempotency utility, per key, beside idem's
+/// (`idem_nanos`, from [`cpu`]): `benches/powertools_keys.py` run by the Python of a venv the
+/// bench makes under cargo's target directory and installs Powertools into from PyPI (once; a
+/// later run reuses it). Without Python or PyPI the rows say why they are missing.
+fn powertools(rows: &mut Vec<Row>, idem_nanos: f64) {
+    use std::process::Command;
+    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("powertools-venv");
+    let python = venv.join("bin/python");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/powertools_keys.py");
+    let run = |command: &mut Command| -> Result<String, String> {
+        let output = command.output().map_err(|error| format!("{command:?}: {error}"))?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            return Err(format!("{command:?} failed: {}", stderr.lines().last().unwrap_or_default()));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    let installed = || run(Command::new(&python).args(["-c", "import aws_lambda_powertools, boto3, jmespath"])).is_ok();
+    let ready = if installed() {
+        Ok(())
+    } else {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .and_then(|_| {
+                run(Command::new(venv.join("bin/pip")).args([
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    POWERTOOLS,
+                    "boto3",
+                    "jmespath",
+                ]))
+            })
+            .map(drop)
+    };
+    let measured = ready.and_then(|()| run(Command::new(&python).arg(&script).arg((ops() * 10).to_string())));
+    let output = match measured {
+        Ok(output) => output,
+        Err(why) => {
+            println!("Powertools key derivation not measured: {why}");
+            row(rows, format!("key derivation: {POWERTOOLS} not measured ({why})"), String::new(), String::new(), f64::NAN);
+            return;
+        }
+    };
+    for line in output.lines() {
+        let Some((what, nanos)) = line.rsplit_once(' ') else { continue };
+        let Ok(nanos) = nanos.parse::<f64>() else { continue };
+        let what = match what {
+            "default" => "its defaults: the whole event, MD5",
+            "key+validation" => "key by JMESPath over the two key fields + payload validation of the event, SHA-256",
+            other => other,
+        };
+        row(
+            rows,
+            format!("key derivation per key, Powertools ({what}): ratio = how many times idem is faster"),
+            format!("{idem_nanos:.0} ns idem"),
+            format!("{nanos:.0} ns Powertools"),
+            nanos / idem_nanos,
+        );
+    }
 }
 
 /// Where the key's time goes, part by part (each the best of fifty rounds, the arguments'
@@ -700,66 +766,170 @@ async fn http_server(idem: Option<Idem>, delay: Duration) -> (String, Arc<std::s
     (format!("http://{address}/pay"), charges)
 }
 
+/// How the peer, `axum-idempotent` 0.6, keys a request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PeerMode {
+    /// `use_idempotency_key_header`: the client's `Idempotency-Key` is the key (its README's
+    /// payments example); nothing else of the request is looked at.
+    KeyHeader,
+    /// Its default: a BLAKE3 hash of the method, target, headers and body is the key.
+    Hashing,
+}
+
+/// The same axum handler as [`http_server`]'s behind `axum-idempotent` 0.6 with its in-memory
+/// session store (`ruts`' moka store), layered as its README says (cookies, sessions, then the
+/// idempotency layer). It caches only for a request that carries a session, so `GET /session`
+/// hands one out: its URL, the session cookie and the count.
+async fn peer_server(mode: PeerMode, delay: Duration) -> (String, String, Arc<std::sync::atomic::AtomicUsize>) {
+    use axum::routing::{get, post};
+    let charges = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&charges);
+    let handler = move || {
+        let counted = Arc::clone(&counted);
+        async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            axum::Json(json!({ "charge": format!("ch_{n}"), "amount": 1250 }))
+        }
+    };
+    let store = Arc::new(ruts::store::moka::MokaStore::builder().build());
+    let mut options = axum_idempotent::IdempotentOptions::default().expire_after(600);
+    if mode == PeerMode::KeyHeader {
+        options = options.use_idempotency_key_header(Some("idempotency-key"), true);
+    }
+    let cookie = ruts::CookieOptions::build().name("session").max_age(3600).path("/");
+    // The idempotency layer on `/pay` only: `/session` carries no key.
+    let app = axum::Router::new()
+        .route("/pay", post(handler))
+        .layer(axum_idempotent::IdempotentLayer::<ruts::store::moka::MokaStore>::new(options))
+        .route(
+            "/session",
+            get(|session: ruts::Session<ruts::store::moka::MokaStore>| async move {
+                session.set("client", &"bench", ruts::store::Ttl::new(3600).unwrap(), None).await.unwrap();
+            }),
+        )
+        .layer(ruts::SessionLayer::new(store).with_cookie_options(cookie))
+        .layer(tower_cookies::CookieManagerLayer::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let response = reqwest::get(format!("http://{address}/session")).await.unwrap();
+    let session = response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|value| value.to_str().ok()?.split(';').next().map(str::to_owned))
+        .find(|pair| pair.starts_with("session="))
+        .expect("the peer's session layer set no session cookie");
+    (format!("http://{address}/pay"), session, charges)
+}
+
 /// The HTTP layer: its overhead per request (a first request, and a replay) against the same
-/// axum handler without it, sequential over one keep-alive client, interleaved request by
-/// request; then 1,000 identical requests at once through it.
+/// axum handler without it and beside the peer, `axum-idempotent` 0.6 (in both of its modes),
+/// sequential over one keep-alive client, interleaved request by request; then 1,000 identical
+/// requests at once through idem's layer and through the peer's.
 async fn http_layer(rows: &mut Vec<Row>) {
     let n = ops();
     let client = reqwest::Client::new();
     let (bare, _) = http_server(None, Duration::ZERO).await;
     let (layered, _) = http_server(Some(idem_tests::idem(MemoryLedger::new())), Duration::ZERO).await;
-    let send = |url: &str, key: Option<String>| {
+    let (peer_key, peer_key_session, _) = peer_server(PeerMode::KeyHeader, Duration::ZERO).await;
+    let (peer_hash, peer_hash_session, _) = peer_server(PeerMode::Hashing, Duration::ZERO).await;
+    let send = |url: &str, key: Option<String>, session: Option<&str>| {
         let mut request = client.post(url).header("content-type", "application/json").body(r#"{"amount":1250}"#);
         if let Some(key) = key {
-            request = request.header("idempotency-key", format!("\"{key}\""));
+            request = request.header("idempotency-key", key);
+        }
+        if let Some(session) = session {
+            request = request.header("cookie", session);
         }
         request.send()
     };
-    let (mut bare_times, mut first_times, mut replay_times) = (Vec::new(), Vec::new(), Vec::new());
+    // One sample of each, in turn: a first request, then its replay. The peer's hashing mode
+    // keys on the whole request, so its first requests differ by a header.
+    let mut times: [Vec<Duration>; 7] = Default::default();
+    let mut timed = async |slot: usize, request: reqwest::RequestBuilder| {
+        let start = Instant::now();
+        let response = request.send().await.unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        response.bytes().await.unwrap();
+        times[slot].push(start.elapsed());
+    };
+    let post = |url: &str| client.post(url).header("content-type", "application/json").body(r#"{"amount":1250}"#);
     for i in 0..n {
-        let start = Instant::now();
-        send(&bare, None).await.unwrap().bytes().await.unwrap();
-        bare_times.push(start.elapsed());
-        let start = Instant::now();
-        send(&layered, Some(format!("k-{i}"))).await.unwrap().bytes().await.unwrap();
-        first_times.push(start.elapsed());
-        let start = Instant::now();
-        send(&layered, Some(format!("k-{i}"))).await.unwrap().bytes().await.unwrap();
-        replay_times.push(start.elapsed());
-    }
-    let bare_p50 = percentile(&mut bare_times, 0.5);
-    for (what, times) in [("first request", &mut first_times), ("replay", &mut replay_times)] {
-        let p50 = percentile(times, 0.5);
-        row(
-            rows,
-            format!("HTTP layer, memory ledger: {what} p50 (vs the same axum handler without the layer)"),
-            format!("{:.0} µs", micros(p50)),
-            format!("{:.0} µs bare", micros(bare_p50)),
-            micros(p50) / micros(bare_p50).max(1.0),
-        );
-    }
-    // A storm: 1,000 identical requests at once; the handler takes 50 ms.
-    let (url, charges) = http_server(Some(idem_tests::idem(MemoryLedger::new())), Duration::from_millis(50)).await;
-    let start = Instant::now();
-    let requests: Vec<_> = (0..1000)
-        .map(|_| {
-            let request = send(&url, Some("storm".to_owned()));
-            tokio::spawn(async move { request.await.map(|response| response.status().as_u16()) })
-        })
-        .collect();
-    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
-    for request in requests {
-        if let Ok(Ok(status)) = request.await {
-            *statuses.entry(status).or_default() += 1;
+        timed(0, post(&bare)).await;
+        // idem's layer: the key as a structured-field string, as the draft gives the header.
+        for slot in [1, 2] {
+            timed(slot, post(&layered).header("idempotency-key", format!("\"k-{i}\""))).await;
+        }
+        for slot in [3, 4] {
+            let request = post(&peer_key).header("idempotency-key", format!("k-{i}"));
+            timed(slot, request.header("cookie", &peer_key_session)).await;
+        }
+        for slot in [5, 6] {
+            let request = post(&peer_hash).header("x-request", format!("r-{i}"));
+            timed(slot, request.header("cookie", &peer_hash_session)).await;
         }
     }
-    let elapsed = start.elapsed();
+    let [bare_times, first, replay, key_first, key_replay, hash_first, hash_replay] = &mut times;
+    let bare_p50 = micros(percentile(bare_times, 0.5));
+    for (what, samples) in [
+        ("idem's layer, memory ledger: first request", first),
+        ("idem's layer, memory ledger: replay", replay),
+        ("axum-idempotent 0.6 (Idempotency-Key header, moka store): first request", key_first),
+        ("axum-idempotent 0.6 (Idempotency-Key header, moka store): replay", key_replay),
+        ("axum-idempotent 0.6 (request hash, moka store): first request", hash_first),
+        ("axum-idempotent 0.6 (request hash, moka store): replay", hash_replay),
+    ] {
+        let p50 = micros(percentile(samples, 0.5));
+        row(
+            rows,
+            format!("HTTP, {what} p50 (vs the same axum handler bare)"),
+            format!("{p50:.0} µs"),
+            format!("{bare_p50:.0} µs bare"),
+            p50 / bare_p50.max(1.0),
+        );
+    }
+    // A storm: 1,000 identical requests at once; the handler takes 50 ms. What every request was
+    // answered, how many times the handler ran, and when the last answer came.
+    let storm = async |url: &str, key: String, session: Option<&str>| {
+        let start = Instant::now();
+        let requests: Vec<_> = (0..1000)
+            .map(|_| {
+                let request = send(url, Some(key.clone()), session);
+                tokio::spawn(async move { request.await.map(|response| response.status().as_u16()) })
+            })
+            .collect();
+        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+        for request in requests {
+            if let Ok(Ok(status)) = request.await {
+                *statuses.entry(status).or_default() += 1;
+            }
+        }
+        (start.elapsed(), statuses)
+    };
+    let (url, charges) = http_server(Some(idem_tests::idem(MemoryLedger::new())), Duration::from_millis(50)).await;
+    let (elapsed, statuses) = storm(&url, "\"storm\"".to_owned(), None).await;
     let executions = charges.load(std::sync::atomic::Ordering::SeqCst);
+    storm_row(rows, "idem's layer, memory ledger", executions, &statuses, elapsed);
+    let (url, session, charges) = peer_server(PeerMode::KeyHeader, Duration::from_millis(50)).await;
+    let (elapsed, statuses) = storm(&url, "storm".to_owned(), Some(&session)).await;
+    let executions = charges.load(std::sync::atomic::Ordering::SeqCst);
+    storm_row(rows, "axum-idempotent 0.6 (Idempotency-Key header)", executions, &statuses, elapsed);
+}
+
+fn storm_row(
+    rows: &mut Vec<Row>,
+    what: &str,
+    executions: usize,
+    statuses: &std::collections::BTreeMap<u16, usize>,
+    elapsed: Duration,
+) {
     row(
         rows,
-        format!(
-            "HTTP layer, memory ledger: storm of 1000 identical requests (executions: {executions}; statuses {statuses:?})"
-        ),
+        format!("HTTP, {what}: storm of 1000 identical requests, time to the last answer (executions: {executions}; statuses {statuses:?})"),
         format!("{:.0} ms", elapsed.as_secs_f64() * 1e3),
         "50 ms handler".to_owned(),
         elapsed.as_secs_f64() / 0.05,
@@ -920,7 +1090,8 @@ async fn main() {
     let only = std::env::var("IDEM_BENCH_ONLY").ok();
     let all = only.is_none();
     if all || matches!(only.as_deref(), Some("cpu" | "key")) {
-        cpu(&mut rows);
+        let idem_nanos = cpu(&mut rows);
+        powertools(&mut rows, idem_nanos);
     }
     if only.as_deref() == Some("key-parts") {
         key_parts(&mut rows);
