@@ -637,7 +637,13 @@ fn powertools(rows: &mut Vec<Row>, idem_nanos: f64) {
         Ok(output) => output,
         Err(why) => {
             println!("Powertools key derivation not measured: {why}");
-            row(rows, format!("key derivation: {POWERTOOLS} not measured ({why})"), String::new(), String::new(), f64::NAN);
+            row(
+                rows,
+                format!("key derivation: {POWERTOOLS} not measured ({why})"),
+                String::new(),
+                String::new(),
+                f64::NAN,
+            );
             return;
         }
     };
@@ -929,7 +935,9 @@ fn storm_row(
 ) {
     row(
         rows,
-        format!("HTTP, {what}: storm of 1000 identical requests, time to the last answer (executions: {executions}; statuses {statuses:?})"),
+        format!(
+            "HTTP, {what}: storm of 1000 identical requests, time to the last answer (executions: {executions}; statuses {statuses:?})"
+        ),
         format!("{:.0} ms", elapsed.as_secs_f64() * 1e3),
         "50 ms handler".to_owned(),
         elapsed.as_secs_f64() / 0.05,

@@ -185,16 +185,43 @@ where
         };
         // Run to the end whatever becomes of the client's connection: a request the service
         // started is recorded, and its client's retry answered from the record, rather than left
-        // in progress (and then "outcome unknown") because the client hung up.
-        let task = tokio::spawn(protect(Arc::clone(&self.config), inner, request, matched));
-        Box::pin(async move {
-            match task.await {
-                Ok(answer) => answer,
-                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-                // The runtime is shutting down.
-                Err(_) => Ok(boxed(answer::refused(&crate::Rejection::ShuttingDown))),
-            }
-        })
+        // in progress (and then "outcome unknown") because the client hung up. It runs on the
+        // connection's task, and only a request whose connection dropped it goes on in a task of
+        // its own (a task per request would cost every request two wake-ups across threads).
+        Box::pin(ToTheEnd(Some(Box::pin(protect(Arc::clone(&self.config), inner, request, matched)))))
+    }
+}
+
+/// A request's work, polled where its response is awaited; if that future is dropped before the
+/// work ends (the client hung up, the server timed the request out), the rest of the work is
+/// spawned onto the runtime and runs to its end there.
+struct ToTheEnd<F: Future<Output: Send + 'static> + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future<Output: Send + 'static> + Send + 'static> Future for ToTheEnd<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(work) = self.0.as_mut() else {
+            panic!("a request's future was polled after it answered");
+        };
+        let answer = std::task::ready!(work.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for ToTheEnd<F> {
+    fn drop(&mut self) {
+        let Some(work) = self.0.take() else { return };
+        // Unwinding from the work's own panic: it cannot be polled again (the panic goes on to
+        // the connection, as it did from a task of its own). Outside a runtime (it is shutting
+        // down) nothing can run it: dropped, as a spawned task would be.
+        if std::thread::panicking() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(work);
+        }
     }
 }
 
