@@ -746,14 +746,15 @@ async fn http_server(idem: Option<Idem>, delay: Duration) -> (String, Arc<std::s
     use axum::routing::post;
     let charges = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&charges);
-    let handler = move || {
+    // It reads its arguments from the body, as a real handler does.
+    let handler = move |axum::Json(charge): axum::Json<serde_json::Value>| {
         let counted = Arc::clone(&counted);
         async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
             let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-            axum::Json(json!({ "charge": format!("ch_{n}"), "amount": 1250 }))
+            axum::Json(json!({ "charge": format!("ch_{n}"), "amount": charge["amount"] }))
         }
     };
     let mut app = axum::Router::new().route("/pay", post(handler));
@@ -790,14 +791,15 @@ async fn peer_server(mode: PeerMode, delay: Duration) -> (String, String, Arc<st
     use axum::routing::{get, post};
     let charges = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&charges);
-    let handler = move || {
+    // It reads its arguments from the body, as a real handler does.
+    let handler = move |axum::Json(charge): axum::Json<serde_json::Value>| {
         let counted = Arc::clone(&counted);
         async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
             let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-            axum::Json(json!({ "charge": format!("ch_{n}"), "amount": 1250 }))
+            axum::Json(json!({ "charge": format!("ch_{n}"), "amount": charge["amount"] }))
         }
     };
     let store = Arc::new(ruts::store::moka::MokaStore::builder().build());
