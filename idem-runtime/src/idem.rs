@@ -55,6 +55,8 @@ mod wait;
 
 pub use admin::{About, Admin};
 pub(crate) use arguments::CallArguments;
+#[doc(hidden)]
+pub use arguments::derive;
 pub(crate) use call::{Call, Ran};
 pub use call::{Reconciled, Served};
 pub use drain::Drained;

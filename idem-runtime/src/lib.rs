@@ -290,6 +290,7 @@ pub use idem_macros::audit_idempotent;
 /// Items the macros expand to. Not public API: names and signatures change without notice.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::idem::derive;
     pub use crate::macro_support::*;
     #[cfg(feature = "rmcp")]
     pub use crate::mcp::macro_support::*;

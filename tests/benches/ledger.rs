@@ -543,19 +543,13 @@ fn cpu(rows: &mut Vec<Row>) -> f64 {
     // What `#[idempotent]` does per call: the arguments streamed to canonical members, the key
     // over two selected fields, the fingerprint's digest of all — and, for a claim that is sent
     // (not answered by an identical call's), one tag per argument.
+    // Exactly what the engine derives (`Attempt::prepare`, and `complete_request` for the tags).
+    static CHARGE: Recipe = Recipe::new("charge_card", &["order_id", "amount_cents"]);
     let derive_with = |tags: bool| {
         nanos_per(n, |i| {
             let args = charge_args(i);
-            let all = canonical::Members::of_arguments(&args).unwrap();
-            let mut selected = canonical::Members::new();
-            selected.insert("order_id", &args.order_id).unwrap();
-            selected.insert("amount_cents", &args.amount_cents).unwrap();
-            std::hint::black_box(Key::derive_members(&secret, "bench", &scope, "charge_card", &selected).unwrap());
-            let mut fingerprint = idem_runtime::key::Fingerprint::digest_of_members(&secret, &all, &[]);
-            if tags {
-                fingerprint.tag(&secret);
-            }
-            std::hint::black_box(fingerprint);
+            let derived = idem_runtime::__private::derive(&secret, "bench", &scope, &CHARGE, &args, tags).unwrap();
+            std::hint::black_box(derived);
         })
     };
     let derive = derive_with(false);

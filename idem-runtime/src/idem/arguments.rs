@@ -186,3 +186,27 @@ pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArgumen
         (None, _) => Scope::caller(caller),
     })
 }
+
+/// What a call derives from its arguments before it claims — its key, its fingerprint's digest
+/// and, for a claim that is sent (`tagged`), its argument tags — as `Idem::execute` derives them
+/// (`Attempt::prepare` and `complete_request`), for the ledger bench to measure. Not public API.
+///
+/// # Errors
+/// What the call would be refused with: arguments with no canonical form, a key path missing.
+#[doc(hidden)]
+pub fn derive<A: Serialize + ?Sized>(
+    secret: &Secret,
+    namespace: &str,
+    scope: &Scope,
+    recipe: &Recipe,
+    arguments: &A,
+    tagged: bool,
+) -> Result<(Key, [u8; 32], Vec<[u8; 4]>), Rejection> {
+    let arguments = CallArguments::of(recipe, arguments)?;
+    let key = arguments.key(secret, namespace, scope, recipe.tool())?;
+    let mut fingerprint = arguments.fingerprint(secret, recipe.ignore_paths())?;
+    if tagged {
+        fingerprint.tag(secret);
+    }
+    Ok((key, *fingerprint.digest(), fingerprint.tags().to_vec()))
+}
