@@ -66,7 +66,7 @@ struct Remembered {
     /// Tenant names → their tag, and their subjects' tags.
     scopes: RwLock<ScopeTags>,
     /// Who and what an operation was (see [`Secret::sealed_label`]) → its sealed label.
-    labels: RwLock<HashMap<Box<[u8]>, Arc<[u8]>>>,
+    labels: RwLock<HashMap<Box<[u8]>, SealedLabel>>,
 }
 
 #[derive(Default)]
@@ -83,6 +83,9 @@ struct TenantTags {
 
 /// The most tenant and subject tags a secret remembers, in all.
 const SCOPE_TAGS_KEPT: usize = 4096;
+
+/// A sealed label, shared by the calls that have it.
+type SealedLabel = Arc<[u8]>;
 
 /// The most sealed labels a secret remembers: one per tool, namespace and caller.
 const LABELS_KEPT: usize = 4096;

@@ -69,8 +69,9 @@
 //!      under the `hold` policy): **409**, type `outcome-unknown`, no `Retry-After`;
 //!    - the ledger unreachable or the server draining: **503** with `Retry-After`, nothing executed.
 //!
-//! A protected request runs on a task of its own (the layer needs a Tokio runtime): a client that
-//! hangs up mid-request does not stop the service halfway, so its response is recorded and the
+//! A protected request runs to its end (the layer needs a Tokio runtime): it runs on its
+//! connection's task, and a client that hangs up mid-request does not stop the service halfway —
+//! the rest of the request goes on in a task of its own — so its response is recorded and the
 //! client's retry is answered from it.
 //!
 //! Which responses are stored: every response the service returned, 2xx, 4xx and 5xx alike — the

@@ -187,6 +187,10 @@ pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArgumen
     })
 }
 
+/// What [`derive`] derives: the key, the fingerprint's digest, the argument tags.
+#[doc(hidden)]
+pub type Derived = (Key, [u8; 32], Vec<[u8; 4]>);
+
 /// What a call derives from its arguments before it claims — its key, its fingerprint's digest
 /// and, for a claim that is sent (`tagged`), its argument tags — as `Idem::execute` derives them
 /// (`Attempt::prepare` and `complete_request`), for the ledger bench to measure. Not public API.
@@ -201,7 +205,7 @@ pub fn derive<A: Serialize + ?Sized>(
     recipe: &Recipe,
     arguments: &A,
     tagged: bool,
-) -> Result<(Key, [u8; 32], Vec<[u8; 4]>), Rejection> {
+) -> Result<Derived, Rejection> {
     let arguments = CallArguments::of(recipe, arguments)?;
     let key = arguments.key(secret, namespace, scope, recipe.tool())?;
     let mut fingerprint = arguments.fingerprint(secret, recipe.ignore_paths())?;
