@@ -188,39 +188,56 @@ where
         // in progress (and then "outcome unknown") because the client hung up. It runs on the
         // connection's task, and only a request whose connection dropped it goes on in a task of
         // its own (a task per request would cost every request two wake-ups across threads).
-        Box::pin(ToTheEnd(Some(Box::pin(protect(Arc::clone(&self.config), inner, request, matched)))))
+        let work = Box::pin(protect(Arc::clone(&self.config), inner, request, matched));
+        Box::pin(ToTheEnd {
+            work: Some(work),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            span: tracing::Span::current(),
+        })
     }
 }
 
 /// A request's work, polled where its response is awaited; if that future is dropped before the
 /// work ends (the client hung up, the server timed the request out), the rest of the work is
-/// spawned onto the runtime and runs to its end there.
-struct ToTheEnd<F: Future<Output: Send + 'static> + Send + 'static>(Option<Pin<Box<F>>>);
+/// spawned onto the runtime the request came in on, in the request's span, and runs to its end
+/// there. A work that panics is dropped as it unwinds, never polled again.
+struct ToTheEnd<F: Future<Output: Send + 'static> + Send + 'static> {
+    work: Option<Pin<Box<F>>>,
+    runtime: Option<tokio::runtime::Handle>,
+    span: tracing::Span,
+}
 
 impl<F: Future<Output: Send + 'static> + Send + 'static> Future for ToTheEnd<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(work) = self.0.as_mut() else {
+        // Out while it is polled: if it panics, it unwinds with this frame, and what is dropped
+        // later (by whoever catches the panic) holds nothing to run again.
+        let Some(mut work) = self.work.take() else {
             panic!("a request's future was polled after it answered");
         };
-        let answer = std::task::ready!(work.as_mut().poll(cx));
-        self.0 = None;
-        Poll::Ready(answer)
+        match work.as_mut().poll(cx) {
+            Poll::Ready(answer) => Poll::Ready(answer),
+            Poll::Pending => {
+                self.work = Some(work);
+                Poll::Pending
+            }
+        }
     }
 }
 
 impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for ToTheEnd<F> {
     fn drop(&mut self) {
-        let Some(work) = self.0.take() else { return };
-        // Unwinding from the work's own panic: it cannot be polled again (the panic goes on to
-        // the connection, as it did from a task of its own). Outside a runtime (it is shutting
-        // down) nothing can run it: dropped, as a spawned task would be.
-        if std::thread::panicking() {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(work);
+        let Some(work) = self.work.take() else { return };
+        match &self.runtime {
+            Some(runtime) => {
+                runtime.spawn(tracing::Instrument::instrument(work, self.span.clone()));
+            }
+            None => tracing::error!(
+                parent: &self.span,
+                "a protected request was dropped outside a Tokio runtime before it ended: its operation is left to \
+                 its lease (serve the layer on a Tokio runtime)"
+            ),
         }
     }
 }

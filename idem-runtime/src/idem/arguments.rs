@@ -192,8 +192,10 @@ pub(super) fn scope_of(recipe: &Recipe, caller: &Caller, arguments: &CallArgumen
 pub type Derived = (Key, [u8; 32], Vec<[u8; 4]>);
 
 /// What a call derives from its arguments before it claims — its key, its fingerprint's digest
-/// and, for a claim that is sent (`tagged`), its argument tags — as `Idem::execute` derives them
-/// (`Attempt::prepare` and `complete_request`), for the ledger bench to measure. Not public API.
+/// and, for a claim that is sent (`tagged`), its argument tags — as `Attempt::prepare` and
+/// `complete_request` derive them, under the scope given (not the one `scope_of` would make for
+/// a `within` recipe) and without the scope's tags or the label: for the ledger bench to measure
+/// the key's cost. Not public API.
 ///
 /// # Errors
 /// What the call would be refused with: arguments with no canonical form, a key path missing.

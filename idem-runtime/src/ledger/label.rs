@@ -28,6 +28,9 @@ const MAX_NAME: usize = 128;
 /// real tenant name reaches, to keep a record's size bounded all the same.
 const MAX_TENANT: usize = 1024;
 
+/// The longest list of parts (as JSON) whose sealed label a secret remembers, in bytes.
+const MAX_REMEMBERED: usize = 2048;
+
 /// Who and what an operation was: what `seal` keeps and `open` gives back.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Label {
@@ -58,6 +61,11 @@ pub(crate) fn seal_remembered(
             None => who.extend_from_slice(b"null"),
         }
         who.push(b',');
+    }
+    // A caller's names of unusual length are sealed afresh rather than kept: what is remembered
+    // stays small whatever callers send.
+    if who.len() > MAX_REMEMBERED {
+        return seal(secret, namespace, tool, tenant, subject);
     }
     secret.sealed_label(&who, || seal(secret, namespace, tool, tenant, subject)).to_vec()
 }
@@ -221,6 +229,9 @@ mod tests {
                 }
             }
         }
+        // Parts longer than what is remembered are sealed afresh, to the same bytes.
+        let long = "t".repeat(MAX_REMEMBERED);
+        assert_eq!(seal_remembered(&one, "ns", "tool", &long, None), seal(&one, "ns", "tool", &long, None));
         for i in 0..4200 {
             let tenant = format!("tenant-{i}");
             assert_eq!(seal_remembered(&one, "ns", "tool", &tenant, None), seal(&one, "ns", "tool", &tenant, None));
