@@ -30,6 +30,7 @@ mod macro_behaviour;
 mod mcp_e2e;
 mod metrics;
 mod mrtr;
+mod ops;
 mod owners;
 mod pedantic;
 mod processor_service;

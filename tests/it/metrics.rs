@@ -229,3 +229,33 @@ impl IdempotentError for Unknowable {
         Self(rejection.code().to_owned())
     }
 }
+
+/// Issue 45, item 4: a replica keyed with another secret than the ledger's refuses every call
+/// before its claim — counted in `idem_secret_refusals_total` (what `IdemSecretUnusable` alerts
+/// on), not as a call answered by the ledger — and the series exists at zero from a tool's first
+/// call, so the alert's `increase` sees the first refusal.
+#[tokio::test(flavor = "current_thread")]
+async fn a_replica_with_another_secret_counts_its_refusals() {
+    use idem_runtime::secret::Secret;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = ::metrics::set_default_local_recorder(&recorder);
+    let mut totals = BTreeMap::new();
+    let ledger: std::sync::Arc<dyn idem_runtime::ledger::Ledger> = std::sync::Arc::new(MemoryLedger::new());
+    let alice = Caller::new("acme", "alice");
+    let ship = || async { Ok::<_, Error>("shipped".to_owned()) };
+    let keyed =
+        Idem::builder(std::sync::Arc::clone(&ledger)).secret(Secret::new(1, &[0x31; 32]).unwrap()).build().unwrap();
+    keyed.call(&SHIP, Some(&alice), &json!({ "parcel": "p-1" }), ship).await.unwrap();
+    let m = read(&snapshotter, &mut totals);
+    assert_eq!(counter(&m, "idem_secret_refusals_total{tool=ship}"), 0, "{m:?}");
+    assert!(m.contains_key("idem_secret_refusals_total{tool=ship}"), "the series exists at zero: {m:?}");
+
+    let other = Idem::builder(ledger).secret(Secret::new(1, &[0x32; 32]).unwrap()).build().unwrap();
+    let refused = other.call(&SHIP, Some(&alice), &json!({ "parcel": "p-2" }), ship).await;
+    assert!(matches!(&refused, Err(Error(code)) if code == "ledger_unavailable"), "{refused:?}");
+    let m = read(&snapshotter, &mut totals);
+    assert_eq!(counter(&m, "idem_secret_refusals_total{tool=ship}"), 1, "{m:?}");
+    assert_eq!(counter(&m, &calls("claimed")), 1, "only the first replica's call was claimed: {m:?}");
+    assert_eq!(counter(&m, &calls("ledger_unavailable")), 0, "{m:?}");
+}

@@ -116,7 +116,11 @@ impl Idem {
         let declared = self
             .declare(recipe, arguments.owner.as_deref(), None)
             .map_err(|clash| owners::refusal(namespace, tool, clash))?;
-        let keyring = self.keyring(Check::Keep).await.map_err(|error| no_secret(&error))?;
+        let keyring = self.keyring(Check::Keep).await.map_err(|error| {
+            #[cfg(feature = "metrics")]
+            super::metrics::secret_refused(tool);
+            no_secret(&error)
+        })?;
         // The ledger keeps this secret version's operations live as long as this call's may be.
         self.keep_secret_live(&keyring, recipe.window_duration()).await?;
         let caller = caller_of(self, caller, fallback)?;

@@ -13,6 +13,7 @@
 //! | `idem_claim_duration_seconds` | histogram | `tool` | how long a claim took the ledger to answer (a resend included) |
 //! | `idem_complete_duration_seconds` | histogram | `tool` | how long recording an outcome took (its quick retries included) |
 //! | `idem_operations_in_progress` | gauge | `tool` | operations this process runs now (claims won, not yet recorded) |
+//! | `idem_secret_refusals_total` | counter | `tool` | calls refused before their claim because this process has no usable secret: none configured, or not the one the ledger was keyed with (nothing executed; not counted in `idem_calls_total`) |
 //! | `idem_ledger_unknown_operations` | gauge | — | operations whose outcome is unknown (current and superseded): each needs its operator |
 //! | `idem_ledger_oldest_unknown_seconds` | gauge | — | how long ago the oldest of them was claimed (0 when there is none) |
 //! | `idem_ledger_lapsed_leases` | gauge | — | operations in progress whose holder's lease lapsed (presumed dead) |
@@ -23,8 +24,8 @@
 //! once per sweep, from one [`Admin::stats`](crate::admin::Admin::stats) (a scan of the ledger's
 //! tables: run it on one replica, or at a period the database can afford).
 //!
-//! Every `{tool, outcome}` series of the two counters exists, at zero, from a tool's first call on
-//! a handle ([`CALL_OUTCOMES`], [`COMPLETION_OUTCOMES`]). The durations are histograms: give
+//! Every `{tool, outcome}` series of the two counters (and the tool's secret refusals) exists, at
+//! zero, from a tool's first call on a handle ([`CALL_OUTCOMES`], [`COMPLETION_OUTCOMES`]). The durations are histograms: give
 //! your exporter [`BUCKETS`] so they are exported with buckets rather than as summaries.
 //!
 //! Labels carry only tool names and fixed words — never refs, callers or arguments — so the
@@ -63,6 +64,8 @@ pub const CLAIM_SECONDS: &str = "idem_claim_duration_seconds";
 pub const COMPLETE_SECONDS: &str = "idem_complete_duration_seconds";
 /// Operations running in this process, by tool.
 pub const IN_PROGRESS: &str = "idem_operations_in_progress";
+/// Calls refused because this process has no usable secret, by tool.
+pub const SECRET_REFUSALS: &str = "idem_secret_refusals_total";
 /// The ledger's unknown operations (current and superseded).
 pub const LEDGER_UNKNOWN: &str = "idem_ledger_unknown_operations";
 /// How long ago the ledger's oldest unknown operation was claimed, in seconds.
@@ -85,6 +88,11 @@ pub fn describe() {
     describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "How long the ledger took to answer a claim.");
     describe_histogram!(COMPLETE_SECONDS, Unit::Seconds, "How long recording an outcome took.");
     describe_gauge!(IN_PROGRESS, Unit::Count, "Operations this process is running now.");
+    describe_counter!(
+        SECRET_REFUSALS,
+        Unit::Count,
+        "Calls refused because this process has no usable secret (none, or not the ledger's), by tool."
+    );
     describe_gauge!(LEDGER_UNKNOWN, Unit::Count, "Operations in the ledger whose outcome is unknown.");
     describe_gauge!(
         LEDGER_OLDEST_UNKNOWN_SECONDS,
@@ -114,10 +122,15 @@ pub(super) fn first_call(tool: &'static str) {
     for outcome in COMPLETION_OUTCOMES {
         ::metrics::counter!(COMPLETIONS, "tool" => tool, "outcome" => outcome).increment(0);
     }
+    ::metrics::counter!(SECRET_REFUSALS, "tool" => tool).increment(0);
 }
 
 pub(super) fn call(tool: &'static str, outcome: &'static str) {
     ::metrics::counter!(CALLS, "tool" => tool, "outcome" => outcome).increment(1);
+}
+
+pub(super) fn secret_refused(tool: &'static str) {
+    ::metrics::counter!(SECRET_REFUSALS, "tool" => tool).increment(1);
 }
 
 pub(super) fn completion(tool: &'static str, outcome: &'static str) {
