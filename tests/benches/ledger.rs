@@ -734,13 +734,12 @@ async fn wrapped_noop(rows: &mut Vec<Row>) {
     );
 }
 
-/// An axum server on a local port whose `POST /pay` answers a small JSON receipt after counting
-/// the charge, with `IdempotencyLayer` on `idem` (or bare without one): its URL and its count.
-async fn http_server(idem: Option<Idem>, delay: Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-    use axum::routing::post;
+/// The handler every HTTP series serves at `POST /pay`: it reads its arguments from the JSON body,
+/// as a real handler does, waits `delay`, counts the charge and answers a small JSON receipt; and
+/// the count.
+fn charge_route(delay: Duration) -> (axum::routing::MethodRouter, Arc<std::sync::atomic::AtomicUsize>) {
     let charges = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&charges);
-    // It reads its arguments from the body, as a real handler does.
     let handler = move |axum::Json(charge): axum::Json<serde_json::Value>| {
         let counted = Arc::clone(&counted);
         async move {
@@ -751,7 +750,14 @@ async fn http_server(idem: Option<Idem>, delay: Duration) -> (String, Arc<std::s
             axum::Json(json!({ "charge": format!("ch_{n}"), "amount": charge["amount"] }))
         }
     };
-    let mut app = axum::Router::new().route("/pay", post(handler));
+    (axum::routing::post(handler), charges)
+}
+
+/// An axum server on a local port whose `POST /pay` answers a small JSON receipt after counting
+/// the charge, with `IdempotencyLayer` on `idem` (or bare without one): its URL and its count.
+async fn http_server(idem: Option<Idem>, delay: Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let (pay, charges) = charge_route(delay);
+    let mut app = axum::Router::new().route("/pay", pay);
     if let Some(idem) = idem {
         let principal = |_: &http::request::Parts| Some(caller());
         let layer = idem_runtime::http::IdempotencyLayer::new(idem, principal).namespace("bench").route(
@@ -782,20 +788,7 @@ enum PeerMode {
 /// idempotency layer). It caches only for a request that carries a session, so `GET /session`
 /// hands one out: its URL, the session cookie and the count.
 async fn peer_server(mode: PeerMode, delay: Duration) -> (String, String, Arc<std::sync::atomic::AtomicUsize>) {
-    use axum::routing::{get, post};
-    let charges = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = Arc::clone(&charges);
-    // It reads its arguments from the body, as a real handler does.
-    let handler = move |axum::Json(charge): axum::Json<serde_json::Value>| {
-        let counted = Arc::clone(&counted);
-        async move {
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-            axum::Json(json!({ "charge": format!("ch_{n}"), "amount": charge["amount"] }))
-        }
-    };
+    let (pay, charges) = charge_route(delay);
     let store = Arc::new(ruts::store::moka::MokaStore::builder().build());
     let mut options = axum_idempotent::IdempotentOptions::default().expire_after(600);
     if mode == PeerMode::KeyHeader {
@@ -804,11 +797,11 @@ async fn peer_server(mode: PeerMode, delay: Duration) -> (String, String, Arc<st
     let cookie = ruts::CookieOptions::build().name("session").max_age(3600).path("/");
     // The idempotency layer on `/pay` only: `/session` carries no key.
     let app = axum::Router::new()
-        .route("/pay", post(handler))
+        .route("/pay", pay)
         .layer(axum_idempotent::IdempotentLayer::<ruts::store::moka::MokaStore>::new(options))
         .route(
             "/session",
-            get(|session: ruts::Session<ruts::store::moka::MokaStore>| async move {
+            axum::routing::get(|session: ruts::Session<ruts::store::moka::MokaStore>| async move {
                 session.set("client", &"bench", ruts::store::Ttl::new(3600).unwrap(), None).await.unwrap();
             }),
         )

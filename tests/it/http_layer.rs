@@ -392,6 +392,55 @@ async fn a_client_that_gives_up_mid_request_finds_the_response_on_retry() {
     assert_eq!(effects.charges.load(Ordering::SeqCst), 1, "run once");
 }
 
+/// From a review of the layer running a request on its connection's task: a handler's panic that
+/// a layer outside idem's catches (tower-http's `CatchPanicLayer`) leaves idem's future to be
+/// dropped after the unwind, by whoever caught it. The work that panicked must not be spawned
+/// and polled again: before the fix it was, and panicked a second time ("`async fn` resumed after
+/// panicking") in a task of its own. The operation is recorded as unknown, as for any panic.
+#[tokio::test]
+async fn a_panic_caught_outside_the_layer_is_not_run_again() {
+    static RESUMED: AtomicUsize = AtomicUsize::new(0);
+    // Counts the second panic wherever it happens (a spawned task's panic is caught by Tokio,
+    // after the hook has seen it), and leaves every panic to the hook before it.
+    let previous = Arc::new(std::panic::take_hook());
+    std::panic::set_hook(Box::new(move |info| {
+        if info.to_string().contains("resumed after panicking") {
+            RESUMED.fetch_add(1, Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+    let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+    let layer = IdempotencyLayer::new(idem, x_user).namespace("http-panic").route(Method::POST, "/boom", Route::new());
+    async fn boom() -> StatusCode {
+        panic!("the handler panics")
+    }
+    let app = axum::Router::new()
+        .route("/boom", post(boom))
+        .layer(layer)
+        .layer(tower_http::catch_panic::CatchPanicLayer::new());
+    let base = serve_router(app).await;
+    let key = format!("\"{}\"", unique("boom"));
+    let send = || {
+        reqwest::Client::new()
+            .post(format!("{base}/boom"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key.clone())
+            .header("x-user", "alice")
+            .body("{}")
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 500, "the panic was caught outside the layer");
+    // A spawned rest of the work would run at once on this runtime; give it the time to.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(RESUMED.load(Ordering::SeqCst), 0, "the work that panicked was polled again");
+    // The panic was recorded as an unknown outcome (the effect may have happened): a retry is
+    // told so, and the handler does not run again.
+    let retry = send().await.unwrap();
+    assert_eq!(retry.status(), 409, "{:?}", retry.headers());
+    let body: Value = retry.json().await.unwrap();
+    assert!(body["type"].as_str().is_some_and(|kind| kind.ends_with("outcome-unknown")), "{body}");
+}
+
 /// An axum router at a local port: its base URL.
 pub(crate) async fn serve_router(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -34,6 +34,7 @@ mod ops;
 mod owners;
 mod pedantic;
 mod processor_service;
+mod publish;
 mod rmcp_tasks;
 mod rmcp_tools;
 mod rmcp_waiting;

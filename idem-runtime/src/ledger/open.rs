@@ -13,9 +13,9 @@ pub fn is_redis_url(url: &str) -> bool {
 }
 
 /// Connects to the ledger at `url`, whichever kind it names — `redis://host:port`,
-/// `redis+cluster://host:port,…` ([`RedisLedger::connect`](super::redis::RedisLedger::connect)),
-/// or a SQL URL or SQLite path ([`SeaOrmLedger::connect`](super::sea::SeaOrmLedger::connect),
-/// which creates its tables) — and logs one line naming it.
+/// `redis+cluster://host:port,…` (`RedisLedger::connect`, feature `redis`), or a SQL URL or
+/// SQLite path (`SeaOrmLedger::connect`, features `sqlite`, `postgres`, `mysql`; it creates its
+/// tables) — and logs one line naming it.
 ///
 /// # Errors
 /// As the ledger's own `connect`; a URL of a kind this build has no feature for says which
@@ -35,8 +35,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Ledger>, LedgerError> {
 
 /// Connects to the ledger [`DATABASE_URL_ENV`] names, as [`connect`] does; when it is unset,
 /// to the SQL ledger's default SQLite file of `program`
-/// ([`SeaOrmLedger::from_env`](super::sea::SeaOrmLedger::from_env): pass
-/// `env!("CARGO_PKG_NAME")`, so a renamed executable keeps its ledger).
+/// (`SeaOrmLedger::from_env`: pass `env!("CARGO_PKG_NAME")`, so a renamed executable keeps its
+/// ledger).
 ///
 /// # Errors
 /// As [`connect`]; the message names [`DATABASE_URL_ENV`].
