@@ -185,6 +185,17 @@ pub fn test_secret() -> idem_runtime::secret::Secret {
     idem_runtime::secret::Secret::new(1, &[0x5e; 32]).expect("32 bytes")
 }
 
+/// The text of a file of the workspace, by its path from the workspace's root (`ops/…`,
+/// `README.md`).
+///
+/// # Panics
+/// If it cannot be read, naming it.
+#[must_use]
+pub fn workspace_file(path: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
 /// A handle on `ledger` keyed with [`test_secret`] (PostgreSQL and MariaDB have no default).
 #[must_use]
 pub fn idem(ledger: impl idem_runtime::ledger::Ledger) -> idem_runtime::Idem {

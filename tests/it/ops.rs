@@ -7,12 +7,7 @@
 use std::collections::BTreeSet;
 
 use idem_runtime::metrics;
-
-/// The files, read from the workspace.
-fn file(path: &str) -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
-    std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
-}
+use idem_tests::workspace_file as file;
 
 /// Every metric name (`idem_…`, not a recording rule's `idem:…`) in `text`, a histogram's
 /// `_bucket`, `_sum` and `_count` series named by the histogram.

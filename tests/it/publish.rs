@@ -3,11 +3,7 @@
 //! ships both licence files the workspace's licence names. (`cargo package` in `.ci/run` builds
 //! each crate from its package.)
 
-/// A file of the workspace.
-fn file(path: &str) -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
-    std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
-}
+use idem_tests::workspace_file as file;
 
 /// The workspace's `rust-version`, and that every published crate inherits it.
 fn rust_version() -> String {

@@ -1,5 +1,7 @@
 //! Metrics of every call through the [`metrics`](https://docs.rs/metrics) facade (feature
-//! `metrics`): what [`describe`] lists, fed from the same call points as [`Hooks`](crate::hooks::Hooks).
+//! `metrics`): what [`describe`] lists, fed from the same call points as
+//! [`Hooks`](crate::hooks::Hooks) — but for `idem_secret_refusals_total`, counted where a call is
+//! refused before it has a caller to report to the hooks.
 //!
 //! The facade records nothing until the program installs a recorder (an exporter): without one,
 //! each update is a check of a global. With one, any backend works —
