@@ -53,6 +53,8 @@ struct Counters {
     sweeps: AtomicU64,
     swept: AtomicU64,
     errors: AtomicU64,
+    /// The text of the last failed sweep's error.
+    last_error: std::sync::Mutex<Option<String>>,
 }
 
 impl Counters {
@@ -70,6 +72,13 @@ impl Sweeper {
     #[must_use]
     pub fn stats(&self) -> SweeperStats {
         self.counters.snapshot()
+    }
+
+    /// The last failed sweep's error, as it was logged (`None` if no sweep has failed): for a
+    /// health check or a test that says why, next to [`SweeperStats::errors`].
+    #[must_use]
+    pub fn last_error(&self) -> Option<String> {
+        self.counters.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Whether the sweeper has stopped: stopped by [`stop`](Sweeper::stop), or its handle gone.
@@ -158,6 +167,8 @@ impl Run {
                 Pass::Failed(swept, error) => {
                     failures = failures.saturating_add(1);
                     self.counters.errors.fetch_add(1, Ordering::SeqCst);
+                    *self.counters.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        Some(error.to_string());
                     let retry = self.every.saturating_mul(1 << failures.min(MAX_BACKOFF_DOUBLINGS));
                     tracing::warn!(swept, %error, retry_in_ms = retry.as_millis(), "a sweep failed; \
                         the sweeper tries again later (check the ledger if this repeats)");

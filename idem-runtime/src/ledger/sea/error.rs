@@ -10,6 +10,22 @@ pub(super) fn is_duplicate(error: &DbErr) -> bool {
     matches!(error.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(_)))
 }
 
+/// Whether `error` is the server choosing this statement as a deadlock's victim: InnoDB's
+/// `ER_LOCK_DEADLOCK` (SQLSTATE `40001`, which MariaDB and MySQL also give a serialization
+/// failure) or PostgreSQL's `40P01`. The statement was rolled back whole, and nothing else was in
+/// its transaction where the callers of this run it on its own: running it again is safe.
+pub(super) fn is_deadlock(error: &DbErr) -> bool {
+    match error {
+        DbErr::Exec(sea_orm::RuntimeErr::SqlxError(inner)) | DbErr::Query(sea_orm::RuntimeErr::SqlxError(inner)) => {
+            match &**inner {
+                sea_orm::sqlx::Error::Database(server) => matches!(server.code().as_deref(), Some("40001" | "40P01")),
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
 /// What a failed statement means for its caller: a connection that could not be had, or a
 /// statement the server refused, wrote nothing ([`LedgerError::Unavailable`]); a statement whose
 /// answer was lost on the way (I/O, protocol) may have committed ([`LedgerError::Ambiguous`]).

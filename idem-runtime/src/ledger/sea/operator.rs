@@ -4,7 +4,7 @@
 
 use sea_orm::{ConnectionTrait, Statement, Value};
 
-use super::error::{corrupt, failed};
+use super::error::{corrupt, failed, is_deadlock};
 use super::row::{Found, bytes_opt, key_value, millis, state_value, tenant_value, to_u64, visible_values};
 use crate::key::{Address, Ref, SubjectTag, TenantTag};
 use crate::ledger::{
@@ -12,6 +12,10 @@ use crate::ledger::{
 };
 
 use super::{SeaOrmLedger, ToolOwner, row, visible_to};
+
+/// How many times a sweep statement chosen as a deadlock's victim runs again before its error is
+/// the sweep's.
+const SWEEP_DEADLOCK_RETRIES: u32 = 4;
 
 impl SeaOrmLedger {
     pub(super) async fn status_now(
@@ -301,9 +305,25 @@ impl SeaOrmLedger {
         if self.statements().sweep_rechecks {
             values.extend([millis(now), millis(now), millis(now)]);
         }
-        let statement = Statement::from_sql_and_values(self.backend(), text, values);
-        let done = self.db.execute_raw(statement).await.map_err(failed)?;
-        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+        // MariaDB's `DELETE … ORDER BY … LIMIT` cannot skip locked rows: two replicas' sweeps (or a
+        // sweep and a claim) that lock rows in different orders can deadlock, and InnoDB rolls one
+        // statement back. That is no failure of the ledger: the rolled-back statement deleted
+        // nothing and runs again after a short random pause (a few times; then the error is the
+        // sweep's). `it::sweeper::mysql_sweep_chosen_as_a_deadlock_victim_runs_again` makes one.
+        let mut attempts = 0;
+        loop {
+            let statement = Statement::from_sql_and_values(self.backend(), text, values.clone());
+            match self.db.execute_raw(statement).await {
+                Ok(done) => return Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX)),
+                Err(error) if is_deadlock(&error) && attempts < SWEEP_DEADLOCK_RETRIES => {
+                    attempts += 1;
+                    tracing::debug!(%error, attempts, "a sweep was a deadlock's victim; it runs again");
+                    let pause = crate::bytes::try_random().map_or(5, |[byte]: [u8; 1]| 1 + u64::from(byte % 20));
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                Err(error) => return Err(failed(error)),
+            }
+        }
     }
 
     pub(super) async fn stats_now(&self, now: u64) -> Result<LedgerStats, LedgerError> {
