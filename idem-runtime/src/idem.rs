@@ -44,7 +44,7 @@ pub mod metrics;
 mod operation;
 mod owners;
 mod pending;
-#[cfg_attr(not(feature = "rmcp"), expect(dead_code, reason = "only rmcp tools ask for input"))]
+#[cfg_attr(all(not(feature = "rmcp"), not(test)), expect(dead_code, reason = "only rmcp tools ask for input"))]
 mod request_state;
 mod settings;
 mod status_error;

@@ -78,6 +78,30 @@
 //! assert!(again.replayed && !first.replayed);
 //! # }
 //! ```
+//!
+//! # Features
+//!
+//! The ledger backend is chosen at run time by the URL given to
+//! [`ledger::connect`] (or a ledger type built directly); a feature only decides what is compiled in.
+//! On docs.rs every item that needs a feature says which.
+//!
+//! | Feature | Default | What it adds | Pulls in |
+//! |---|---|---|---|
+//! | `sqlite` | yes | The embedded ledger: a SQLite file (WAL, `synchronous=FULL`), its secret beside it (`ledger::sea`) | sea-orm, bundled SQLite |
+//! | `postgres` | | PostgreSQL: many replicas share one ledger (`ledger::sea`) | sea-orm, sqlx-postgres |
+//! | `mysql` | | MySQL 8 / MariaDB 10.6+ (`ledger::sea`) | sea-orm, sqlx-mysql |
+//! | `redis` | | Redis or Valkey, standalone or Redis Cluster (`ledger::redis`) | redis |
+//! | `tls` | | TLS (rustls) for PostgreSQL and MySQL connections | rustls |
+//! | `rmcp` | | MCP servers with rmcp: the caller from the request, agent-readable answers, the status tool, the startup audit (`mcp`) | rmcp, schemars, http |
+//! | `mcp-http` | | `rmcp` over streamable HTTP: the caller from an auth middleware, a bearer layer | axum |
+//! | `http-tower` | | The `Idempotency-Key` door for any tower or hyper service, no axum (`http`) | http, http-body, tower-service |
+//! | `http` | | `http-tower` on an axum `Router`: the matched route, the `IdempotencyKey` extractor | axum |
+//! | `metrics` | | Counters, histograms and gauges of every call through the `metrics` facade (`metrics`) | metrics |
+//!
+//! A server on PostgreSQL writes `default-features = false, features = ["postgres"]`, and adds
+//! `rmcp` or `http` for its door. Each feature builds and passes its tests alone and in the
+//! combinations users pick (`rmcp` + `sqlite`, `http` + `postgres`, `redis` alone, none); `.ci/run`
+//! holds that.
 
 // On docs.rs (nightly, `--cfg docsrs`): a badge on every item that needs a feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -103,7 +103,10 @@ pub(crate) struct Clash {
     /// This handler.
     pub(crate) second: String,
     /// Whether the other is this very handler under another layer alive at once.
-    #[cfg_attr(not(feature = "http-tower"), expect(dead_code, reason = "read by the HTTP layer alone"))]
+    #[cfg_attr(
+        all(not(feature = "http-tower"), not(test)),
+        expect(dead_code, reason = "read by the HTTP layer alone")
+    )]
     pub(crate) another_layer: bool,
 }
 

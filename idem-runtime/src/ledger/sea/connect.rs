@@ -116,6 +116,9 @@ impl SeaOrmLedger {
 
     /// Opens what was `given`, chosen by `origin`: a plain path gets its directory first.
     async fn open(given: Given, origin: Origin) -> Result<Self, LedgerError> {
+        if let Some(refusal) = Location::of_url(&given.url(), origin).without_driver() {
+            return Err(refusal);
+        }
         if let Given::Path(path) = &given {
             let dir = std::path::absolute(path).ok().and_then(|path| path.parent().map(std::path::Path::to_owned));
             if let Some(dir) = dir.filter(|dir| !dir.as_os_str().is_empty()) {
@@ -133,6 +136,9 @@ impl SeaOrmLedger {
     async fn open_with(options: ConnectOptions, origin: Origin) -> Result<Self, LedgerError> {
         let url = options.get_url().to_owned();
         let location = Location::of_url(&url, origin);
+        if let Some(refusal) = location.without_driver() {
+            return Err(refusal);
+        }
         let db = Database::connect(options).await.map_err(|error| location.refused(failed(error), Some(&url)))?;
         let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
         let ledger = Self { db, clock: None, own_secret, location: Arc::new(location), catalogue: Arc::default() };
@@ -152,6 +158,9 @@ impl SeaOrmLedger {
         let given = Given::parse(url);
         let url = given.url().replace("mode=rwc", "mode=rw");
         let location = Location::of_url(&url, Origin::Given);
+        if let Some(refusal) = location.without_driver() {
+            return Err(refusal);
+        }
         let options = Self::connect_options(&url);
         let db = Database::connect(options).await.map_err(|error| location.refused(failed(error), Some(&url)))?;
         let own_secret = OwnSecret::of(db.get_database_backend(), Some(&url));
@@ -261,9 +270,11 @@ impl OwnSecret {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
+    #[cfg(feature = "sqlite")]
     use std::sync::Mutex;
 
     use super::*;
+    #[cfg(feature = "sqlite")]
     use crate::ledger::Ledger;
 
     /// A fresh directory under the system's temporary one.
@@ -280,6 +291,7 @@ mod tests {
         error.strip_prefix("the idempotency ledger is unavailable: ").unwrap_or_else(|| panic!("{error}")).to_owned()
     }
 
+    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn a_plain_path_is_a_sqlite_file_created_with_its_directory_and_its_secret_beside_it() {
         let dir = scratch();
@@ -293,6 +305,7 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn a_file_that_cannot_be_opened_is_named_with_who_chose_it_and_what_to_do() {
         let dir = scratch();
@@ -334,6 +347,7 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn an_unparsable_url_is_quoted_without_its_password() {
         let said = refusal("postgres://idem:hunter2@db internal:x/app", Origin::Env).await;
@@ -348,9 +362,11 @@ mod tests {
     }
 
     /// Collects what a `tracing_subscriber::fmt` layer writes.
+    #[cfg(feature = "sqlite")]
     #[derive(Clone, Default)]
     struct Captured(std::sync::Arc<Mutex<Vec<u8>>>);
 
+    #[cfg(feature = "sqlite")]
     impl std::io::Write for Captured {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
             self.0.lock().unwrap().extend_from_slice(bytes);
@@ -361,6 +377,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn connecting_logs_one_info_line_naming_the_ledger() {
         let captured = Captured::default();
@@ -383,6 +400,7 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn a_connection_opened_by_the_application_is_described_by_its_backend() {
         let db = Database::connect(SeaOrmLedger::connect_options("sqlite::memory:")).await.unwrap();
@@ -392,6 +410,53 @@ mod tests {
         assert_eq!(
             memory.describe(),
             "idem ledger: sqlite in memory (forgotten when the process exits) (given in code)"
+        );
+    }
+
+    /// A build without SQLite (a PostgreSQL-only server, say) that is given a SQLite file — the
+    /// default when IDEM_DATABASE_URL is unset — says which feature is off and what else it can
+    /// open, and creates no directory; without it, sea-orm's "no supporting driver" came out as
+    /// "cannot open the SQLite file …: check that its directory exists". Runs where `sqlite` is
+    /// off (`scripts/check-features.sh`).
+    #[cfg(not(feature = "sqlite"))]
+    #[tokio::test]
+    async fn a_sqlite_file_in_a_build_without_sqlite_says_which_feature_to_turn_on() {
+        let dir = scratch();
+        let path = dir.join("nested").join("ledger.sqlite3");
+        let said = refusal(path.to_str().unwrap(), Origin::Default).await;
+        assert!(
+            said.starts_with(&format!(
+                "cannot open sqlite file {} (IDEM_DATABASE_URL unset: the default): this build of idem-runtime has \
+                 no SQLite driver (its feature `sqlite` is off). Add \"sqlite\" to idem-runtime's features in \
+                 Cargo.toml, or set IDEM_DATABASE_URL to a ledger this build has (",
+                path.display()
+            )),
+            "{said}"
+        );
+        assert!(!dir.join("nested").exists(), "nothing is created for a ledger this build cannot open");
+        let said = refusal("sqlite::memory:", Origin::Code).await;
+        assert!(said.contains("its feature `sqlite` is off") && said.contains(", or give a ledger this build has ("));
+        let existing = SeaOrmLedger::connect_existing(path.to_str().unwrap()).await.unwrap_err().to_string();
+        assert!(existing.contains("its feature `sqlite` is off"), "{existing}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The same for a server URL of a kind this build has no driver for.
+    #[cfg(not(all(feature = "postgres", feature = "mysql")))]
+    #[tokio::test]
+    async fn a_server_url_in_a_build_without_its_driver_says_which_feature_to_turn_on() {
+        let (url, feature) = if cfg!(feature = "postgres") {
+            ("mysql://root:hunter2@127.0.0.1:3306/test", "mysql")
+        } else {
+            ("postgres://postgres:hunter2@127.0.0.1:5432/test", "postgres")
+        };
+        let said = refusal(url, Origin::Env).await;
+        assert!(!said.contains("hunter2"), "{said}");
+        assert!(
+            said.contains("(from IDEM_DATABASE_URL): this build of idem-runtime has no ")
+                && said.contains(&format!("(its feature `{feature}` is off)"))
+                && said.contains("set IDEM_DATABASE_URL to a ledger this build has ("),
+            "{said}"
         );
     }
 

@@ -355,6 +355,7 @@ mod tests {
     async fn the_predicates_are_judges_on_every_backend() {
         use sea_orm::{ConnectionTrait, Statement, Value};
         let backends = [
+            #[cfg(feature = "sqlite")]
             DbBackend::Sqlite,
             #[cfg(feature = "postgres")]
             DbBackend::Postgres,
