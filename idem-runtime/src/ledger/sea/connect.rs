@@ -9,6 +9,7 @@ use std::time::Duration;
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbBackend};
 
 use super::SeaOrmLedger;
+use super::driver;
 use super::error::failed;
 use super::location::{DATABASE_URL_ENV, Found, Given, Location, Origin, default_path};
 use crate::ledger::LedgerError;
@@ -116,7 +117,7 @@ impl SeaOrmLedger {
 
     /// Opens what was `given`, chosen by `origin`: a plain path gets its directory first.
     async fn open(given: Given, origin: Origin) -> Result<Self, LedgerError> {
-        if let Some(refusal) = Location::of_url(&given.url(), origin).without_driver() {
+        if let Some(refusal) = driver::missing(&Location::of_url(&given.url(), origin)) {
             return Err(refusal);
         }
         if let Given::Path(path) = &given {
@@ -136,7 +137,7 @@ impl SeaOrmLedger {
     async fn open_with(options: ConnectOptions, origin: Origin) -> Result<Self, LedgerError> {
         let url = options.get_url().to_owned();
         let location = Location::of_url(&url, origin);
-        if let Some(refusal) = location.without_driver() {
+        if let Some(refusal) = driver::missing(&location) {
             return Err(refusal);
         }
         let db = Database::connect(options).await.map_err(|error| location.refused(failed(error), Some(&url)))?;
@@ -158,7 +159,7 @@ impl SeaOrmLedger {
         let given = Given::parse(url);
         let url = given.url().replace("mode=rwc", "mode=rw");
         let location = Location::of_url(&url, Origin::Given);
-        if let Some(refusal) = location.without_driver() {
+        if let Some(refusal) = driver::missing(&location) {
             return Err(refusal);
         }
         let options = Self::connect_options(&url);

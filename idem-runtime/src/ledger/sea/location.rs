@@ -279,38 +279,16 @@ impl Location {
         }
     }
 
-    /// When this build of idem-runtime has no driver for this place's kind of database (its
-    /// feature is off): the error saying which feature to turn on, before anything is created or
-    /// dialled — sea-orm's own words ("has no supporting driver") would read as a wrong URL, and
-    /// for the default SQLite file as a directory problem.
-    pub(super) fn without_driver(&self) -> Option<LedgerError> {
-        let (kind, feature) = match &self.place {
-            Place::SqliteFile(_) | Place::SqliteMemory if !cfg!(feature = "sqlite") => ("SQLite", "sqlite"),
-            Place::Server { scheme, .. } if scheme == "postgres" && !cfg!(feature = "postgres") => {
-                ("PostgreSQL", "postgres")
-            }
-            Place::Server { scheme, .. } if scheme == "mysql" && !cfg!(feature = "mysql") => ("MySQL", "mysql"),
-            _ => return None,
+    /// The kind of database this location names (`"sqlite"`, `"postgres"`, `"mysql"`: the
+    /// feature that compiles its driver in), if it names one; and who chose it.
+    pub(super) fn kind(&self) -> (Option<&'static str>, Origin) {
+        let kind = match &self.place {
+            Place::SqliteFile(_) | Place::SqliteMemory => Some("sqlite"),
+            Place::Server { scheme, .. } if scheme == "postgres" => Some("postgres"),
+            Place::Server { scheme, .. } if scheme == "mysql" => Some("mysql"),
+            Place::Server { .. } | Place::Other | Place::Opened(_) => None,
         };
-        let has: Vec<&str> = [
-            (cfg!(feature = "sqlite"), "a SQLite file"),
-            (cfg!(feature = "postgres"), "postgres://…"),
-            (cfg!(feature = "mysql"), "mysql://…"),
-            (cfg!(feature = "redis"), "redis://…"),
-        ]
-        .into_iter()
-        .filter_map(|(compiled, kind)| compiled.then_some(kind))
-        .collect();
-        let instead = match self.origin {
-            Origin::Env | Origin::Default => "set IDEM_DATABASE_URL to",
-            Origin::Code | Origin::Connection | Origin::Given => "give",
-        };
-        Some(LedgerError::unavailable(format!(
-            "cannot open {self}: this build of idem-runtime has no {kind} driver (its feature `{feature}` is \
-             off). Add \"{feature}\" to idem-runtime's features in Cargo.toml, or {instead} a ledger this build has \
-             ({has})",
-            has = has.join(", ")
-        )))
+        (kind, self.origin)
     }
 
     /// "cannot open <place> (<who chose it>): <cause>. <what to do>", no password in it.

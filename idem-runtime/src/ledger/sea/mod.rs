@@ -7,6 +7,7 @@
 //! guide's "How the SQL ledgers store and claim" (`docs/src/sql-ledger.md`).
 
 mod connect;
+mod driver;
 mod error;
 mod location;
 mod migrate;
