@@ -29,6 +29,7 @@ pub mod guide {
 }
 pub mod databases;
 pub mod owners;
+pub mod raw;
 pub mod tap;
 
 pub use databases::{own_database, suite_database};

@@ -10,6 +10,10 @@
 //! level that reaches 90% of the engine's best throughput. Compare ratios, not times: the
 //! processes, the servers and this benchmark share the machine's cores.
 //!
+//! Beside PostgreSQL, its floor: idem's own two statements sent through sqlx from the same kind
+//! of process without idem (`fleet_worker … raw`), so the client CPU per call reads against what
+//! two round trips cost before idem does anything.
+//!
 //! `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_REDIS_URL`, `IDEM_TEST_REDIS_CLUSTER_URL` name the
 //! engines (defaults: the local servers, and the cluster `scripts/redis-cluster.sh up` starts);
 //! one that does not answer is skipped and says so. `IDEM_FLEET_PROCESSES` (3),
@@ -251,9 +255,10 @@ impl Level {
     }
 }
 
-fn spawn(url: &str, tasks: usize, millis: u64, run: &str) -> Child {
+fn spawn(url: &str, tasks: usize, millis: u64, run: &str, raw: bool) -> Child {
     Command::new(env!("CARGO_BIN_EXE_fleet_worker"))
         .args([url, &tasks.to_string(), &millis.to_string(), run])
+        .args(raw.then_some("raw"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -267,9 +272,16 @@ fn read_line(reader: &mut impl BufRead) -> String {
     line.trim_end().to_owned()
 }
 
-fn level(url: &str, servers: &Servers, processes: usize, tasks: usize, millis: u64) -> Result<Level, String> {
+fn level(
+    url: &str,
+    raw: bool,
+    servers: &Servers,
+    processes: usize,
+    tasks: usize,
+    millis: u64,
+) -> Result<Level, String> {
     let run = format!("fleet{}", idem_runtime::ledger::Token::random().get());
-    let mut children: Vec<Child> = (0..processes).map(|_| spawn(url, tasks, millis, &run)).collect();
+    let mut children: Vec<Child> = (0..processes).map(|_| spawn(url, tasks, millis, &run, raw)).collect();
     let mut readers: Vec<_> = children.iter_mut().map(|c| BufReader::new(c.stdout.take().expect("stdout"))).collect();
     for reader in &mut readers {
         let line = read_line(reader);
@@ -331,16 +343,20 @@ async fn main() {
     let postgres =
         idem_tests::own_database("fleet", "IDEM_TEST_POSTGRES_URL", POSTGRES, "fleet").await.unwrap_or_default();
     let cluster = with_param(&env_or("IDEM_TEST_REDIS_CLUSTER_URL", CLUSTER), PREFIX);
+    // The second row is the first's floor: idem's own claim and completion statements sent
+    // through sqlx from the same kind of process, without idem — what two round trips cost the
+    // client before idem does anything.
     let engines = [
-        ("PostgreSQL (fsync at commit)", postgres),
-        ("Redis standalone (appendfsync always)", durable_url),
-        ("Redis standalone (no persistence)", with_param(&env_or("IDEM_TEST_REDIS_URL", REDIS), PREFIX)),
-        ("Redis Cluster, 3 primaries + 3 replicas (appendfsync always)", cluster.clone()),
-        ("Redis Cluster, as above, wait=1", with_param(&cluster, "wait=1")),
+        ("PostgreSQL (fsync at commit)", postgres.clone(), false),
+        ("PostgreSQL, idem's two statements through sqlx, no idem", postgres, true),
+        ("Redis standalone (appendfsync always)", durable_url, false),
+        ("Redis standalone (no persistence)", with_param(&env_or("IDEM_TEST_REDIS_URL", REDIS), PREFIX), false),
+        ("Redis Cluster, 3 primaries + 3 replicas (appendfsync always)", cluster.clone(), false),
+        ("Redis Cluster, as above, wait=1", with_param(&cluster, "wait=1"), false),
     ];
     println!("fleet: {processes} idem processes, tasks per process {levels:?}, {} s per level", millis / 1000);
     let mut results: Vec<(&str, Vec<Level>)> = Vec::new();
-    for (name, url) in &engines {
+    for (name, url, raw) in &engines {
         let servers = if idem_runtime::ledger::is_redis_url(url) {
             redis_servers(url).await
         } else {
@@ -352,10 +368,10 @@ async fn main() {
         };
         let mut measured = Vec::new();
         for &tasks in &levels {
-            match level(url, &servers, processes, tasks, millis) {
+            match level(url, *raw, &servers, processes, tasks, millis) {
                 Ok(level) => {
                     println!(
-                        "{name:<42} {:>3} tasks x {processes}: {:>8.0} calls/s  p50 {:>6} µs  p99 {:>6} µs  server CPU {:>6.1} µs/call  idem CPU {:>6.1} µs/call  errors {}",
+                        "{name:<42} {:>3} tasks x {processes}: {:>8.0} calls/s  p50 {:>6} µs  p99 {:>6} µs  server CPU {:>6.1} µs/call  client CPU {:>6.1} µs/call  errors {}",
                         level.tasks,
                         level.per_second(),
                         level.p50,
@@ -374,7 +390,7 @@ async fn main() {
     }
     println!();
     println!(
-        "| engine | knee (tasks × processes) | calls/s at the knee | p50 | p99 | server CPU per call | idem CPU per call | best calls/s | vs PostgreSQL (knee calls/s) | vs PostgreSQL (server CPU per call) |"
+        "| engine | knee (tasks × processes) | calls/s at the knee | p50 | p99 | server CPU per call | client CPU per call (idem's processes) | best calls/s | vs PostgreSQL (knee calls/s) | vs PostgreSQL (server CPU per call) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let base = results.first().and_then(|(_, levels)| knee(levels)).map(|k| (k.per_second(), k.server_us_per_call()));

@@ -70,56 +70,6 @@ fn row(rows: &mut Vec<Row>, what: impl Into<String>, idem: String, baseline: Str
     rows.push(Row { what: what.into(), idem, baseline, ratio: format!("{ratio:.2}") });
 }
 
-/// idem's own statements for a first call, sent raw through sqlx on the same pool: on SQLite
-/// and MariaDB the read that finds the key absent, then the claim (with a sealed label's worth
-/// of bytes) and the completion (which empties the label).
-async fn raw_pair(db: &sea_orm::DatabaseConnection, statements: &'static Statements, i: u64) {
-    let key = random_key();
-    let token = Token::random().get() as i64;
-    let now = 1_700_000_000_000 + i as i64;
-    let (fp, tags, result, label) = ([7u8; 32].to_vec(), vec![1u8, 2, 3, 4], vec![b'x'; 200], vec![b'l'; 47]);
-    let reads_first = db.get_database_backend() != DbBackend::Postgres;
-    macro_rules! pair {
-        ($pool:expr) => {{
-            let pool = $pool;
-            if reads_first {
-                sqlx::query(sqlx::AssertSqlSafe(statements.read)).bind(key.clone()).fetch_optional(pool).await.unwrap();
-            }
-            sqlx::query(sqlx::AssertSqlSafe(statements.claim))
-                .bind(key.clone())
-                .bind(1i64)
-                .bind(token)
-                .bind(now)
-                .bind(now + 900_000)
-                .bind(now + 900_000 + 604_800_000)
-                .bind(now + 30_000)
-                .bind(fp)
-                .bind(tags)
-                .bind(2i64)
-                .bind(label)
-                .fetch_optional(pool)
-                .await
-                .unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(statements.complete.records.completed))
-                .bind(2i16)
-                .bind(result)
-                .bind(Vec::<u8>::new())
-                .bind(now + 60_000)
-                .bind(now + 60_000)
-                .bind(key)
-                .bind(token)
-                .execute(pool)
-                .await
-                .unwrap();
-        }};
-    }
-    match db.get_database_backend() {
-        DbBackend::Postgres => pair!(db.get_postgres_connection_pool()),
-        DbBackend::Sqlite => pair!(db.get_sqlite_connection_pool()),
-        _ => pair!(db.get_mysql_connection_pool()),
-    }
-}
-
 /// One raw round trip that reads a record back: what a replay costs at the least.
 async fn raw_read(db: &sea_orm::DatabaseConnection, key: Vec<u8>) {
     match db.get_database_backend() {
@@ -148,7 +98,7 @@ async fn raw_crowd(db: &sea_orm::DatabaseConnection) -> Duration {
             tokio::spawn(async move {
                 barrier.wait().await;
                 let start = Instant::now();
-                raw_read(&db, random_key()).await;
+                raw_read(&db, idem_tests::raw::random_key()).await;
                 start.elapsed()
             })
         })
@@ -158,14 +108,6 @@ async fn raw_crowd(db: &sea_orm::DatabaseConnection) -> Duration {
         took.push(handle.await.unwrap());
     }
     percentile(&mut took, 0.5)
-}
-
-fn random_key() -> Vec<u8> {
-    let mut key = Vec::with_capacity(32);
-    for _ in 0..4 {
-        key.extend_from_slice(&Token::random().get().to_le_bytes());
-    }
-    key
 }
 
 fn caller() -> Caller {
@@ -187,7 +129,7 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
     let n = ops();
     for i in 0..200 {
         idem_pair(&idem, i, &value).await;
-        raw_pair(&db, statements, i).await;
+        idem_tests::raw::pair(&db, statements, i).await;
     }
     // Interleave the two so drift on a shared machine hits both alike.
     let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -196,7 +138,7 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
         idem_pair(&idem, i, &value).await;
         ours.push(start.elapsed());
         let start = Instant::now();
-        raw_pair(&db, statements, i).await;
+        idem_tests::raw::pair(&db, statements, i).await;
         theirs.push(start.elapsed());
     }
     let (p50, r50) = (percentile(&mut ours, 0.5), percentile(&mut theirs, 0.5));
@@ -220,7 +162,7 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
     let args = json!({ "order_id": "replayed", "amount": 1250, "note": "n" });
     let first = idem.call(&RECIPE, Some(&caller()), &args, || async { Ok::<_, Error>(value.clone()) }).await.unwrap();
     let _ = first;
-    let key = random_key();
+    let key = idem_tests::raw::random_key();
     let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for _ in 0..n {
         let start = Instant::now();
@@ -269,7 +211,7 @@ async fn latency(rows: &mut Vec<Row>, name: &str, ledger: &SeaOrmLedger) {
                     let db = db.clone();
                     tokio::spawn(async move {
                         for i in 0..per_task {
-                            raw_pair(&db, statements, (base + t * per_task + i) as u64).await;
+                            idem_tests::raw::pair(&db, statements, (base + t * per_task + i) as u64).await;
                         }
                     })
                 })
@@ -307,7 +249,7 @@ async fn storm(
             let mut reads = Vec::new();
             for _ in 0..200 {
                 let start = Instant::now();
-                raw_read(db, random_key()).await;
+                raw_read(db, idem_tests::raw::random_key()).await;
                 reads.push(start.elapsed());
             }
             (percentile(&mut reads, 0.5), "one raw read")

@@ -3,8 +3,12 @@
 //! ledger at `url`, for `millis` once told to start.
 //!
 //! ```text
-//! fleet_worker <ledger-url> <tasks> <millis> <run>
+//! fleet_worker <ledger-url> <tasks> <millis> <run> [raw]
 //! ```
+//!
+//! With `raw` (a SQL ledger's URL only), each call is idem's own claim and completion statements
+//! sent through sqlx on a pool like the ledger's, without idem: the baseline for the CPU a call
+//! costs the process.
 //!
 //! Prints `READY` once connected and warm, waits for a line on stdin, then prints
 //! `DONE <calls> <errors> <cpu-ms>` (its own CPU time over the run) and one line `L <µs> <µs> …`
@@ -14,6 +18,8 @@
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
+use idem_runtime::ledger::sea::SeaOrmLedger;
+use idem_runtime::ledger::sea::statements::Statements;
 use idem_runtime::{Caller, ErrorClass, Idem, IdempotentError, Recipe, Rejection};
 use serde::{Deserialize, Serialize};
 
@@ -41,9 +47,13 @@ fn cpu_ms() -> u64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, url, tasks, millis, run] = args.as_slice() else {
-        println!("ERROR usage: fleet_worker <url> <tasks> <millis> <run>");
-        std::process::exit(2);
+    let (url, tasks, millis, run, raw) = match args.as_slice() {
+        [_, url, tasks, millis, run] => (url, tasks, millis, run, false),
+        [_, url, tasks, millis, run, raw] if raw == "raw" => (url, tasks, millis, run, true),
+        _ => {
+            println!("ERROR usage: fleet_worker <url> <tasks> <millis> <run> [raw]");
+            std::process::exit(2);
+        }
     };
     let (Ok(tasks), Ok(millis)) = (tasks.parse::<usize>(), millis.parse::<u64>()) else {
         println!("ERROR tasks and millis are numbers");
@@ -54,19 +64,50 @@ fn main() {
         println!("ERROR no runtime");
         std::process::exit(2);
     };
-    if let Err(why) = runtime.block_on(fleet(url, tasks, Duration::from_millis(millis), run)) {
+    if let Err(why) = runtime.block_on(fleet(url, tasks, Duration::from_millis(millis), run, raw)) {
         println!("ERROR {why}");
         std::process::exit(2);
     }
 }
 
-async fn fleet(url: &str, tasks: usize, length: Duration, run: &str) -> Result<(), String> {
-    let ledger = idem_runtime::ledger::connect(url).await.map_err(|e| format!("ledger: {e}"))?;
-    let idem = idem_tests::builder(ledger).build().map_err(|e| e.to_string())?;
-    let caller = Caller::new(run, "fleet");
+/// What a call goes through: idem, or idem's statements alone.
+#[derive(Clone)]
+enum Door {
+    Idem(Idem, Caller),
+    Raw(sea_orm::DatabaseConnection),
+}
+
+impl Door {
+    async fn open(url: &str, run: &str, raw: bool) -> Result<Self, String> {
+        if raw {
+            // The ledger's own connect makes the tables; the pool is one like the ledger's.
+            let ledger = SeaOrmLedger::connect(url).await.map_err(|e| format!("ledger: {e}"))?;
+            drop(ledger);
+            let db = sea_orm::Database::connect(SeaOrmLedger::connect_options(url)).await.map_err(|e| e.to_string())?;
+            return Ok(Self::Raw(db));
+        }
+        let ledger = idem_runtime::ledger::connect(url).await.map_err(|e| format!("ledger: {e}"))?;
+        let idem = idem_tests::builder(ledger).build().map_err(|e| e.to_string())?;
+        Ok(Self::Idem(idem, Caller::new(run, "fleet")))
+    }
+
+    async fn charge(&self, order: String, n: u64) -> Result<(), Refused> {
+        match self {
+            Self::Idem(idem, caller) => charge(idem, caller, order).await.map(drop),
+            Self::Raw(db) => {
+                let statements = Statements::of(sea_orm::ConnectionTrait::get_database_backend(db));
+                idem_tests::raw::pair(db, statements, n).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn fleet(url: &str, tasks: usize, length: Duration, run: &str, raw: bool) -> Result<(), String> {
+    let door = Door::open(url, run, raw).await?;
     let pid = std::process::id();
     for n in 0..20 {
-        charge(&idem, &caller, format!("{run}-{pid}-warm-{n}")).await.map_err(|e| format!("warm-up: {e:?}"))?;
+        door.charge(format!("{run}-{pid}-warm-{n}"), n).await.map_err(|e| format!("warm-up: {e:?}"))?;
     }
     println!("READY");
     let _ = std::io::stdout().flush();
@@ -79,13 +120,13 @@ async fn fleet(url: &str, tasks: usize, length: Duration, run: &str) -> Result<(
     let deadline = Instant::now() + length;
     let callers: Vec<_> = (0..tasks)
         .map(|task| {
-            let (idem, caller, run) = (idem.clone(), caller.clone(), run.to_owned());
+            let (door, run) = (door.clone(), run.to_owned());
             tokio::spawn(async move {
                 let (mut latencies, mut errors) = (Vec::new(), 0u64);
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     let started = Instant::now();
-                    let answer = charge(&idem, &caller, format!("{run}-{pid}-{task}-{n}")).await;
+                    let answer = door.charge(format!("{run}-{pid}-{task}-{n}"), n).await;
                     n += 1;
                     match answer {
                         Ok(_) => latencies.push(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)),
@@ -116,7 +157,7 @@ async fn fleet(url: &str, tasks: usize, length: Duration, run: &str) -> Result<(
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
-    drop(idem);
+    drop(door);
     Ok(())
 }
 
