@@ -99,9 +99,9 @@
 //! | `metrics` | | Counters, histograms and gauges of every call through the `metrics` facade (`metrics`) | metrics |
 //!
 //! A server on PostgreSQL writes `default-features = false, features = ["postgres"]`, and adds
-//! `rmcp` or `http` for its door. Each feature builds and passes its tests alone and in the
-//! combinations users pick (`rmcp` + `sqlite`, `http` + `postgres`, `redis` alone, none); `.ci/run`
-//! holds that.
+//! `rmcp` or `http` for its door. Each feature builds without a warning and passes its unit tests
+//! alone and in the combinations users pick (`rmcp` + `sqlite`, `http` + `postgres`, `redis`
+//! alone, none); `.ci/run` holds that (`scripts/check-features.sh`).
 
 // On docs.rs (nightly, `--cfg docsrs`): a badge on every item that needs a feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]

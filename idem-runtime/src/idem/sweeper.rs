@@ -74,8 +74,9 @@ impl Sweeper {
         self.counters.snapshot()
     }
 
-    /// The last failed sweep's error, as it was logged (`None` if no sweep has failed): for a
-    /// health check or a test that says why, next to [`SweeperStats::errors`].
+    /// The error of the last sweep that failed, as it was logged (`None` if none has): kept
+    /// after later sweeps succeed, to say why [`SweeperStats::errors`] grew. A health check
+    /// watches that count over time, not this.
     #[must_use]
     pub fn last_error(&self) -> Option<String> {
         self.counters.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()

@@ -5,13 +5,13 @@
 use super::location::{Location, Origin};
 use crate::ledger::LedgerError;
 
-/// The kinds of ledger this build can open, as a user would write them.
+/// The kinds of SQL ledger this build can open, as a user would write them. (Not Redis: only
+/// `ledger::connect` and `ledger::from_env` open it, and this SQL ledger's constructors never.)
 fn compiled() -> Vec<&'static str> {
     [
         (cfg!(feature = "sqlite"), "a SQLite file"),
         (cfg!(feature = "postgres"), "postgres://…"),
         (cfg!(feature = "mysql"), "mysql://…"),
-        (cfg!(feature = "redis"), "redis://…"),
     ]
     .into_iter()
     .filter_map(|(compiled, kind)| compiled.then_some(kind))

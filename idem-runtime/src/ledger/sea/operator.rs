@@ -317,7 +317,7 @@ impl SeaOrmLedger {
                 Ok(done) => return Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX)),
                 Err(error) if is_deadlock(&error) && attempts < SWEEP_DEADLOCK_RETRIES => {
                     attempts += 1;
-                    tracing::debug!(%error, attempts, "a sweep was a deadlock's victim; it runs again");
+                    tracing::info!(%error, attempts, "a sweep was a deadlock's victim; it runs again");
                     let pause = crate::bytes::try_random().map_or(5, |[byte]: [u8; 1]| 1 + u64::from(byte % 20));
                     tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
                 }
