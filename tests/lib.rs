@@ -14,6 +14,8 @@ pub mod guide {
     pub mod attribute {}
     #[doc = include_str!("../docs/src/mcp.md")]
     pub mod mcp {}
+    #[doc = include_str!("../docs/src/mcp-client.md")]
+    pub mod mcp_client {}
     #[doc = include_str!("../docs/src/http.md")]
     pub mod http {}
     #[doc = include_str!("../docs/src/recipes.md")]

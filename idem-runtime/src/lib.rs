@@ -94,6 +94,7 @@
 //! | `tls` | | TLS (rustls) for PostgreSQL and MySQL connections | rustls |
 //! | `rmcp` | | MCP servers with rmcp: the caller from the request, agent-readable answers, the status tool, the startup audit (`mcp`) | rmcp, schemars, http |
 //! | `mcp-http` | | `rmcp` over streamable HTTP: the caller from an auth middleware, a bearer layer | axum |
+//! | `mcp-client` | | The client's side: one `_meta["idempotency-key"]` across the retries of a `tools/call`, resent only to hinted tools (`mcp::client`) | rmcp's client |
 //! | `http-tower` | | The `Idempotency-Key` door for any tower or hyper service, no axum (`http`) | http, http-body, tower-service |
 //! | `http` | | `http-tower` on an axum `Router`: the matched route, the `IdempotencyKey` extractor | axum |
 //! | `metrics` | | Counters, histograms and gauges of every call through the `metrics` facade (`metrics`) | metrics |

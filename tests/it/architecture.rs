@@ -219,6 +219,8 @@ fn the_mcp_module_stays_small_and_keeps_the_macros_helpers_out() {
     let mut names: BTreeSet<String> =
         exports.iter().filter_map(|(reached, _)| reached.split("::").next()).map(str::to_owned).collect();
     names.extend(module.lines().filter_map(|line| line.strip_prefix("pub mod ")?.strip_suffix(';')).map(str::to_owned));
+    // `client` (feature `mcp-client`, issue 46) is the other side's door: a client author's names live in it.
+    names.remove("client");
     assert!(names.len() <= 15, "{} names in `mcp`: {names:?}", names.len());
 
     let lib = std::fs::read_to_string(workspace().join("idem-runtime/src/lib.rs")).expect("read lib.rs");

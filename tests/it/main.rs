@@ -27,6 +27,7 @@ mod ledger_redis;
 mod ledger_sqlite;
 mod ledger_timeout;
 mod macro_behaviour;
+mod mcp_client;
 mod mcp_e2e;
 mod metrics;
 mod mrtr;

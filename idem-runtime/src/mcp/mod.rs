@@ -42,6 +42,8 @@
 
 mod caller;
 pub(crate) mod check;
+#[cfg(feature = "mcp-client")]
+pub mod client;
 mod context;
 mod error;
 #[cfg(feature = "mcp-http")]
