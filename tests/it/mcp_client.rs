@@ -28,12 +28,13 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// The bytes of a request that the proxy cuts after forwarding.
+/// The bytes of a request whose answer the proxy cuts.
 const CUT_ON: &[u8] = b"\"tools/call\"";
 
-/// A TCP proxy to `target`. Armed, it forwards the first request that carries `tools/call`, waits
-/// for the server to start on it, then closes every connection it carries and stops listening:
-/// the client's connection to the server is gone, and the call ran on the server anyway.
+/// A TCP proxy to `target`. Armed, it forwards the first request that carries `tools/call` and,
+/// once the server answers on that connection, closes every connection it carries and stops
+/// listening: the client's connection to the server is gone, and the call runs on the server
+/// anyway.
 struct Proxy {
     url: String,
     cut: Arc<AtomicBool>,
@@ -67,7 +68,9 @@ impl Proxy {
     }
 }
 
-/// Carries one connection both ways until either side closes or the proxy cuts.
+/// Carries one connection both ways until either side closes or the proxy cuts. Armed, it cuts
+/// when the server first answers on the connection that carried a `tools/call`: the server has
+/// taken the request, and its answer never reaches the client.
 async fn carry(
     client: TcpStream,
     server: TcpStream,
@@ -78,26 +81,34 @@ async fn carry(
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let mut stopped = stop.subscribe();
+    let call_forwarded = AtomicBool::new(false);
     let upstream = async {
         let mut buffer = vec![0_u8; 64 * 1024];
+        // The last bytes of the previous read, so that a marker split across two reads is seen.
+        let mut seen = Vec::new();
         loop {
             let read = client_read.read(&mut buffer).await.unwrap_or(0);
             if read == 0 || server_write.write_all(&buffer[..read]).await.is_err() {
                 return;
             }
-            if armed && buffer[..read].windows(CUT_ON.len()).any(|window| window == CUT_ON) {
-                // The request is on its way; let the server take it, then drop the path.
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                cut.store(true, Ordering::SeqCst);
-                stop.send_replace(true);
-                return;
+            seen.extend_from_slice(&buffer[..read]);
+            if armed && seen.windows(CUT_ON.len()).any(|window| window == CUT_ON) {
+                call_forwarded.store(true, Ordering::SeqCst);
             }
+            let keep = seen.len().saturating_sub(CUT_ON.len());
+            seen.drain(..keep);
         }
     };
     let downstream = async {
         let mut buffer = vec![0_u8; 64 * 1024];
         loop {
             let read = server_read.read(&mut buffer).await.unwrap_or(0);
+            if read > 0 && call_forwarded.load(Ordering::SeqCst) {
+                // The server took the call: drop the path, its answer with it.
+                cut.store(true, Ordering::SeqCst);
+                stop.send_replace(true);
+                return;
+            }
             if read == 0 || client_write.write_all(&buffer[..read]).await.is_err() {
                 return;
             }
@@ -153,7 +164,7 @@ impl Example {
         use std::io::BufRead;
         let dir = std::env::temp_dir().join(format!("idem-mcp-client-{}-{}", std::process::id(), new_key()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut child = std::process::Command::new(idem_tests::example_binary("mcp_server"))
+        let child = std::process::Command::new(idem_tests::example_binary("mcp_server"))
             .args(["--http", "127.0.0.1:0", "--processor-delay-ms", &delay_ms.to_string()])
             .env("IDEM_DATABASE_URL", dir.join("ledger.sqlite3"))
             .env_remove("IDEM_SECRET")
@@ -162,8 +173,10 @@ impl Example {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("start the payments example");
+        // Owned from here, so a failure below still stops the child and removes its files.
+        let mut example = Self { child, address: ([127, 0, 0, 1], 0).into(), dir };
         let (found, url) = std::sync::mpsc::channel();
-        let log = std::io::BufReader::new(child.stderr.take().unwrap());
+        let log = std::io::BufReader::new(example.child.stderr.take().unwrap());
         std::thread::spawn(move || {
             for line in log.lines().map_while(Result::ok) {
                 if let Some((_, url)) = line.split_once("serving streamable HTTP at http://") {
@@ -174,7 +187,8 @@ impl Example {
         let address = url
             .recv_timeout(Duration::from_secs(30))
             .expect("the payments example logs where it serves within 30 s (it exited or hung instead)");
-        Self { child, address: address.parse().expect("a socket address"), dir }
+        example.address = address.parse().expect("a socket address");
+        example
     }
 }
 

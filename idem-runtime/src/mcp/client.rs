@@ -3,10 +3,12 @@
 //! resends after a transport error only to a tool the server hints idempotent (or read-only),
 //! waits out "in flight" with backoff, and hands conflicts and unknown outcomes to the caller.
 //!
-//! Guarantees: a logical call never gets a second key; a tool without the hint is sent once
-//! (a lost answer is [`CallError::MaybeExecuted`], never a resend); a refusal that says retrying
-//! is unsafe is never retried. It keeps no state of its own beyond the connection and the tools'
-//! hints, and decides nothing the server's answer does not say (`_meta["dev.idem/outcome"]`).
+//! Guarantees: a logical call never gets a second key, and every error after a send names it;
+//! a tool without the hint is never resent after a lost connection (a lost answer is
+//! [`CallError::MaybeExecuted`]); of idem's refusals only "in flight" and those the server marks
+//! `"retry": "safe"` are sent again, under the same key. It keeps no state of its own beyond the
+//! connection and the tools' hints, and decides nothing the server's answer does not say
+//! (`_meta["dev.idem/outcome"]`).
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -42,6 +44,8 @@ pub struct RetryPolicy {
     /// hinted tool, the call resent (default: as long as the transport waits). A hung connection
     /// that never closes is found only with this set.
     pub attempt_timeout: Option<Duration>,
+    /// How long making a connection (and listing its tools) may take (default 30 s).
+    pub connect_timeout: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -52,6 +56,7 @@ impl Default for RetryPolicy {
             in_flight_max: Duration::from_secs(5),
             in_flight_total: Duration::from_mins(2),
             attempt_timeout: None,
+            connect_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -126,11 +131,30 @@ pub enum CallError {
         /// The server's words.
         message: String,
     },
-    /// The connection could not be made; this call was not sent on it.
-    Connect(ConnectError),
-    /// An error that is not about the connection (an unknown tool, invalid arguments): the
-    /// server answered it, so it is not retried.
-    Service(ServiceError),
+    /// A connection could not be made (or its tools listed) in time. `sent` says whether an
+    /// earlier send of this call may have reached the server before: then it may have run, and
+    /// only this key resumes it.
+    Connect {
+        /// The tool called.
+        tool: String,
+        /// The call's key.
+        key: String,
+        /// Whether an earlier send of this call lost its connection.
+        sent: bool,
+        /// Why no connection was made.
+        error: ConnectError,
+    },
+    /// An error that is not a lost connection: the server answered with a JSON-RPC error (an
+    /// unknown tool, invalid arguments), or rmcp could not use its answer (a task this client did
+    /// not ask for, too many input rounds). Not retried.
+    Service {
+        /// The tool called.
+        tool: String,
+        /// The call's key.
+        key: String,
+        /// The error.
+        error: ServiceError,
+    },
 }
 
 impl fmt::Display for CallError {
@@ -153,8 +177,13 @@ impl fmt::Display for CallError {
                 reference.as_deref().unwrap_or("unknown")
             ),
             Self::Refused { tool, code, message, .. } => write!(f, "`{tool}` was refused ({code}): {message}"),
-            Self::Connect(error) => write!(f, "cannot connect to the MCP server: {error}"),
-            Self::Service(error) => write!(f, "the MCP server answered with an error: {error}"),
+            Self::Connect { tool, key, sent: true, error } => write!(
+                f,
+                "cannot connect to the MCP server again ({error}) after `{tool}`'s answer was lost; it may have run: \
+                 call it again with the same key ({key}) to get its result"
+            ),
+            Self::Connect { error, .. } => write!(f, "cannot connect to the MCP server: {error}"),
+            Self::Service { tool, error, .. } => write!(f, "`{tool}` failed: {error}"),
         }
     }
 }
@@ -162,8 +191,8 @@ impl fmt::Display for CallError {
 impl std::error::Error for CallError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::MaybeExecuted { error, .. } | Self::GaveUp { error, .. } | Self::Service(error) => Some(error),
-            Self::Connect(error) => Some(error.as_ref()),
+            Self::MaybeExecuted { error, .. } | Self::GaveUp { error, .. } | Self::Service { error, .. } => Some(error),
+            Self::Connect { error, .. } => Some(error.as_ref()),
             Self::InFlight { .. } | Self::Refused { .. } => None,
         }
     }
@@ -225,7 +254,8 @@ where
         self
     }
 
-    /// How many `tools/call` requests this client has sent, every attempt counted.
+    /// How many times this client has sent a logical call's `tools/call` (each resend counted;
+    /// the input rounds of a multi-round-trip tool are not).
     pub fn sends(&self) -> u64 {
         *self.sends.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -259,7 +289,10 @@ where
         let mut waited = Duration::ZERO;
         let mut pause = self.policy.in_flight_first;
         loop {
-            let session = self.session().await?;
+            let session = match self.session().await {
+                Ok(session) => session,
+                Err(error) => return Err(CallError::Connect { tool: tool.into_owned(), key, sent: lost > 0, error }),
+            };
             attempts += 1;
             *self.sends.lock().unwrap_or_else(PoisonError::into_inner) += 1;
             let error = match self.send(&session, params.clone()).await {
@@ -269,7 +302,16 @@ where
                     }
                     Outcome::Refused { code, reference, safe } if code == "in_flight" || safe => {
                         if waited >= self.policy.in_flight_total {
-                            return Err(CallError::InFlight { tool: tool.into_owned(), key, reference, waited });
+                            let tool = tool.into_owned();
+                            if code == "in_flight" {
+                                return Err(CallError::InFlight { tool, key, reference, waited });
+                            }
+                            let message = text_of(&result);
+                            return Err(CallError::Refused { tool, key, code, reference, message });
+                        }
+                        if code == "shutting_down" {
+                            // That replica is draining: the next send goes over a new connection.
+                            self.forget(&session).await;
                         }
                         tokio::time::sleep(pause).await;
                         waited += pause;
@@ -284,7 +326,7 @@ where
                 Err(error) => error,
             };
             if !is_lost_connection(&error) {
-                return Err(CallError::Service(error));
+                return Err(CallError::Service { tool: tool.into_owned(), key, error });
             }
             self.forget(&session).await;
             if !session.resendable.contains(tool.as_ref()) {
@@ -309,14 +351,26 @@ where
         }
     }
 
-    /// The connection in use, made (with the tools' hints read) if there is none.
-    async fn session(&self) -> Result<Arc<Session<S>>, CallError> {
+    /// The connection in use, made (with the tools' hints read) if there is none or it has closed
+    /// (a connection found closed before a send is not a lost call).
+    async fn session(&self) -> Result<Arc<Session<S>>, ConnectError> {
         let mut slot = self.session.lock().await;
-        if let Some(session) = slot.as_ref() {
+        if let Some(session) = slot.as_ref()
+            && !session.service.is_closed()
+            && !session.service.peer().is_transport_closed()
+        {
             return Ok(Arc::clone(session));
         }
-        let service = (self.connect)().await.map_err(|error| CallError::Connect(error.into()))?;
-        let tools = service.peer().list_all_tools().await.map_err(|error| CallError::Connect(error.into()))?;
+        *slot = None;
+        let connecting = async {
+            let service = (self.connect)().await.map_err(Into::into)?;
+            let tools = service.peer().list_all_tools().await?;
+            Ok::<_, ConnectError>((service, tools))
+        };
+        let limit = self.policy.connect_timeout;
+        let (service, tools) = tokio::time::timeout(limit, connecting)
+            .await
+            .map_err(|_| ConnectError::from(format!("no connection within {limit:?}")))??;
         let resendable = tools
             .into_iter()
             .filter(|tool| {
