@@ -16,6 +16,8 @@ pub mod guide {
     pub mod mcp {}
     #[doc = include_str!("../docs/src/mcp-client.md")]
     pub mod mcp_client {}
+    #[doc = include_str!("../docs/src/rig.md")]
+    pub mod rig {}
     #[doc = include_str!("../docs/src/http.md")]
     pub mod http {}
     #[doc = include_str!("../docs/src/recipes.md")]

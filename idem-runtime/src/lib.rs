@@ -94,6 +94,7 @@
 //! | `tls` | | TLS (rustls) for PostgreSQL and MySQL connections | rustls |
 //! | `rmcp` | | MCP servers with rmcp: the caller from the request, agent-readable answers, the status tool, the startup audit (`mcp`) | rmcp, schemars, http |
 //! | `mcp-http` | | `rmcp` over streamable HTTP: the caller from an auth middleware, a bearer layer | axum |
+//! | `rig` | | rig agents: a rig `Tool` wrapped so a repeated call runs once and is replayed (`rig`) | rig-core (no providers) |
 //! | `mcp-client` | | The client's side: one `_meta["idempotency-key"]` across the retries of a `tools/call`, resent only to hinted tools (`mcp::client`) | rmcp's client |
 //! | `http-tower` | | The `Idempotency-Key` door for any tower or hyper service, no axum (`http`) | http, http-body, tower-service |
 //! | `http` | | `http-tower` on an axum `Router`: the matched route, the `IdempotencyKey` extractor | axum |
@@ -120,6 +121,8 @@ mod macro_support;
 pub mod mcp;
 pub mod recipe;
 mod rejection;
+#[cfg(feature = "rig")]
+pub mod rig;
 pub mod scope;
 pub mod secret;
 mod window;

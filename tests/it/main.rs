@@ -36,6 +36,7 @@ mod owners;
 mod pedantic;
 mod processor_service;
 mod publish;
+mod rig_agent;
 mod rmcp_tasks;
 mod rmcp_tools;
 mod rmcp_waiting;

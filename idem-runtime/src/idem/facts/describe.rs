@@ -14,17 +14,17 @@ pub(super) fn example(schema: &Value, root: &Value, depth: usize) -> Value {
     if let Some(Value::Array(examples)) = object.get("examples")
         && let Some(first) = examples.first()
     {
-        return first.clone();
+        return sorted(first);
     }
     for word in ["const", "default"] {
         if let Some(value) = object.get(word) {
-            return value.clone();
+            return sorted(value);
         }
     }
     if let Some(Value::Array(allowed)) = object.get("enum")
         && let Some(first) = allowed.first()
     {
-        return first.clone();
+        return sorted(first);
     }
     if let Some(Value::String(reference)) = object.get("$ref") {
         return resolve(root, reference).map_or(Value::Null, |target| example(target, root, depth - 1));
@@ -52,8 +52,9 @@ pub(super) fn example(schema: &Value, root: &Value, depth: usize) -> Value {
                 _ => Vec::new(),
             };
             let members = match object.get("properties") {
-                Some(Value::Object(properties)) => properties
-                    .iter()
+                // By name, as `describe_object` lists them.
+                Some(Value::Object(properties)) => by_name(properties)
+                    .into_iter()
                     .filter(|(name, _)| required.contains(&name.as_str()))
                     .map(|(name, form)| (name.clone(), example(form, root, depth - 1)))
                     .collect(),
@@ -139,14 +140,34 @@ pub(super) fn describe(schema: &Value, root: &Value, depth: usize) -> String {
         .join(" | ")
 }
 
+/// `value` with every object's members by name, as a build without serde_json's
+/// `preserve_order` keeps them: what an operator is shown does not depend on the build.
+fn sorted(value: &Value) -> Value {
+    match value {
+        Value::Object(members) => {
+            Value::Object(by_name(members).into_iter().map(|(name, member)| (name.clone(), sorted(member))).collect())
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
+/// A schema's members by name, whatever order the map keeps: serde_json's `preserve_order`, which
+/// a crate beside idem may turn on (rig-core does), keeps the schema's.
+fn by_name(properties: &Map<String, Value>) -> Vec<(&String, &Value)> {
+    let mut members: Vec<(&String, &Value)> = properties.iter().collect();
+    members.sort_by_key(|(name, _)| *name);
+    members
+}
+
 fn describe_object(object: &Map<String, Value>, root: &Value, depth: usize) -> String {
     let Some(Value::Object(properties)) = object.get("properties") else { return "object".to_owned() };
     let required: Vec<&str> = match object.get("required") {
         Some(Value::Array(required)) => required.iter().filter_map(Value::as_str).collect(),
         _ => Vec::new(),
     };
-    let members: Vec<String> = properties
-        .iter()
+    let members: Vec<String> = by_name(properties)
+        .into_iter()
         // A member a form does not take (`"base64": false` beside `"text"`) is not listed.
         .filter(|(_, form)| **form != Value::Bool(false))
         .map(|(name, form)| {
