@@ -27,7 +27,7 @@ if [ "$#" -gt 0 ]; then
     sets=("$@")
 else
     # "" is no features at all (not even the default `sqlite`).
-    sets=("" sqlite postgres mysql redis tls rmcp mcp-http mcp-client rig http-tower http metrics
+    sets=("" sqlite postgres mysql redis tls rmcp mcp-http mcp-client rig apalis http-tower http metrics
         rmcp,sqlite http,postgres)
 fi
 

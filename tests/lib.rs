@@ -18,6 +18,8 @@ pub mod guide {
     pub mod mcp_client {}
     #[doc = include_str!("../docs/src/rig.md")]
     pub mod rig {}
+    #[doc = include_str!("../docs/src/apalis.md")]
+    pub mod apalis {}
     #[doc = include_str!("../docs/src/http.md")]
     pub mod http {}
     #[doc = include_str!("../docs/src/recipes.md")]

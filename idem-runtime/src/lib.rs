@@ -94,6 +94,7 @@
 //! | `tls` | | TLS (rustls) for PostgreSQL and MySQL connections | rustls |
 //! | `rmcp` | | MCP servers with rmcp: the caller from the request, agent-readable answers, the status tool, the startup audit (`mcp`) | rmcp, schemars, http |
 //! | `mcp-http` | | `rmcp` over streamable HTTP: the caller from an auth middleware, a bearer layer | axum |
+//! | `apalis` | | apalis workers: a tower layer that runs each job through the engine (`apalis`) | apalis-core |
 //! | `rig` | | rig agents: a rig `Tool` wrapped so a repeated call runs once and is replayed (`rig`) | rig-core (no providers) |
 //! | `mcp-client` | | The client's side: one `_meta["idempotency-key"]` across the retries of a `tools/call`, resent only to hinted tools (`mcp::client`) | rmcp's client |
 //! | `http-tower` | | The `Idempotency-Key` door for any tower or hyper service, no axum (`http`) | http, http-body, tower-service |
@@ -108,6 +109,8 @@
 // On docs.rs (nightly, `--cfg docsrs`): a badge on every item that needs a feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "apalis")]
+pub mod apalis;
 mod bytes;
 pub mod canonical;
 pub mod clock;

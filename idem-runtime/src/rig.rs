@@ -170,7 +170,7 @@ where
 
     async fn call(&self, context: &mut ToolContext, args: T::Args) -> Result<ToolOutput, ToolExecutionError> {
         // Keyed before the arguments move into the tool.
-        let arguments = serde_json::to_value(&args)
+        let arguments = crate::canonical::to_value(&args)
             .map_err(|error| ToolExecutionError::invalid_args(format!("the arguments cannot be keyed: {error}")))?;
         let Some(caller) = context.scope::<Caller>() else {
             return Err(ToolExecutionError::new(

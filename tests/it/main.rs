@@ -8,6 +8,7 @@
 //! process-wide state holds the lock that guards it ([`INSTALLED_HANDLE`]), and `layout` fails
 //! on any source file no target compiles.
 
+mod apalis_jobs;
 mod architecture;
 mod child_keys;
 mod drain;

@@ -390,6 +390,9 @@ mod tests {
             .with_target(false)
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
+        // Another test's thread may have cached the log line's callsite as wanted by nobody
+        // (before this subscriber existed): ask every callsite again.
+        tracing::callsite::rebuild_interest_cache();
         let dir = scratch();
         let path = dir.join("ledger.sqlite3");
         let ledger = SeaOrmLedger::open(Given::Path(path.clone()), Origin::Default).await.unwrap();
