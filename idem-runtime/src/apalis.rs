@@ -120,11 +120,12 @@ pub struct IdemService<S> {
 /// How a run ended, as the engine stores it.
 #[derive(Serialize, Deserialize)]
 enum Failure {
-    /// The handler's error: its message and class (the error itself, when it is this run's).
+    /// The handler's error: its message; this run's class of it and the error itself (only a
+    /// final error is stored, so one read back is final).
     Handler {
         message: String,
-        final_: bool,
-        unknown: bool,
+        #[serde(skip)]
+        class: Option<ErrorClass>,
         #[serde(skip)]
         error: Option<BoxDynError>,
     },
@@ -135,9 +136,8 @@ enum Failure {
 impl IdempotentError for Failure {
     fn classify(&self) -> ErrorClass {
         match self {
-            Self::Handler { final_: true, .. } => ErrorClass::Final,
-            Self::Handler { unknown: true, .. } => ErrorClass::Unknown,
-            Self::Handler { .. } | Self::Refused(_) => ErrorClass::NothingHappened,
+            Self::Handler { class, .. } => class.unwrap_or(ErrorClass::Final),
+            Self::Refused(_) => ErrorClass::NothingHappened,
         }
     }
 
@@ -197,12 +197,7 @@ where
                         let error: BoxDynError = error.into();
                         let class = classify(&error);
                         let message = error.to_string();
-                        Failure::Handler {
-                            message,
-                            final_: matches!(class, ErrorClass::Final),
-                            unknown: matches!(class, ErrorClass::Unknown),
-                            error: Some(error),
-                        }
+                        Failure::Handler { message, class: Some(class), error: Some(error) }
                     })
                 })
                 .await;
@@ -216,7 +211,11 @@ where
                     Ok(served.value)
                 }
                 // A final or unknown error ends the job here too: a retry would only be refused.
-                Err(Failure::Handler { error: Some(error), final_, unknown, .. }) if final_ || unknown => {
+                Err(Failure::Handler {
+                    error: Some(error),
+                    class: Some(ErrorClass::Final | ErrorClass::Unknown),
+                    ..
+                }) => {
                     status.store(Status::Killed);
                     Err(AbortError::new(error).into())
                 }

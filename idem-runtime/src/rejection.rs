@@ -307,6 +307,16 @@ fn instances_of_one(first: &str, second: &str) -> bool {
     first.split("`, `").all(|first| declaration(first) == second)
 }
 
+/// The line a replayed answer ends with, in every door that can add one (an MCP tool's text, a
+/// rig tool's output), so that a model whose host drops the door's metadata does not take the
+/// stored answer for a second execution.
+pub(crate) fn replay_words(reference: Ref) -> String {
+    format!(
+        "(idem: this is the stored result of an earlier identical call, ref {reference}; nothing was executed \
+         again)"
+    )
+}
+
 pub(crate) fn incident(detail: &str) -> Ref {
     let incident = Ref::from_bytes(crate::bytes::random());
     tracing::error!(%incident, %detail, "the idempotency ledger is unavailable; nothing was done");

@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::idem::Idem;
 use crate::recipe::Recipe;
-use crate::rejection::{ErrorClass, IdempotentError, Rejection};
+use crate::rejection::{ErrorClass, IdempotentError, Rejection, replay_words};
 use crate::scope::Caller;
 
 /// A rig [`Tool`] made safe to repeat: give it to the agent in place of the tool.
@@ -115,14 +115,14 @@ fn default_class(error: &ToolExecutionError) -> ErrorClass {
     if before_any_effect || error.retryable() == Some(true) { ErrorClass::NothingHappened } else { ErrorClass::Unknown }
 }
 
-/// How a run ended, as the engine stores it: the tool's error with its class, or (never stored)
-/// idem's refusal.
+/// How a run ended, as the engine stores it: the tool's error with this run's class of it (only a
+/// final error is stored, so one read back is final), or (never stored) idem's refusal.
 #[derive(Serialize, Deserialize)]
 enum Failure {
     Tool {
         error: ToolExecutionError,
-        nothing_happened: bool,
-        unknown: bool,
+        #[serde(skip)]
+        class: Option<ErrorClass>,
     },
     #[serde(skip)]
     Refused(Rejection),
@@ -131,9 +131,8 @@ enum Failure {
 impl IdempotentError for Failure {
     fn classify(&self) -> ErrorClass {
         match self {
-            Self::Tool { nothing_happened: true, .. } | Self::Refused(_) => ErrorClass::NothingHappened,
-            Self::Tool { unknown: true, .. } => ErrorClass::Unknown,
-            Self::Tool { .. } => ErrorClass::Final,
+            Self::Tool { class, .. } => class.unwrap_or(ErrorClass::Final),
+            Self::Refused(_) => ErrorClass::NothingHappened,
         }
     }
 
@@ -143,10 +142,8 @@ impl IdempotentError for Failure {
 }
 
 impl Failure {
-    fn of(error: ToolExecutionError, class: ErrorClass) -> Self {
-        let nothing_happened = matches!(class, ErrorClass::NothingHappened);
-        let unknown = matches!(class, ErrorClass::Unknown);
-        Self::Tool { error, nothing_happened, unknown }
+    const fn of(error: ToolExecutionError, class: ErrorClass) -> Self {
+        Self::Tool { error, class: Some(class) }
     }
 }
 
@@ -199,11 +196,7 @@ where
         match served {
             Ok(served) if served.replayed && self.note => {
                 let mut content = served.value.into_content();
-                content.push(rig_core::message::ToolResultContent::text(format!(
-                    "(idem: this is the stored result of an earlier identical call, ref {}; nothing was executed \
-                     again)",
-                    served.reference
-                )));
+                content.push(rig_core::message::ToolResultContent::text(replay_words(served.reference)));
                 ToolOutput::content(content)
             }
             Ok(served) => Ok(served.value),

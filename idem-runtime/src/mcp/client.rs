@@ -14,7 +14,8 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, MetaObject, RequestMetaObject};
@@ -231,7 +232,7 @@ pub struct IdempotentClient<S: Service<RoleClient>, C> {
     connect: C,
     session: tokio::sync::Mutex<Option<Arc<Session<S>>>>,
     policy: RetryPolicy,
-    sends: Mutex<u64>,
+    sends: AtomicU64,
 }
 
 impl<S, C, F, E> IdempotentClient<S, C>
@@ -244,7 +245,12 @@ where
     /// A client that connects with `connect` when it first needs to, under the default
     /// [`RetryPolicy`].
     pub fn new(connect: C) -> Self {
-        Self { connect, session: tokio::sync::Mutex::new(None), policy: RetryPolicy::default(), sends: Mutex::new(0) }
+        Self {
+            connect,
+            session: tokio::sync::Mutex::new(None),
+            policy: RetryPolicy::default(),
+            sends: AtomicU64::new(0),
+        }
     }
 
     /// The same client, retrying as `policy` says.
@@ -257,7 +263,7 @@ where
     /// How many times this client has sent a logical call's `tools/call` (each resend counted;
     /// the input rounds of a multi-round-trip tool are not).
     pub fn sends(&self) -> u64 {
-        *self.sends.lock().unwrap_or_else(PoisonError::into_inner)
+        self.sends.load(Ordering::Relaxed)
     }
 
     /// Calls `tool` with `arguments` as one logical call under a new key.
@@ -294,7 +300,7 @@ where
                 Err(error) => return Err(CallError::Connect { tool: tool.into_owned(), key, sent: lost > 0, error }),
             };
             attempts += 1;
-            *self.sends.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+            self.sends.fetch_add(1, Ordering::Relaxed);
             let error = match self.send(&session, params.clone()).await {
                 Ok(result) => match outcome(&result) {
                     Outcome::Served { reference, replayed } => {

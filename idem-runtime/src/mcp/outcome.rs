@@ -168,10 +168,7 @@ pub(crate) fn mark_served(result: &mut CallToolResult, reference: Ref, replayed:
 /// take the stored answer for a second execution.
 #[must_use]
 pub fn replay_note(reference: Ref) -> String {
-    format!(
-        "(idem: this is the stored result of an earlier identical call, ref {reference}; nothing was executed \
-         again)"
-    )
+    crate::rejection::replay_words(reference)
 }
 
 /// The tool result an agent gets for a refusal: `isError`, words to act on, codes in `_meta`
