@@ -310,6 +310,7 @@ fn instances_of_one(first: &str, second: &str) -> bool {
 /// The line a replayed answer ends with, in every door that can add one (an MCP tool's text, a
 /// rig tool's output), so that a model whose host drops the door's metadata does not take the
 /// stored answer for a second execution.
+#[cfg(any(feature = "rmcp", feature = "rig"))]
 pub(crate) fn replay_words(reference: Ref) -> String {
     format!(
         "(idem: this is the stored result of an earlier identical call, ref {reference}; nothing was executed \
