@@ -381,8 +381,10 @@ proptest! {
     #[test]
     fn a_call_streams_to_the_key_of_its_value(
         g in arguments(),
-        keys in prop::collection::vec(path(), 0..4),
-        optional in prop::collection::vec(prop::bool::weighted(0.3), 4),
+        // Up to seven key paths (and the `within` id): past the four whose values are held in
+        // place.
+        keys in prop::collection::vec(path(), 0..8),
+        optional in prop::collection::vec(prop::bool::weighted(0.3), 8),
         ignore in prop::collection::vec(name().prop_map(str::to_owned), 0..3),
         within in prop::option::weighted(0.3, path()),
     ) {

@@ -335,25 +335,75 @@ impl Members {
 }
 
 /// The canonical values found at a list of paths, by the path's index.
+///
+/// Where the first [`Found::INLINE`] paths' values are is held in place (a recipe's key has one
+/// to three paths): a call's arguments cost one allocation here, for the values' bytes.
 #[derive(Debug, Default)]
 pub(crate) struct Found {
     bytes: Vec<u8>,
-    at: Vec<Option<(usize, usize)>>,
+    inline: [Option<(usize, usize)>; Found::INLINE],
+    /// Paths from the `INLINE`th on.
+    more: Vec<Option<(usize, usize)>>,
 }
 
 impl Found {
+    const INLINE: usize = 4;
+
     fn new(paths: usize) -> Self {
-        Self { bytes: Vec::new(), at: vec![None; paths] }
+        Self { bytes: Vec::new(), inline: [None; Self::INLINE], more: vec![None; paths.saturating_sub(Self::INLINE)] }
     }
 
     fn set(&mut self, index: usize, value: &[u8]) {
+        if self.bytes.capacity() == 0 {
+            // Room for a few key values at once, instead of growing by doubling from 8 bytes.
+            self.bytes.reserve(value.len().max(64));
+        }
         let start = self.bytes.len();
         self.bytes.extend_from_slice(value);
-        self.at[index] = Some((start, self.bytes.len()));
+        let at = Some((start, self.bytes.len()));
+        match index.checked_sub(Self::INLINE) {
+            None => self.inline[index] = at,
+            Some(beyond) => self.more[beyond] = at,
+        }
     }
 
     /// The canonical value at the `index`th path, if the arguments have one (`null` included).
     pub(crate) fn get(&self, index: usize) -> Option<&[u8]> {
-        self.at.get(index).copied().flatten().map(|(start, end)| &self.bytes[start..end])
+        let at = match index.checked_sub(Self::INLINE) {
+            None => self.inline[index],
+            Some(beyond) => self.more.get(beyond).copied().flatten(),
+        };
+        at.map(|(start, end)| &self.bytes[start..end])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Members;
+
+    /// Every path's value is found, past the ones held in place too; a path that leads nowhere
+    /// finds nothing.
+    #[test]
+    fn values_are_found_at_every_path() {
+        let arguments = serde_json::json!({
+            "a": 1, "b": "two", "c": [3], "d": {"x": null}, "e": true, "f": {"g": 6.5}, "h": null
+        });
+        let paths = ["a", "b", "c", "d", "e", "f.g", "h", "missing", "f.missing"];
+        let (_, found) = Members::of_arguments_at(&arguments, &paths).unwrap();
+        let expected: [Option<&[u8]>; 9] = [
+            Some(b"1"),
+            Some(b"\"two\""),
+            Some(b"[3]"),
+            Some(br#"{"x":null}"#),
+            Some(b"true"),
+            Some(b"6.5"),
+            Some(b"null"),
+            None,
+            None,
+        ];
+        for (index, expected) in expected.into_iter().enumerate() {
+            assert_eq!(found.get(index), expected, "{}", paths[index]);
+        }
+        assert_eq!(found.get(paths.len()), None);
     }
 }

@@ -48,10 +48,24 @@ impl Hmac {
         for part in head.iter().chain(parts) {
             inner.update(part);
         }
-        let mut outer = Stream::new(self.outer);
-        outer.update(&inner.finish());
-        outer.finish()
+        // The outer hash's input is the inner digest: one block, padding and length known.
+        let mut block = [0u8; BLOCK];
+        block[..32].copy_from_slice(&inner.finish());
+        block[32] = 0x80;
+        block[BLOCK - 8..].copy_from_slice(&((BLOCK as u64 + 32) * 8).to_be_bytes());
+        let mut state = self.outer;
+        sha2::block_api::compress256(&mut state, &[block]);
+        digest_of(state)
     }
+}
+
+/// A SHA-256 state as its digest: the words big-endian.
+fn digest_of(state: [u32; 8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (chunk, word) in out.chunks_exact_mut(4).zip(state) {
+        chunk.copy_from_slice(&word.to_be_bytes());
+    }
+    out
 }
 
 /// SHA-256 continued from a state that has absorbed one block (the padded key).
@@ -70,33 +84,40 @@ impl Stream {
 
     fn update(&mut self, mut data: &[u8]) {
         self.length += data.len() as u64;
-        while !data.is_empty() {
+        if self.filled > 0 {
             let take = (BLOCK - self.filled).min(data.len());
             self.block[self.filled..self.filled + take].copy_from_slice(&data[..take]);
             self.filled += take;
             data = &data[take..];
-            if self.filled == BLOCK {
-                sha2::block_api::compress256(&mut self.state, &[self.block]);
-                self.filled = 0;
+            if self.filled < BLOCK {
+                return;
             }
+            sha2::block_api::compress256(&mut self.state, &[self.block]);
+            self.filled = 0;
         }
+        // Whole blocks straight from the input, the rest kept for later.
+        let (blocks, rest) = data.as_chunks::<BLOCK>();
+        if !blocks.is_empty() {
+            sha2::block_api::compress256(&mut self.state, blocks);
+        }
+        self.block[..rest.len()].copy_from_slice(rest);
+        self.filled = rest.len();
     }
 
     /// FIPS 180-4 padding: `0x80`, zeros, and the length in bits, big-endian.
     fn finish(mut self) -> [u8; 32] {
         self.block[self.filled] = 0x80;
-        self.block[self.filled + 1..].fill(0);
         if self.filled + 1 > BLOCK - 8 {
+            // No room for the length: it goes in a block of its own.
+            self.block[self.filled + 1..].fill(0);
             sha2::block_api::compress256(&mut self.state, &[self.block]);
-            self.block = [0; BLOCK];
+            self.block[..BLOCK - 8].fill(0);
+        } else {
+            self.block[self.filled + 1..BLOCK - 8].fill(0);
         }
         self.block[BLOCK - 8..].copy_from_slice(&(self.length * 8).to_be_bytes());
         sha2::block_api::compress256(&mut self.state, &[self.block]);
-        let mut out = [0u8; 32];
-        for (chunk, word) in out.chunks_exact_mut(4).zip(self.state) {
-            chunk.copy_from_slice(&word.to_be_bytes());
-        }
-        out
+        digest_of(self.state)
     }
 }
 
@@ -166,6 +187,16 @@ mod tests {
             assert_eq!(hmac.mac(&[message]).to_vec(), expected, "length {len}");
             let split = len / 3;
             assert_eq!(hmac.mac(&[&message[..split], &[], &message[split..]]).to_vec(), expected, "length {len}");
+        }
+        // Split at every point around the block boundaries: whole blocks are hashed straight
+        // from the input, the rest buffered.
+        for len in [55, 56, 63, 64, 65, 119, 120, 127, 128, 129, 191, 192, 200, 300] {
+            let message = &data[..len];
+            let expected = reference(&key, message);
+            for split in 0..=len {
+                let (a, b) = message.split_at(split);
+                assert_eq!(hmac.mac(&[a, b]).to_vec(), expected, "length {len} split at {split}");
+            }
         }
     }
 }

@@ -76,9 +76,10 @@ impl Capture<'_> {
         while rest != 0 {
             let index = rest.trailing_zeros() as usize;
             rest &= rest - 1;
-            let mut segments = self.paths[index].split('.');
-            if segments.nth(level) == Some(name) {
-                if segments.next().is_some() {
+            if let Some((segment, more)) = segment(self.paths[index], level)
+                && segment == name
+            {
+                if more {
                     deeper |= 1 << index;
                 } else {
                     here |= 1 << index;
@@ -97,6 +98,21 @@ impl Capture<'_> {
             self.found.set(index, value);
         }
     }
+}
+
+/// The `level`th dot-separated segment of `path` (`"customer.id"`, 1: `"id"`), and whether
+/// more follow; `None` if it has fewer. `str::split` by bytes: this runs for every member of a
+/// call's arguments and every key path.
+fn segment(path: &str, level: usize) -> Option<(&str, bool)> {
+    let mut rest = path;
+    for _ in 0..level {
+        let dot = rest.bytes().position(|byte| byte == b'.')?;
+        rest = &rest[dot + 1..];
+    }
+    Some(match rest.bytes().position(|byte| byte == b'.') {
+        Some(dot) => (&rest[..dot], true),
+        None => (rest, false),
+    })
 }
 
 /// One member of an object being written: its raw name, in `Writer::names`, and its text.
@@ -526,5 +542,22 @@ impl<'w, 'p, 'k> ser::Serializer for ValueWriter<'w, 'p, 'k> {
         _len: usize,
     ) -> Result<Self::SerializeStructVariant, Stop> {
         self.open_map(Some(variant))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::segment;
+
+    /// `segment` is `split('.').nth(level)` and whether another segment follows.
+    #[test]
+    fn segment_is_split_by_dots() {
+        for path in ["", "a", "order_id", "customer.id", "a.b.c", "a..b", ".a", "a.", "é.ü"] {
+            for level in 0..5 {
+                let mut split = path.split('.');
+                let expected = split.nth(level).map(|segment| (segment, split.next().is_some()));
+                assert_eq!(segment(path, level), expected, "{path:?} at {level}");
+            }
+        }
     }
 }
