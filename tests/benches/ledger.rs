@@ -695,17 +695,30 @@ fn charge_route(delay: Duration) -> (axum::routing::MethodRouter, Arc<std::sync:
     (axum::routing::post(handler), charges)
 }
 
+/// `GET /warm`, which no layer protects: it answers after 50 ms, so that 1,000 of them sent at
+/// once open 1,000 connections, which the client keeps for the storm that follows.
+fn warm_route() -> axum::routing::MethodRouter {
+    axum::routing::get(|| tokio::time::sleep(Duration::from_millis(50)))
+}
+
 /// An axum server on a local port whose `POST /pay` answers a small JSON receipt after counting
 /// the charge, with `IdempotencyLayer` on `idem` (or bare without one): its URL and its count.
-async fn http_server(idem: Option<Idem>, delay: Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+async fn http_server(
+    idem: Option<Idem>,
+    delay: Duration,
+    wait: Option<Duration>,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     let (pay, charges) = charge_route(delay);
-    let mut app = axum::Router::new().route("/pay", pay);
+    let mut app = axum::Router::new().route("/pay", pay).route("/warm", warm_route());
     if let Some(idem) = idem {
         let principal = |_: &http::request::Parts| Some(caller());
         let layer = idem_runtime::http::IdempotencyLayer::new(idem, principal).namespace("bench").route(
             http::Method::POST,
             "/pay",
-            idem_runtime::http::Route::new(),
+            match wait {
+                Some(wait) => idem_runtime::http::Route::new().wait(wait),
+                None => idem_runtime::http::Route::new(),
+            },
         );
         app = app.layer(layer);
     }
@@ -741,6 +754,7 @@ async fn peer_server(mode: PeerMode, delay: Duration) -> (String, String, Arc<st
     let app = axum::Router::new()
         .route("/pay", pay)
         .layer(axum_idempotent::IdempotentLayer::<ruts::store::moka::MokaStore>::new(options))
+        .route("/warm", warm_route())
         .route(
             "/session",
             axum::routing::get(|session: ruts::Session<ruts::store::moka::MokaStore>| async move {
@@ -770,8 +784,8 @@ async fn peer_server(mode: PeerMode, delay: Duration) -> (String, String, Arc<st
 async fn http_layer(rows: &mut Vec<Row>) {
     let n = ops();
     let client = reqwest::Client::new();
-    let (bare, _) = http_server(None, Duration::ZERO).await;
-    let (layered, _) = http_server(Some(idem_tests::idem(MemoryLedger::new())), Duration::ZERO).await;
+    let (bare, _) = http_server(None, Duration::ZERO, None).await;
+    let (layered, _) = http_server(Some(idem_tests::idem(MemoryLedger::new())), Duration::ZERO, None).await;
     let (peer_key, peer_key_session, _) = peer_server(PeerMode::KeyHeader, Duration::ZERO).await;
     let (peer_hash, peer_hash_session, _) = peer_server(PeerMode::Hashing, Duration::ZERO).await;
     let send = |url: &str, key: Option<String>, session: Option<&str>| {
@@ -832,6 +846,15 @@ async fn http_layer(rows: &mut Vec<Row>) {
     // A storm: 1,000 identical requests at once; the handler takes 50 ms. What every request was
     // answered, how many times the handler ran, and when the last answer came.
     let storm = async |url: &str, key: String, session: Option<&str>| {
+        // The connections first (a thousand at once, kept by the client's pool), so that the
+        // storm times the layer, not the opening of a thousand TCP connections.
+        let warm = url.replace("/pay", "/warm");
+        let warming: Vec<_> = (0..1000).map(|_| tokio::spawn(client.get(&warm).send())).collect();
+        for request in warming {
+            let response = request.await.unwrap().unwrap();
+            assert!(response.status().is_success(), "warming up: {}", response.status());
+            response.bytes().await.unwrap();
+        }
         let start = Instant::now();
         let requests: Vec<_> = (0..1000)
             .map(|_| {
@@ -847,14 +870,27 @@ async fn http_layer(rows: &mut Vec<Row>) {
         }
         (start.elapsed(), statuses)
     };
-    let (url, charges) = http_server(Some(idem_tests::idem(MemoryLedger::new())), Duration::from_millis(50)).await;
+    let handler = Duration::from_millis(50);
+    let (url, charges) = http_server(Some(idem_tests::idem(MemoryLedger::new())), handler, None).await;
     let (elapsed, statuses) = storm(&url, "\"storm\"".to_owned(), None).await;
     let executions = charges.load(std::sync::atomic::Ordering::SeqCst);
     storm_row(rows, "idem's layer, memory ledger", executions, &statuses, elapsed);
-    let (url, session, charges) = peer_server(PeerMode::KeyHeader, Duration::from_millis(50)).await;
+    // The route's `wait`: a repeat that finds the request in progress waits for its response.
+    let wait = Some(Duration::from_secs(5));
+    let (url, charges) = http_server(Some(idem_tests::idem(MemoryLedger::new())), handler, wait).await;
+    let (elapsed, statuses) = storm(&url, "\"storm\"".to_owned(), None).await;
+    let executions = charges.load(std::sync::atomic::Ordering::SeqCst);
+    storm_row(rows, "idem's layer, memory ledger, wait = 5 s", executions, &statuses, elapsed);
+    let (url, session, charges) = peer_server(PeerMode::KeyHeader, handler).await;
     let (elapsed, statuses) = storm(&url, "storm".to_owned(), Some(&session)).await;
     let executions = charges.load(std::sync::atomic::Ordering::SeqCst);
     storm_row(rows, "axum-idempotent 0.6 (Idempotency-Key header)", executions, &statuses, elapsed);
+    // The floor: the same 1,000 requests to the handler with no layer, each run (at once, each
+    // its 50 ms) — what answering a thousand requests at once costs this machine.
+    let (url, charges) = http_server(None, handler, None).await;
+    let (elapsed, statuses) = storm(&url, "\"storm\"".to_owned(), None).await;
+    let executions = charges.load(std::sync::atomic::Ordering::SeqCst);
+    storm_row(rows, "the same axum handler bare (no layer, the floor)", executions, &statuses, elapsed);
 }
 
 fn storm_row(
