@@ -9,7 +9,9 @@
 //! `noop` one of them, for a profiler);
 //! `IDEM_BENCH_ONLY=storm` only the storms on the three databases; `IDEM_BENCH_ONLY=http` only the
 //! HTTP layer (its overhead per request against the same axum handler without it, and a storm
-//! of 1,000 identical requests).
+//! of 1,000 identical requests), and with `IDEM_BENCH_HTTP_SERIES` (`bare`, `first`, `replay`,
+//! `peer-first`, `peer-replay`) ten times `IDEM_BENCH_OPS` requests of that one series alone, for
+//! a profiler or `perf stat`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -809,6 +811,30 @@ async fn http_layer(rows: &mut Vec<Row>) {
         times[slot].push(start.elapsed());
     };
     let post = |url: &str| client.post(url).header("content-type", "application/json").body(r#"{"amount":1250}"#);
+    if let Ok(series) = std::env::var("IDEM_BENCH_HTTP_SERIES") {
+        // One series alone, sequential: what a request of it costs the process (the same key
+        // each time for a replay; a new one each time for a first request).
+        let requests = n * 10;
+        let start = Instant::now();
+        for i in 0..requests {
+            let request = match series.as_str() {
+                "bare" => post(&bare),
+                "first" => post(&layered).header("idempotency-key", format!("\"series-{i}\"")),
+                "replay" => post(&layered).header("idempotency-key", "\"series\""),
+                "peer-first" => post(&peer_key).header("idempotency-key", format!("series-{i}")),
+                "peer-replay" => post(&peer_key).header("idempotency-key", "series"),
+                other => panic!("IDEM_BENCH_HTTP_SERIES={other}: give bare, first, replay, peer-first or peer-replay"),
+            };
+            let request =
+                if series.starts_with("peer") { request.header("cookie", &peer_key_session) } else { request };
+            let response = request.send().await.unwrap();
+            assert!(response.status().is_success(), "{series}: {}", response.status());
+            response.bytes().await.unwrap();
+        }
+        let micros = start.elapsed().as_secs_f64() * 1e6 / requests as f64;
+        println!("HTTP series {series}: {requests} requests, {micros:.1} µs a request");
+        return;
+    }
     for i in 0..n {
         timed(0, post(&bare)).await;
         // idem's layer: the key as a structured-field string, as the draft gives the header.
