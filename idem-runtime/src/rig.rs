@@ -112,7 +112,9 @@ fn default_class(error: &ToolExecutionError) -> ErrorClass {
             | ToolErrorKind::PermissionDenied
             | ToolErrorKind::RateLimited
     );
-    if before_any_effect || error.retryable() == Some(true) { ErrorClass::NothingHappened } else { ErrorClass::Unknown }
+    // Not `retryable()`: rig calls a timeout and a network failure retryable, and either can come
+    // after the effect.
+    if before_any_effect { ErrorClass::NothingHappened } else { ErrorClass::Unknown }
 }
 
 /// How a run ended, as the engine stores it: the tool's error with this run's class of it (only a

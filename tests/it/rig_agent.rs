@@ -212,3 +212,48 @@ async fn a_concurrent_repeat_is_told_it_is_in_flight() {
     let answered = tool_results(&recorded.requests());
     assert!(answered.contains("in flight, ref"), "the repeat is told it is in flight: {answered}");
 }
+
+/// A tool that times out after its effect (the mail server took the invoice, its answer did not
+/// come back): rig calls a timeout retryable, but the invoice may be out, so by default a repeat
+/// is refused as outcome unknown and no second invoice is sent; the same for a network error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_after_the_effect_leaves_the_outcome_unknown() {
+    use rig_core::tool::ToolExecutionError;
+    #[derive(Clone)]
+    struct LostAnswer {
+        sent: Arc<AtomicUsize>,
+        error: fn(String) -> ToolExecutionError,
+    }
+    impl Tool for LostAnswer {
+        const NAME: &'static str = SendInvoice::NAME;
+        type Args = Invoice;
+        type Output = String;
+        type Error = ToolExecutionError;
+        fn description(&self) -> String {
+            "Send an invoice to a customer".to_owned()
+        }
+        fn parameters(&self) -> serde_json::Value {
+            json!({ "type": "object" })
+        }
+        async fn call(&self, _: &mut ToolContext, _: Invoice) -> Result<String, ToolExecutionError> {
+            self.sent.fetch_add(1, Ordering::SeqCst);
+            Err((self.error)("the mail server did not answer in time".to_owned()))
+        }
+    }
+    for (kind, error) in [
+        ("timeout", ToolExecutionError::timeout as fn(String) -> ToolExecutionError),
+        ("network", ToolExecutionError::network),
+    ] {
+        assert_eq!(error(String::new()).retryable(), Some(true), "rig calls a {kind} error retryable");
+        let sent = Arc::new(AtomicUsize::new(0));
+        let idem = idem_tests::idem(idem_runtime::MemoryLedger::new());
+        let tool = Idempotent::new(LostAnswer { sent: Arc::clone(&sent), error }, idem, &SEND_INVOICE);
+        let invoice = || Invoice { customer: "acme".to_owned(), amount_cents: 12_500 };
+        let first = tool.call(&mut as_caller("acme", "billing-agent"), invoice()).await;
+        assert!(first.is_err(), "{kind}: the tool's error reaches the model");
+        let repeat = tool.call(&mut as_caller("acme", "billing-agent"), invoice()).await;
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "{kind}: the repeat sends no second invoice");
+        let refused = repeat.expect_err("the repeat is refused");
+        assert!(refused.to_string().contains("outcome unknown"), "{kind}: the repeat is told why: {refused}");
+    }
+}
